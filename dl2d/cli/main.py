@@ -1,0 +1,40 @@
+"""`dl2ctl`: the user and admin command line of dl2d.
+
+Each sub-command lives in its own module under `dl2d.cli`; they are imported lazily so that
+`dl2ctl --help` stays fast (JAX is only imported by the commands that need it).
+"""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute" of a click command; one line per command.
+COMMANDS: dict[str, str] = {
+    "sim": "dl2d.cli.sim:sim",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dl2d")
+def cli() -> None:
+    """dl2d command line: simulate, train, submit and inspect DL training jobs.
+
+    Run `dl2ctl COMMAND --help` for the options of each command.
+    """
+
+
+if __name__ == "__main__":  # pragma: no cover
+    cli()
