@@ -1,0 +1,97 @@
+"""HTTP endpoint of the node agent (pull model: the daemon polls).
+
+``GET /v1/stats`` -> the sample JSON; needs ``Authorization: Bearer <token>``.
+``GET /healthz``  -> ``{"ok": true}``; no token, no data (for load balancers
+and systemd checks). Everything else is 404; a missing or wrong token is 401.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+__all__ = ["TokenFileError", "check_bearer", "load_token", "make_server"]
+
+
+class TokenFileError(Exception):
+    """The token file is missing, empty or too permissive."""
+
+
+def load_token(path: str) -> str:
+    """Read the shared token, refusing a file that group or others can access.
+
+    The file must be a regular file of mode 0600 or 0400 (``chmod 600``),
+    owned by root or by the user running the agent.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise TokenFileError(f"cannot read token file {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TokenFileError(f"token file {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise TokenFileError(
+            f"token file {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must not be "
+            f"accessible by group or others (run: chmod 600 {path})"
+        )
+    if st.st_uid not in (0, os.geteuid()):
+        raise TokenFileError(f"token file {path} must be owned by root or the agent's user")
+    with open(path, encoding="utf-8") as f:
+        token = f.read().strip()
+    if not token:
+        raise TokenFileError(f"token file {path} is empty")
+    return token
+
+
+def check_bearer(header: str | None, token: str) -> bool:
+    """Constant-time check of an ``Authorization`` header value."""
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[7:].strip().encode(), token.encode())
+
+
+def make_server(
+    bind: str, port: int, token: str, stats_json: Callable[[], bytes]
+) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) that answers with ``stats_json()``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "dl2-agent"
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                self._send(200, b'{"ok":true}')
+            elif path == "/v1/stats":
+                if not check_bearer(self.headers.get("Authorization"), token):
+                    self._send(401, b'{"error":"unauthorized"}',
+                               {"WWW-Authenticate": 'Bearer realm="dl2-agent"'})
+                    return
+                try:
+                    body = stats_json()
+                except Exception as e:  # never let a reader bug kill the agent
+                    self._send(500, ('{"error":%r}' % type(e).__name__).encode())
+                    return
+                self._send(200, body)
+            else:
+                self._send(404, b'{"error":"not found"}')
+
+        def _send(self, code: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass  # one line per poll every 10 s is noise; errors surface in the daemon
+
+    srv = ThreadingHTTPServer((bind, port), Handler)
+    srv.daemon_threads = True
+    return srv
