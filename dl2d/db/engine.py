@@ -1,0 +1,92 @@
+"""Engines, sessions and schema migration.
+
+SQLite (the default, one file in the daemon's state directory) is opened in WAL mode with foreign keys on
+and a busy timeout, and every transaction starts with `BEGIN IMMEDIATE`: pysqlite's own transaction
+handling breaks SAVEPOINTs (which `record_slot` relies on) and a deferred transaction that later writes
+can fail at once with "database is locked" when the daemon and `dl2ctl` write concurrently.
+PostgreSQL is used when a URL such as `postgresql+psycopg://user@host:port/db` is given.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def default_url(state_dir: str | Path) -> str:
+    """The default database: `<state_dir>/dl2d.sqlite`."""
+    return f"sqlite:///{Path(state_dir).resolve() / 'dl2d.sqlite'}"
+
+
+def make_engine(url: str, **kwargs) -> Engine:
+    """Create an engine for `url` with dl2d's connection settings."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        engine = create_engine(u, **kwargs)
+        _setup_sqlite(engine, in_memory=u.database in (None, "", ":memory:"))
+        return engine
+    return create_engine(u, pool_pre_ping=True, **kwargs)
+
+
+def _setup_sqlite(engine: Engine, in_memory: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see module docstring)
+        cur = dbapi_conn.cursor()
+        if not in_memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@contextmanager
+def session_scope(bind: Engine | sessionmaker[Session]) -> Iterator[Session]:
+    """A session in one transaction: committed on success, rolled back on error."""
+    factory = bind if isinstance(bind, sessionmaker) else sessionmaker(bind, expire_on_commit=False)
+    with factory() as session, session.begin():
+        yield session
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    """An Alembic Config built in code (no alembic.ini needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def upgrade(target: str | Engine, revision: str = "head") -> None:
+    """Migrate the database at `target` (URL or engine) to `revision`; safe to call at every start."""
+    _run_alembic(command.upgrade, target, revision)
+
+
+def downgrade(target: str | Engine, revision: str) -> None:
+    _run_alembic(command.downgrade, target, revision)
+
+
+def _run_alembic(fn, target: str | Engine, revision: str) -> None:
+    engine = make_engine(target) if isinstance(target, str) else target
+    try:
+        with engine.begin() as conn:
+            fn(alembic_config(conn), revision)
+    finally:
+        if isinstance(target, str):
+            engine.dispose()
