@@ -1,0 +1,204 @@
+"""DL2's baseline schedulers (section 6.2): DRF, Tetris, Optimus, FIFO and SRTF.
+
+Each is a function of a `SlotView` returning an `Allocation`, re-deciding every job's workers and PS every
+slot, with every task placed on a server through `AllocationBuilder` so capacity can never be exceeded.
+DRF, Tetris, FIFO and SRTF add a worker and a PS together (a "bundle"), as in the DL2 authors' simulator;
+Optimus adds whichever of the two its speed model says helps more.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from dl2d.sim.cluster import Placer
+from dl2d.sim.engine import BATCHES_PER_EPOCH, Allocation, SlotView
+from dl2d.sim.jobtypes import JOB_TYPES
+from dl2d.sim.speed import lookup, speed_table
+
+LOCAL_COMP_TIME = np.array([t.local_comp_time_s for t in JOB_TYPES])
+KINDS = ("worker", "ps", "bundle")
+
+
+class AllocationBuilder:
+    """Adds tasks to jobs of a view one at a time, placing each on a server; refuses what does not fit."""
+
+    def __init__(self, view: SlotView):
+        self.view = view
+        self.placer = Placer(view.free, view.capacity)
+        self.worker_servers: list[list[int]] = [[] for _ in range(len(view))]
+        self.ps_servers: list[list[int]] = [[] for _ in range(len(view))]
+        cap = view.total_capacity
+        inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1), 0.0)
+        self._w_share, self._p_share = view.worker_demand * inv, view.ps_demand * inv
+
+    def workers(self, j: int) -> int:
+        return len(self.worker_servers[j])
+
+    def ps(self, j: int) -> int:
+        return len(self.ps_servers[j])
+
+    def _demands(self, j: int, kind: str):
+        w, p = self.view.worker_demand[j], self.view.ps_demand[j]
+        return {"worker": (w,), "ps": (p,), "bundle": (w, p)}[kind]
+
+    def within_limits(self, j: int, kind: str) -> bool:
+        ok_w = self.workers(j) < self.view.max_workers
+        ok_p = self.ps(j) < self.view.max_ps
+        return {"worker": ok_w, "ps": ok_p, "bundle": ok_w and ok_p}[kind]
+
+    def add(self, j: int, kind: str) -> bool:
+        if not self.within_limits(j, kind):
+            return False
+        servers = self.placer.add_bundle(*self._demands(j, kind))
+        if servers is None:
+            return False
+        targets = {"worker": (self.worker_servers,), "ps": (self.ps_servers,),
+                   "bundle": (self.worker_servers, self.ps_servers)}[kind]
+        for lst, s in zip(targets, servers):
+            lst[j].append(s)
+        return True
+
+    def dominant_share(self, j: int) -> float:
+        """max over resources of this job's allocated amount / the cluster's total."""
+        used = self.workers(j) * self._w_share[j] + self.ps(j) * self._p_share[j]
+        return float(used.max())
+
+    def allocation(self) -> Allocation:
+        return Allocation(
+            workers=np.array([len(s) for s in self.worker_servers], int),
+            ps=np.array([len(s) for s in self.ps_servers], int),
+            worker_servers=tuple(tuple(s) for s in self.worker_servers),
+            ps_servers=tuple(tuple(s) for s in self.ps_servers),
+        )
+
+
+def fill_in_order(view: SlotView, order) -> Allocation:
+    """Give each job, in `order`, as many bundles as it may have, while they fit (FIFO, SRTF)."""
+    b = AllocationBuilder(view)
+    for j in order:
+        while b.add(int(j), "bundle"):
+            pass
+    return b.allocation()
+
+
+def remaining_time_estimate(view: SlotView) -> np.ndarray:
+    """Seconds of single-worker compute the job still needs, from its epoch estimate and step time."""
+    t = view.type_idx
+    return view.remaining_epochs * BATCHES_PER_EPOCH[t] * LOCAL_COMP_TIME[t]
+
+
+def fifo(view: SlotView) -> Allocation:
+    """First in, first out: the earliest job takes all it may, then the next (jobs that fit no more are skipped)."""
+    return fill_in_order(view, np.argsort(view.arrival_slot, kind="stable"))
+
+
+def srtf(view: SlotView) -> Allocation:
+    """Shortest remaining time first, by the estimated remaining single-worker compute time."""
+    return fill_in_order(view, np.lexsort((view.arrival_slot, remaining_time_estimate(view))))
+
+
+def drf(view: SlotView) -> Allocation:
+    """Dominant resource fairness: progressive filling, the job with the lowest dominant share gets the next bundle."""
+    b = AllocationBuilder(view)
+    heap = [(0.0, int(view.arrival_slot[j]), j) for j in range(len(view))]
+    heapq.heapify(heap)
+    while heap:
+        _, arrival, j = heapq.heappop(heap)
+        if b.add(j, "bundle"):
+            heapq.heappush(heap, (b.dominant_share(j), arrival, j))
+    return b.allocation()
+
+
+def tetris(view: SlotView, task_threshold: int | None = None) -> Allocation:
+    """Tetris: pick the job with the best packing alignment + shortest remaining time, give it bundles up to
+    `task_threshold` (default: the per-job maximum), then pick the next."""
+    b = AllocationBuilder(view)
+    limit = task_threshold or min(view.max_workers, view.max_ps)
+    cap = view.total_capacity
+    norm = np.where(cap > 0, cap, 1.0)
+    bundle = (view.worker_demand + view.ps_demand) / norm
+    urgency = 1.0 / np.maximum(remaining_time_estimate(view), 1.0)
+    urgency = urgency / max(urgency.mean(), 1e-12)
+    left = set(range(len(view)))
+    while left:
+        free = b.placer.free.sum(axis=0) / norm
+        align = bundle @ free
+        align = align / max(align[list(left)].mean(), 1e-12)
+        j = max(left, key=lambda k: (align[k] + urgency[k], -k))
+        left.discard(j)
+        while b.workers(j) < limit and b.add(j, "bundle"):
+            pass
+    return b.allocation()
+
+
+class Optimus:
+    """Optimus: greedy marginal gain in estimated remaining time per unit of dominant resource, using its own
+    fitted (parametric) speed model. Every job first gets one worker and one PS."""
+
+    name = "optimus"
+
+    def __init__(self, model: str = "parametric"):
+        self.table = speed_table(model)
+
+    def remaining_time(self, t: int, steps: float, p: int, w: int) -> float:
+        n = self.table.shape[1] - 1
+        speed = self.table[t, min(p, n), min(w, n)]
+        return steps / speed if speed > 0 else np.inf
+
+    def best_move(self, view: SlotView, b: AllocationBuilder, j: int, steps: float):
+        t, p, w = int(view.type_idx[j]), b.ps(j), b.workers(j)
+        now = self.remaining_time(t, steps, p, w)
+        cap = view.total_capacity
+        best = None
+        for kind, dp, dw, demand in (("worker", 0, 1, view.worker_demand[j]), ("ps", 1, 0, view.ps_demand[j])):
+            if not b.within_limits(j, kind):
+                continue
+            gain = now - self.remaining_time(t, steps, p + dp, w + dw)
+            share = float(np.max(np.where(cap > 0, demand / np.where(cap > 0, cap, 1), 0.0)))
+            util = gain / max(share, 1e-9)
+            if best is None or util > best[0]:
+                best = (util, kind)
+        return best
+
+    def __call__(self, view: SlotView) -> Allocation:
+        b = AllocationBuilder(view)
+        steps = view.remaining_epochs * BATCHES_PER_EPOCH[view.type_idx]
+        for j in np.argsort(view.arrival_slot, kind="stable"):
+            b.add(int(j), "bundle")
+        heap = []
+        for j in range(len(view)):
+            if b.workers(j):
+                move = self.best_move(view, b, j, steps[j])
+                if move:
+                    heapq.heappush(heap, (-move[0], j, move[1]))
+        while heap:
+            neg_util, j, kind = heapq.heappop(heap)
+            if -neg_util <= 0:
+                break
+            if not b.add(j, kind):
+                continue  # its most useful task fits nowhere: the job gets no more this slot
+            move = self.best_move(view, b, j, steps[j])
+            if move:
+                heapq.heappush(heap, (-move[0], j, move[1]))
+        return b.allocation()
+
+
+def _named(fn, name):
+    fn.name = name
+    return fn
+
+
+BASELINES = {
+    "drf": lambda: _named(drf, "drf"),
+    "tetris": lambda: _named(tetris, "tetris"),
+    "optimus": Optimus,
+    "fifo": lambda: _named(fifo, "fifo"),
+    "srtf": lambda: _named(srtf, "srtf"),
+}
+
+
+def make_baseline(name: str):
+    if name not in BASELINES:
+        raise ValueError(f"unknown policy {name!r}; baselines are {', '.join(BASELINES)}")
+    return BASELINES[name]()

@@ -1,0 +1,305 @@
+"""The time-slotted simulator: state in, allocation out, next state and reward.
+
+Every slot (20 minutes by default) the scheduler sees a `SlotView` of the jobs that have arrived and not
+finished, ordered by arrival, and returns an `Allocation`: workers and PS per job, for this slot, decided
+from scratch as in DL2. `step` places the tasks, trains every job for one slot at the speed its (PS, workers)
+give on the measured speed table, times its hidden interference factor and a per-slot noise, and returns the
+next state and DL2's reward (eq. 1): the sum over jobs of epochs trained this slot / the job's epoch estimate.
+
+How this vectorises: `SimState` is a handful of arrays over all jobs of the trace and `advance` is pure
+element-wise math, so it runs unchanged under `jax.numpy` (and `jax.vmap` over many clusters). The only
+sequential part is placement (least-loaded first, task by task); a JAX rollout uses the policy's own
+in-loop placement (dl2d.policy) and passes it in, or replaces it with aggregate capacity accounting.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Protocol
+
+import numpy as np
+
+from dl2d.sim.cluster import ClusterSpec, Placer
+from dl2d.sim.jobtypes import JOB_TYPES, TYPE_NAMES
+from dl2d.sim.speed import lookup, speed_table
+from dl2d.sim.trace import Trace
+
+WORKER_DEMAND = np.array([t.worker_demand for t in JOB_TYPES])  # [types, 3]
+PS_DEMAND = np.array([t.ps_demand for t in JOB_TYPES])
+BATCHES_PER_EPOCH = np.array([t.batches_per_epoch for t in JOB_TYPES], dtype=float)
+
+
+class CapacityError(RuntimeError):
+    """An allocation asked for more than the cluster has: a scheduler bug, never silently accepted."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    cluster: ClusterSpec = ClusterSpec()
+    slot_seconds: float = 1200.0
+    speed_model: str = "measured"  # measured (testbed data) | parametric (Optimus-style fit)
+    slot_noise: float = 0.1  # per job and slot speed factor 1 + noise * U(-1, 1)
+    max_workers: int = 16
+    max_ps: int = 16
+    resize_overhead_s: float = 0.0  # training time a job loses when its allocation changes
+    max_slots: int = 50_000
+
+    def __post_init__(self):
+        if self.slot_seconds <= 0:
+            raise ValueError("slot_seconds must be > 0")
+        if not 0 <= self.slot_noise < 1:
+            raise ValueError("slot_noise must be in [0, 1)")
+        if self.max_workers < 1 or self.max_ps < 1:
+            raise ValueError("max_workers and max_ps must be >= 1")
+        if not 0 <= self.resize_overhead_s <= self.slot_seconds:
+            raise ValueError("resize_overhead_s must be within [0, slot_seconds]")
+
+
+@dataclass(frozen=True)
+class SimState:
+    slot: int
+    epochs_done: np.ndarray  # [N]
+    finish_time: np.ndarray  # [N], in slots (fractional), nan while unfinished
+    slots_run: np.ndarray  # [N], slots spent in the system so far
+    workers: np.ndarray  # [N], last slot's allocation
+    ps: np.ndarray  # [N]
+
+    @staticmethod
+    def initial(n: int) -> "SimState":
+        z = np.zeros(n)
+        return SimState(0, z.copy(), np.full(n, np.nan), np.zeros(n, int), np.zeros(n, int), np.zeros(n, int))
+
+    def active(self, trace: Trace) -> np.ndarray:
+        """Trace indices of jobs that have arrived and not finished, by arrival."""
+        return np.flatnonzero((trace.arrival_slot <= self.slot) & np.isnan(self.finish_time))
+
+    def done(self) -> bool:
+        return bool(np.all(~np.isnan(self.finish_time)))
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What a scheduler knows at the start of a slot (row j = the j-th active job by arrival)."""
+
+    slot: int
+    jobs: np.ndarray  # trace indices (job ids)
+    type_idx: np.ndarray
+    arrival_slot: np.ndarray
+    slots_run: np.ndarray
+    epochs_done: np.ndarray
+    est_epochs: np.ndarray
+    prev_workers: np.ndarray
+    prev_ps: np.ndarray
+    free: np.ndarray  # [servers, 3] free at the start of the slot
+    capacity: np.ndarray  # [servers, 3]
+    max_workers: int
+    max_ps: int
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def worker_demand(self) -> np.ndarray:
+        return WORKER_DEMAND[self.type_idx]
+
+    @property
+    def ps_demand(self) -> np.ndarray:
+        return PS_DEMAND[self.type_idx]
+
+    @property
+    def remaining_epochs(self) -> np.ndarray:
+        return np.maximum(self.est_epochs - self.epochs_done, 0.0)
+
+    @property
+    def total_capacity(self) -> np.ndarray:
+        return self.capacity.sum(axis=0)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Workers and PS per job of the view; optionally the server of every task (else the engine places)."""
+
+    workers: np.ndarray
+    ps: np.ndarray
+    worker_servers: tuple[tuple[int, ...], ...] | None = None
+    ps_servers: tuple[tuple[int, ...], ...] | None = None
+
+
+class Scheduler(Protocol):
+    name: str
+
+    def __call__(self, view: SlotView) -> Allocation: ...
+
+
+def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
+    idx = state.active(trace)
+    cap = cfg.cluster.empty()
+    return SlotView(
+        slot=state.slot, jobs=idx, type_idx=trace.type_idx[idx], arrival_slot=trace.arrival_slot[idx],
+        slots_run=state.slots_run[idx], epochs_done=state.epochs_done[idx], est_epochs=trace.est_epochs[idx],
+        prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
+        max_workers=cfg.max_workers, max_ps=cfg.max_ps,
+    )
+
+
+def place(view: SlotView, alloc: Allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Usage [servers, 3] of an allocation, and the workers/PS actually placed per job.
+
+    With servers given, checks them (CapacityError on any overflow); without, places each job's tasks
+    (worker, PS, worker, PS, ...) on the least-loaded server that fits and drops what fits nowhere.
+    """
+    free = view.free.copy()
+    w_dem, p_dem = view.worker_demand, view.ps_demand
+    if alloc.worker_servers is not None:
+        for j in range(len(view)):
+            for servers, demand in ((alloc.worker_servers[j], w_dem[j]), (alloc.ps_servers[j], p_dem[j])):
+                for s in servers:
+                    free[s] -= demand
+        if np.any(free < -1e-6):
+            raise CapacityError(f"allocation overflows server(s) {np.flatnonzero((free < -1e-6).any(1)).tolist()}")
+        placed_w = np.array([len(s) for s in alloc.worker_servers], int)
+        placed_p = np.array([len(s) for s in alloc.ps_servers], int)
+        return view.free - free, placed_w, placed_p
+    placer = Placer(view.free, view.capacity)
+    placed_w = np.zeros(len(view), int)
+    placed_p = np.zeros(len(view), int)
+    for j in range(len(view)):
+        for k in range(max(int(alloc.workers[j]), int(alloc.ps[j]))):
+            for want, placed, demand in ((alloc.workers, placed_w, w_dem[j]), (alloc.ps, placed_p, p_dem[j])):
+                if k < want[j] and placer.add(demand) >= 0:
+                    placed[j] += 1
+    return view.free - placer.free, placed_w, placed_p
+
+
+def epochs_per_slot(table, types, ps, workers, factor, seconds) -> np.ndarray:
+    """Epochs each job trains in `seconds` with (ps, workers): pure, element-wise."""
+    return lookup(table, types, ps, workers) * factor * seconds / BATCHES_PER_EPOCH[types]
+
+
+def advance(state: SimState, trace: Trace, jobs, epochs) -> tuple[SimState, float, np.ndarray]:
+    """Train `jobs` by `epochs` this slot; returns (next state, reward, epochs actually trained)."""
+    done = state.epochs_done.copy()
+    finish = state.finish_time.copy()
+    left = trace.true_epochs[jobs] - done[jobs]
+    trained = np.minimum(epochs, left)
+    ends = epochs >= left - 1e-12
+    frac = np.where(epochs > 0, left / np.where(epochs > 0, epochs, 1.0), 1.0)
+    finish[jobs] = np.where(ends, state.slot + np.clip(frac, 0.0, 1.0), np.nan)
+    done[jobs] += trained
+    slots_run = state.slots_run.copy()
+    slots_run[jobs] += 1
+    reward = float(np.sum(trained / trace.est_epochs[jobs]))
+    return replace(state, slot=state.slot + 1, epochs_done=done, finish_time=finish, slots_run=slots_run), reward, trained
+
+
+def validate(view: SlotView, alloc: Allocation) -> None:
+    w, p = np.asarray(alloc.workers), np.asarray(alloc.ps)
+    if w.shape != (len(view),) or p.shape != (len(view),):
+        raise ValueError(f"allocation for {w.shape}/{p.shape} jobs, the view has {len(view)}")
+    if np.any(w < 0) or np.any(p < 0) or np.any(w > view.max_workers) or np.any(p > view.max_ps):
+        raise ValueError("allocation outside [0, max_workers] / [0, max_ps]")
+
+
+def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: np.random.Generator,
+         table: np.ndarray | None = None) -> tuple[SimState, float, dict]:
+    """One slot. Pure given `rng`: the same inputs and generator state give the same outputs."""
+    view = view_of(trace, state, cfg)
+    validate(view, alloc)
+    usage, w, p = place(view, alloc)
+    table = speed_table(cfg.speed_model) if table is None else table
+    jobs = view.jobs
+    noise = 1 + cfg.slot_noise * rng.uniform(-1, 1, len(jobs))
+    changed = (w != state.workers[jobs]) | (p != state.ps[jobs])
+    seconds = cfg.slot_seconds - cfg.resize_overhead_s * changed
+    epochs = epochs_per_slot(table, view.type_idx, p, w, trace.speed_factor[jobs] * noise, seconds)
+    nxt, reward, trained = advance(state, trace, jobs, epochs)
+    workers, ps = nxt.workers.copy(), nxt.ps.copy()
+    workers[jobs], ps[jobs] = w, p
+    nxt = replace(nxt, workers=workers, ps=ps)
+    cap = cfg.cluster.capacity
+    used = usage.sum(axis=0)
+    info = {
+        "jobs": jobs, "workers": w, "ps": p, "trained": trained, "resized": int(changed.sum()),
+        "unplaced": int(np.sum(alloc.workers) + np.sum(alloc.ps) - w.sum() - p.sum()),
+        "utilisation": np.where(cap > 0, used / np.where(cap > 0, cap, 1), 0.0),
+    }
+    return nxt, reward, info
+
+
+# ---------------------------------------------------------------- a run and its metrics
+
+@dataclass
+class SimResult:
+    policy: str
+    jct_slots: np.ndarray  # per job
+    type_idx: np.ndarray
+    makespan_slots: float
+    gpu_util: np.ndarray  # per slot
+    cpu_util: np.ndarray
+    rewards: np.ndarray
+    slot_seconds: float
+    decision_ms: float  # mean scheduler time per slot
+    wall_s: float
+    resizes: int = 0
+    unplaced: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def avg_jct_slots(self) -> float:
+        return float(np.mean(self.jct_slots))
+
+    @property
+    def avg_jct_hours(self) -> float:
+        return self.avg_jct_slots * self.slot_seconds / 3600
+
+    def per_type_jct_hours(self) -> dict[str, float]:
+        h = self.slot_seconds / 3600
+        return {TYPE_NAMES[t]: float(np.mean(self.jct_slots[self.type_idx == t]) * h)
+                for t in np.unique(self.type_idx)}
+
+    def summary(self) -> dict:
+        return {
+            "policy": self.policy, "jobs": len(self.jct_slots),
+            "avg_jct_slots": round(self.avg_jct_slots, 3), "avg_jct_hours": round(self.avg_jct_hours, 3),
+            "makespan_slots": round(self.makespan_slots, 3),
+            "makespan_hours": round(self.makespan_slots * self.slot_seconds / 3600, 3),
+            "gpu_util": round(float(np.mean(self.gpu_util)), 4), "cpu_util": round(float(np.mean(self.cpu_util)), 4),
+            "total_reward": round(float(np.sum(self.rewards)), 4), "resizes": self.resizes,
+            "unplaced_tasks": self.unplaced, "decision_ms": round(self.decision_ms, 3), "wall_s": round(self.wall_s, 3),
+            "per_type_jct_hours": {k: round(v, 3) for k, v in self.per_type_jct_hours().items()},
+        }
+
+
+def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfig = SimConfig(), seed: int = 0,
+        on_slot: Callable[[SimState], None] | None = None, name: str | None = None) -> SimResult:
+    """Simulate the whole trace with one scheduler until every job finishes."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    table = speed_table(cfg.speed_model)
+    state = SimState.initial(len(trace))
+    rewards, gpu, cpu = [], [], []
+    decide_s, resizes, unplaced = 0.0, 0, 0
+    first = int(trace.arrival_slot.min())
+    state = replace(state, slot=first)
+    while not state.done():
+        if state.slot - first > cfg.max_slots:
+            raise RuntimeError(f"simulation did not finish within {cfg.max_slots} slots (a starving scheduler?)")
+        view = view_of(trace, state, cfg)
+        t = time.perf_counter()
+        alloc = scheduler(view) if len(view) else Allocation(np.zeros(0, int), np.zeros(0, int))
+        decide_s += time.perf_counter() - t
+        state, r, info = step(trace, state, alloc, cfg, rng, table)
+        rewards.append(r)
+        gpu.append(info["utilisation"][0])
+        cpu.append(info["utilisation"][1])
+        resizes += info["resized"]
+        unplaced += info["unplaced"]
+        if on_slot:
+            on_slot(state)
+    jct = state.finish_time - trace.arrival_slot
+    return SimResult(
+        policy=name or getattr(scheduler, "name", type(scheduler).__name__), jct_slots=jct, type_idx=trace.type_idx,
+        makespan_slots=float(np.max(state.finish_time) - first), gpu_util=np.array(gpu), cpu_util=np.array(cpu),
+        rewards=np.array(rewards), slot_seconds=cfg.slot_seconds, decision_ms=1000 * decide_s / max(len(rewards), 1),
+        wall_s=time.perf_counter() - t0, resizes=resizes, unplaced=unplaced,
+    )

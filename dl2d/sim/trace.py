@@ -1,0 +1,217 @@
+"""Job traces: seeded generation, and saving/loading as JSON or CSV.
+
+A trace is the list of jobs of one experiment, with what the scheduler is told (arrival slot, type, the
+user's epoch estimate) and what it is not (the true epochs to convergence and the job's persistent speed
+factor from interference). Loading checks every field and names the offending line or job.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dl2d.sim.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES, type_index
+
+FORMAT = "dl2d-trace"
+VERSION = 1
+SLOTS_PER_DAY = 72  # 20-minute slots
+CSV_FIELDS = ("id", "arrival_slot", "type", "est_epochs", "true_epochs", "speed_factor")
+
+
+class TraceError(ValueError):
+    """A trace file or trace config that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    num_jobs: int = 200
+    max_arrivals_per_slot: int = 10
+    arrival_pattern: str = "daily"  # daily | uniform | poisson
+    epochs_model: str = "dl2"  # dl2: per-type epochs x U(0.9, 1.1); weibull: Weibull(k=2) x MAX/3
+    epoch_estimate_error: float = 0.0  # true = estimate x (1 + e U(-1, 1)), DL2 Fig. 16
+    interference_sigma: float = 0.27  # per-job log-normal speed factor (DL2: 27.3% JCT variation)
+    job_types: tuple[str, ...] = TYPE_NAMES
+
+    def __post_init__(self):
+        if self.num_jobs < 1:
+            raise TraceError("num_jobs must be at least 1")
+        if self.max_arrivals_per_slot < 1:
+            raise TraceError("max_arrivals_per_slot must be at least 1")
+        if self.arrival_pattern not in ("daily", "uniform", "poisson"):
+            raise TraceError(f"arrival_pattern must be daily, uniform or poisson, not {self.arrival_pattern!r}")
+        if self.epochs_model not in ("dl2", "weibull"):
+            raise TraceError(f"epochs_model must be dl2 or weibull, not {self.epochs_model!r}")
+        if not 0 <= self.epoch_estimate_error < 1:
+            raise TraceError("epoch_estimate_error must be in [0, 1)")
+        if self.interference_sigma < 0:
+            raise TraceError("interference_sigma must be >= 0")
+        for t in self.job_types:
+            try:
+                type_index(t)
+            except ValueError as e:
+                raise TraceError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Jobs sorted by arrival, as parallel arrays (job i is row i)."""
+
+    arrival_slot: np.ndarray  # int
+    type_idx: np.ndarray  # int, into JOB_TYPES
+    est_epochs: np.ndarray  # what the user told the scheduler
+    true_epochs: np.ndarray  # what the job really needs (hidden)
+    speed_factor: np.ndarray  # persistent interference factor (hidden), mean 1
+    config: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.arrival_slot)
+
+    def __post_init__(self):
+        n = len(self.arrival_slot)
+        for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor"):
+            if len(getattr(self, name)) != n:
+                raise TraceError(f"trace column {name} has {len(getattr(self, name))} rows, expected {n}")
+        if n and np.any(np.diff(self.arrival_slot) < 0):
+            raise TraceError("jobs must be sorted by arrival_slot")
+
+
+def daily_rate(slot: np.ndarray) -> np.ndarray:
+    """Relative arrival rate over a day (DL2 Fig. 8a shape): quiet at night, busy in working hours."""
+    hour = (np.asarray(slot) % SLOTS_PER_DAY) * 24.0 / SLOTS_PER_DAY
+    day = 0.5 - 0.5 * np.cos(2 * np.pi * (hour - 3.0) / 24.0)  # 0 at 3 am, 1 at 3 pm
+    return 0.25 + 0.75 * day**1.5
+
+
+def arrivals_per_slot(cfg: TraceConfig, rng: np.random.Generator, horizon: int) -> np.ndarray:
+    m = cfg.max_arrivals_per_slot
+    if cfg.arrival_pattern == "uniform":
+        counts = np.full(horizon, m)
+    elif cfg.arrival_pattern == "poisson":
+        counts = rng.poisson(m, horizon)
+    else:
+        offset = rng.integers(SLOTS_PER_DAY)
+        counts = rng.poisson(m * daily_rate(np.arange(horizon) + offset))
+    return np.minimum(counts, m)
+
+
+def generate(cfg: TraceConfig = TraceConfig(), seed: int = 0) -> Trace:
+    """A reproducible trace: the same (config, seed) always gives the same jobs."""
+    rng = np.random.default_rng(seed)
+    counts = arrivals_per_slot(cfg, rng, horizon=cfg.num_jobs * SLOTS_PER_DAY)
+    slots = np.repeat(np.arange(len(counts)), counts)[: cfg.num_jobs]
+    if len(slots) < cfg.num_jobs:  # only with absurdly sparse patterns
+        raise TraceError("arrival pattern produced too few jobs")
+    allowed = np.array([type_index(t) for t in cfg.job_types])
+    types = rng.choice(allowed, size=cfg.num_jobs)
+    if cfg.epochs_model == "dl2":
+        frac = np.array([JOB_TYPES[t].epochs_fraction for t in types])
+        est = frac * MAX_EPOCHS * rng.uniform(0.9, 1.1, cfg.num_jobs)
+    else:
+        est = np.clip(rng.weibull(2.0, cfg.num_jobs) * MAX_EPOCHS / 3, 1.0, MAX_EPOCHS)
+    est = np.round(np.maximum(est, 1.0), 2)
+    true = est * (1 + cfg.epoch_estimate_error * rng.uniform(-1, 1, cfg.num_jobs))
+    s = cfg.interference_sigma
+    factor = np.exp(rng.normal(-s * s / 2, s, cfg.num_jobs)) if s > 0 else np.ones(cfg.num_jobs)
+    return Trace(slots.astype(int), types.astype(int), est, np.maximum(true, 0.01), factor,
+                 config={**asdict(cfg), "seed": seed, "job_types": list(cfg.job_types)})
+
+
+# ---------------------------------------------------------------- files
+
+def to_records(trace: Trace) -> list[dict]:
+    return [
+        {"id": i, "arrival_slot": int(trace.arrival_slot[i]), "type": TYPE_NAMES[trace.type_idx[i]],
+         "est_epochs": float(trace.est_epochs[i]), "true_epochs": float(trace.true_epochs[i]),
+         "speed_factor": float(trace.speed_factor[i])}
+        for i in range(len(trace))
+    ]
+
+
+def _number(rec: dict, key: str, where: str, *, integer=False, positive=True) -> float:
+    if key not in rec or rec[key] in (None, ""):
+        raise TraceError(f"{where}: missing field {key!r}")
+    try:
+        v = float(rec[key])
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: field {key!r} is not a number: {rec[key]!r}") from None
+    if not math.isfinite(v):
+        raise TraceError(f"{where}: field {key!r} must be finite")
+    if integer and v != int(v):
+        raise TraceError(f"{where}: field {key!r} must be an integer, got {rec[key]!r}")
+    if (v <= 0 if positive else v < 0):
+        raise TraceError(f"{where}: field {key!r} must be {'> 0' if positive else '>= 0'}, got {rec[key]!r}")
+    return v
+
+
+def from_records(records: list[dict], config: dict | None = None, source: str = "trace") -> Trace:
+    if not records:
+        raise TraceError(f"{source}: no jobs")
+    rows = []
+    for n, rec in enumerate(records):
+        where = f"{source}: job {n + 1}"
+        if not isinstance(rec, dict):
+            raise TraceError(f"{where}: expected an object with fields {', '.join(CSV_FIELDS)}")
+        try:
+            t = type_index(str(rec.get("type", "")))
+        except ValueError as e:
+            raise TraceError(f"{where}: {e}") from None
+        rows.append((
+            int(_number(rec, "arrival_slot", where, integer=True, positive=False)), t,
+            _number(rec, "est_epochs", where), _number(rec, "true_epochs", where),
+            _number(rec, "speed_factor", where),
+        ))
+    rows.sort(key=lambda r: r[0])  # stable: ties keep file order
+    cols = list(zip(*rows))
+    return Trace(np.array(cols[0], int), np.array(cols[1], int), np.array(cols[2]), np.array(cols[3]),
+                 np.array(cols[4]), config=dict(config or {}))
+
+
+def save(trace: Trace, path: str | Path) -> None:
+    """Write a trace as .json (with its generating config) or .csv (jobs only), by file extension."""
+    path = Path(path)
+    records = to_records(trace)
+    if path.suffix == ".csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(records)
+        text = buf.getvalue()
+    elif path.suffix == ".json":
+        text = json.dumps({"format": FORMAT, "version": VERSION, "config": trace.config, "jobs": records}, indent=1)
+    else:
+        raise TraceError(f"{path}: trace files must end in .json or .csv")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def load(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read trace ({e.strerror})") from None
+    if path.suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        missing = [f for f in CSV_FIELDS[1:] if f not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: CSV header lacks column(s) {', '.join(missing)}")
+        return from_records(list(reader), source=str(path))
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise TraceError(f"{path}: not a {FORMAT} file (missing \"format\": \"{FORMAT}\")")
+        if doc.get("version") != VERSION:
+            raise TraceError(f"{path}: trace format version {doc.get('version')!r} is not supported (want {VERSION})")
+        if not isinstance(doc.get("jobs"), list):
+            raise TraceError(f"{path}: \"jobs\" must be a list")
+        return from_records(doc["jobs"], doc.get("config"), source=str(path))
+    raise TraceError(f"{path}: trace files must end in .json or .csv")
