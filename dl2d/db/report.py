@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -38,17 +40,35 @@ def queries() -> dict[str, Query]:
     return parse_report_sql(resources.files("dl2d.db").joinpath("report.sql").read_text())
 
 
-def run_report(bind: Session | Connection | Engine, name: str) -> list[dict[str, Any]]:
-    """Rows of one report as dicts (column name -> value)."""
-    q = queries()[name]
+@dataclass(frozen=True)
+class ReportResult:
+    query: Query
+    columns: list[str]
+    rows: list[dict[str, Any]]
+
+
+@contextmanager
+def _connection(bind: Session | Connection | Engine) -> Iterator[Session | Connection]:
     if isinstance(bind, Engine):
         with bind.connect() as conn:
-            return run_report(conn, name)
-    return [dict(r) for r in bind.execute(text(q.sql)).mappings()]
+            yield conn
+    else:
+        yield bind
+
+
+def execute(bind: Session | Connection | Engine, name: str) -> ReportResult:
+    """Run the report `name` of report.sql."""
+    q = queries()[name]
+    with _connection(bind) as conn:
+        result = conn.execute(text(q.sql))
+        return ReportResult(q, list(result.keys()), [dict(r) for r in result.mappings()])
+
+
+def run_report(bind: Session | Connection | Engine, name: str) -> list[dict[str, Any]]:
+    """Rows of one report as dicts (column name -> value)."""
+    return execute(bind, name).rows
 
 
 def run_all(bind: Session | Connection | Engine) -> dict[str, list[dict[str, Any]]]:
-    if isinstance(bind, Engine):
-        with bind.connect() as conn:
-            return run_all(conn)
-    return {name: run_report(bind, name) for name in queries()}
+    with _connection(bind) as conn:
+        return {name: run_report(conn, name) for name in queries()}

@@ -1,0 +1,76 @@
+"""`dl2ctl report`: the SQL reports of dl2d/db/report.sql as tables (or JSON)."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import click
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (date, datetime)):
+        return v.isoformat()
+    return str(v)
+
+
+@click.command()
+@click.option("--db", "db_url", envvar="DL2D_DB_URL", metavar="URL",
+              help="Database URL (default: the daemon's SQLite file in $DL2D_STATE_DIR or /var/lib/dl2d).")
+@click.option("--json", "as_json", is_flag=True, help="Print all reports as one JSON object.")
+@click.option("--only", "names", multiple=True, metavar="NAME", help="Only these reports (repeatable).")
+def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
+    """Job completion times, GPU utilisation, resizes and policy vs fallback decisions."""
+    from dl2d.db.engine import default_url, make_engine
+    from dl2d.db.report import execute, queries
+
+    known = queries()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise click.BadParameter(f"unknown report(s) {unknown}; known: {', '.join(known)}", param_hint="--only")
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    url = db_url or default_url(os.environ.get("DL2D_STATE_DIR", "/var/lib/dl2d"))
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and not os.path.exists(u.database):
+        raise click.ClickException(f"no database at {u.database} (give --db URL)")
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            results = [execute(conn, n) for n in (names or known)]
+    except DBAPIError as e:
+        raise click.ClickException(f"cannot read the reports from {u.render_as_string()}: {e.orig}") from e
+    finally:
+        engine.dispose()
+
+    if as_json:
+        click.echo(json.dumps({r.query.name: r.rows for r in results}, indent=2, default=_json_default))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for r in results:
+        table = Table(title=f"{r.query.name}: {r.query.description}", title_justify="left")
+        for c in r.columns:
+            table.add_column(c, justify="left" if c in _TEXT_COLUMNS else "right")
+        for row in r.rows:
+            table.add_row(*(_cell(row[c]) for c in r.columns))
+        console.print(table)
+
+
+_TEXT_COLUMNS = {"day", "hour", "job_type", "owner", "name", "source", "fallback_reason"}
+
