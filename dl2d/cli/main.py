@@ -12,6 +12,7 @@ import click
 # name -> "module:attribute" of a click command; one line per command.
 COMMANDS: dict[str, str] = {
     "sim": "dl2d.cli.sim:sim",
+    "report": "dl2d.cli.report:report",
 }
 
 
