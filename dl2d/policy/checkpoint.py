@@ -1,0 +1,88 @@
+"""Policy checkpoints: parameters, optimiser state and config in one msgpack file, written atomically.
+
+Layout: {"format": "dl2d-policy", "version": 1, "config": {...}, "params": ..., "opt_state": ..., "meta": {...}}.
+Loading rebuilds the parameter tree from the config and checks every array's shape, so a truncated file, a
+file of another kind, a newer format or a config/parameter mismatch each fail with a clear `CheckpointError`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import optax
+from flax import serialization
+
+from dl2d.policy.config import PolicyConfig
+from dl2d.policy.nets import init_params
+
+FORMAT = "dl2d-policy"
+VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+@dataclass
+class Checkpoint:
+    config: PolicyConfig
+    params: dict
+    opt_state: object = None
+    meta: dict = field(default_factory=dict)
+
+
+def make_optimizer(lr: float) -> optax.GradientTransformation:
+    return optax.adam(lr)
+
+
+def save(path: str | Path, ckpt: Checkpoint) -> None:
+    path = Path(path)
+    doc = {
+        "format": FORMAT, "version": VERSION, "config": ckpt.config.to_dict(),
+        "params": serialization.to_state_dict(jax.device_get(ckpt.params)),
+        "opt_state": serialization.to_state_dict(jax.device_get(ckpt.opt_state)) if ckpt.opt_state is not None else None,
+        "meta": ckpt.meta,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(serialization.msgpack_serialize(doc))
+    os.replace(tmp, path)
+
+
+def load(path: str | Path, lr: float | None = None) -> Checkpoint:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({e.strerror})") from None
+    try:
+        doc = serialization.msgpack_restore(raw)
+    except Exception as e:  # msgpack raises several types on garbage
+        raise CheckpointError(f"{path}: not a dl2d policy checkpoint (unreadable: {type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a dl2d policy checkpoint")
+    if doc.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {doc.get('version')} not supported (this dl2d reads {VERSION})")
+    try:
+        cfg = PolicyConfig.from_dict(doc["config"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: bad policy config: {e}") from None
+    template = init_params(cfg, jax.random.PRNGKey(0))
+    params = _restore(path, template, doc.get("params"), "params")
+    opt_state = None
+    if doc.get("opt_state") is not None:
+        opt_template = make_optimizer(lr or cfg.rl_lr).init(template)
+        opt_state = _restore(path, opt_template, doc["opt_state"], "optimiser state")
+    return Checkpoint(cfg, params, opt_state, doc.get("meta") or {})
+
+
+def _restore(path, template, state, what):
+    try:
+        restored = serialization.from_state_dict(template, state)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: {what} do not match the config ({e})") from None
+    for a, b in zip(jax.tree_util.tree_leaves(template), jax.tree_util.tree_leaves(restored)):
+        if getattr(a, "shape", None) != getattr(b, "shape", None):
+            raise CheckpointError(f"{path}: {what} shapes {getattr(b, 'shape', None)} != expected {a.shape}")
+    return restored

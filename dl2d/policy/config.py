@@ -1,0 +1,60 @@
+"""Every hyper-parameter of the DL2 policy in one place (defaults: DL2 section 6.2 and the authors' code)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # state / action space
+    max_jobs: int = 40  # J: the scheduling window; more concurrent jobs are scheduled in windows of J
+    num_types: int = 8  # L
+    max_workers: int = 16
+    max_ps: int = 16
+    starting_bundle: bool = True  # give every job one worker + one PS before the network decides (no starvation)
+    # networks
+    hidden: int = 256
+    # supervised warm-up
+    sl_lr: float = 0.005
+    sl_batch: int = 256
+    # online RL
+    rl_lr: float = 1e-4
+    gamma: float = 0.9
+    entropy_weight: float = 0.1
+    value_weight: float = 0.5
+    epsilon: float = 0.2  # job-aware exploration probability in a poor state
+    poor_ratio: float = 10.0  # w/u or u/w above this is a poor state
+    replay_size: int = 8192
+    minibatch: int = 256
+    updates_per_slot: int = 1
+    # feature scaling
+    slots_scale: float = 100.0
+    epochs_scale: float = 300.0
+
+    @property
+    def features_per_job(self) -> int:
+        return self.num_types + 5  # one-hot type, d, e, r, w, u
+
+    @property
+    def state_dim(self) -> int:
+        return self.max_jobs * self.features_per_job
+
+    @property
+    def num_actions(self) -> int:
+        return 3 * self.max_jobs + 1
+
+    @property
+    def max_steps(self) -> int:
+        """Upper bound on inferences in one window: each non-void action adds at least one task."""
+        return self.max_jobs * (self.max_workers + self.max_ps) + 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PolicyConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown policy config key(s): {', '.join(sorted(unknown))}")
+        return cls(**d)

@@ -1,0 +1,250 @@
+"""One slot's allocation for a window of J jobs, in a single jitted `jax.lax.while_loop`.
+
+Each iteration encodes the state (x, d, e, r, w, u), masks the 3J+1 actions by what fits on some server and by
+per-job limits, picks an action (sampled by inverse CDF, greedy, or a teacher's), places the task(s) on the
+least-loaded server that fits (the simulator's `Placer` rule) and updates w, u, r and the free resources.
+It stops on the void action, which is the only one left once nothing fits. Action k means job k // 3 and
+kind k % 3 (0 worker, 1 PS, 2 worker + PS); action 3J is void.
+
+Every step's (state, mask, action) is recorded for training. The first layer of the policy network is
+updated incrementally: only the acting job's features change in a step, so h = x W + b is patched with that
+job's rows of W instead of recomputed.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dl2d.policy.config import PolicyConfig
+from dl2d.sim.engine import PS_DEMAND, WORKER_DEMAND
+
+WD = jnp.asarray(WORKER_DEMAND, jnp.float32)
+PD = jnp.asarray(PS_DEMAND, jnp.float32)
+EPS = 1e-6
+
+SAMPLE, GREEDY, TEACHER = "sample", "greedy", "teacher"
+
+
+class Window(NamedTuple):
+    """Up to J jobs (padded) and the cluster as they stand at the start of the window."""
+
+    type_idx: jax.Array  # int32 [J]
+    valid: jax.Array  # bool [J]
+    slots_run: jax.Array  # f32 [J]
+    remaining: jax.Array  # f32 [J], estimated remaining epochs
+    w0: jax.Array  # int32 [J], workers already given this slot
+    u0: jax.Array  # int32 [J]
+    free: jax.Array  # f32 [S, 3]
+    capacity: jax.Array  # f32 [S, 3]
+
+
+class SlotOut(NamedTuple):
+    workers: jax.Array  # [J]
+    ps: jax.Array
+    free: jax.Array  # [S, 3] after this window
+    n_steps: jax.Array
+    states: jax.Array  # [T, state_dim]
+    masks: jax.Array  # [T, A]
+    actions: jax.Array  # [T]
+    worker_server: jax.Array  # [T], -1 if the step placed no worker
+    ps_server: jax.Array  # [T]
+    explored: jax.Array  # [T] bool
+
+
+def job_features(cfg: PolicyConfig, win: Window, w, u):
+    """[J, F]: one-hot type, slots run, remaining epochs, dominant share (x J), workers, PS; zero if padding."""
+    total = win.capacity.sum(axis=0)
+    inv = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+    used = w[:, None] * WD[win.type_idx] + u[:, None] * PD[win.type_idx]
+    r = jnp.max(used * inv, axis=1)
+    cols = jnp.stack([
+        win.slots_run / cfg.slots_scale, win.remaining / cfg.epochs_scale, r * cfg.max_jobs,
+        w / cfg.max_workers, u / cfg.max_ps,
+    ], axis=1)
+    f = jnp.concatenate([jax.nn.one_hot(win.type_idx, cfg.num_types), cols], axis=1)
+    return f * win.valid[:, None]
+
+
+def encode(cfg: PolicyConfig, win: Window, w, u):
+    return job_features(cfg, win, w, u).reshape(-1)
+
+
+def best_server(free, capacity, demand):
+    """(least-loaded server that fits `demand`, whether any fits); ties go to the lowest index."""
+    ok = jnp.all(free >= demand - EPS, axis=1)
+    load = jnp.sum(jnp.where(capacity > 0, 1.0 - free / jnp.where(capacity > 0, capacity, 1.0), 0.0), axis=1)
+    return jnp.argmin(jnp.where(ok, load, jnp.inf)), jnp.any(ok)
+
+
+def type_fits(free, capacity):
+    """Per job type: does a worker fit, a PS, and a worker then a PS (placed one after the other)?"""
+    any_fit = jax.vmap(lambda d: jnp.any(jnp.all(free >= d - EPS, axis=1)))
+
+    def bundle(dw, dp):
+        s, ok = best_server(free, capacity, dw)
+        after = free.at[s].add(-dw)
+        return ok & jnp.any(jnp.all(after >= dp - EPS, axis=1))
+
+    return any_fit(WD), any_fit(PD), jax.vmap(bundle)(WD, PD)
+
+
+def action_mask(cfg: PolicyConfig, win: Window, w, u, free):
+    fw, fp, fb = type_fits(free, win.capacity)
+    t = win.type_idx
+    room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
+    m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
+                   win.valid & room_w & room_p & fb[t]], axis=1)
+    return jnp.concatenate([m.reshape(-1), jnp.array([True])])
+
+
+def apply_action(cfg: PolicyConfig, win: Window, w, u, free, a):
+    """Place the task(s) of action `a`; returns (w, u, free, worker server or -1, PS server or -1)."""
+    void = a == 3 * cfg.max_jobs
+    j = jnp.minimum(a // 3, cfg.max_jobs - 1)
+    kind = a % 3
+    t = win.type_idx[j]
+    add_w = ~void & (kind != 1)
+    add_p = ~void & (kind != 0)
+    sw, _ = best_server(free, win.capacity, WD[t])
+    free = jnp.where(add_w, free.at[sw].add(-WD[t]), free)
+    sp, _ = best_server(free, win.capacity, PD[t])
+    free = jnp.where(add_p, free.at[sp].add(-PD[t]), free)
+    w = w.at[j].add(add_w.astype(w.dtype))
+    u = u.at[j].add(add_p.astype(u.dtype))
+    return w, u, free, jnp.where(add_w, sw, -1), jnp.where(add_p, sp, -1)
+
+
+def poor_state_action(cfg: PolicyConfig, win: Window, w, u, mask):
+    """DL2's job-aware exploration: the fix for the first job in a poor state, and whether there is one.
+
+    Poor: several workers but no PS (add a PS), several PS but no worker (add a worker), or w/u or u/w above
+    the threshold (add the scarcer one)."""
+    wf, uf = w.astype(jnp.float32), u.astype(jnp.float32)
+    no_ps = (w >= 2) & (u == 0)
+    no_w = (u >= 2) & (w == 0)
+    skew = (w > 0) & (u > 0) & ((wf > cfg.poor_ratio * uf) | (uf > cfg.poor_ratio * wf))
+    kind = jnp.where(no_ps, 1, jnp.where(no_w, 0, jnp.where(wf > uf, 1, 0)))
+    action = 3 * jnp.arange(cfg.max_jobs) + kind
+    poor = win.valid & (no_ps | no_w | skew) & mask[action]
+    j = jnp.argmax(poor)
+    return action[j], jnp.any(poor)
+
+
+def teacher_action(cfg: PolicyConfig, w, u, mask, target_w, target_u):
+    """Replays a heuristic's allocation as actions: the job furthest behind its target gets a bundle (or the
+    one task it still lacks); void once every target is met or nothing more fits."""
+    need_w, need_u = w < target_w, u < target_u
+    kind = jnp.where(need_w & need_u, 2, jnp.where(need_w, 0, 1))
+    action = 3 * jnp.arange(cfg.max_jobs) + kind
+    ok = (need_w | need_u) & mask[action]
+    order = jnp.where(ok, (w + u) * cfg.max_jobs + jnp.arange(cfg.max_jobs), jnp.iinfo(jnp.int32).max)
+    j = jnp.argmin(order)
+    return jnp.where(jnp.any(ok), action[j], 3 * cfg.max_jobs)
+
+
+def starting_bundles(cfg: PolicyConfig, win: Window):
+    """One worker + one PS for each job without one, in window order, where it fits."""
+
+    def body(j, carry):
+        w, u, free = carry
+        mask = action_mask(cfg, win, w, u, free)
+        a = jnp.where((w[j] == 0) & (u[j] == 0) & mask[3 * j + 2], 3 * j + 2, 3 * cfg.max_jobs)
+        w, u, free, _, _ = apply_action(cfg, win, w, u, free, a)
+        return w, u, free
+
+    return jax.lax.fori_loop(0, cfg.max_jobs, body, (win.w0, win.u0, win.free))
+
+
+@partial(jax.jit, static_argnames=("cfg", "mode", "record"))
+def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, epsilon=0.0,
+               target_w=None, target_u=None, record: bool = True) -> SlotOut:
+    from dl2d.policy.nets import masked_logits
+
+    J, F, A = cfg.max_jobs, cfg.features_per_job, cfg.num_actions
+    T = cfg.max_steps if record else 1
+    pol = params["policy"]
+    W1, b1 = pol["in"]["kernel"], pol["in"]["bias"]
+    W1_jobs = W1.reshape(J, F, -1)
+
+    def head(h1):
+        h = jax.nn.relu(jax.nn.relu(h1) @ pol["mid"]["kernel"] + pol["mid"]["bias"])
+        return h @ pol["out"]["kernel"] + pol["out"]["bias"]
+
+    if cfg.starting_bundle:
+        w, u, free = starting_bundles(cfg, win)
+    else:
+        w, u, free = win.w0, win.u0, win.free
+    if target_w is None:
+        target_w = target_u = jnp.zeros(J, jnp.int32)
+    feats = job_features(cfg, win, w, u)
+    h1 = feats.reshape(-1) @ W1 + b1
+
+    rec = (jnp.zeros((T, cfg.state_dim)), jnp.zeros((T, A), bool), jnp.zeros(T, jnp.int32),
+           jnp.full(T, -1, jnp.int32), jnp.full(T, -1, jnp.int32), jnp.zeros(T, bool))
+
+    def cond(c):
+        return ~c["done"] & (c["t"] < cfg.max_steps)
+
+    def body(c):
+        w, u, free, feats, h1 = c["w"], c["u"], c["free"], c["feats"], c["h1"]
+        key, k_act, k_eps = jax.random.split(c["key"], 3)
+        mask = action_mask(cfg, win, w, u, free)
+        logits = masked_logits(head(h1), mask)
+        if mode == TEACHER:
+            a = teacher_action(cfg, w, u, mask, target_w, target_u)
+            explored = jnp.array(False)
+        elif mode == GREEDY:
+            a = jnp.argmax(logits)
+            explored = jnp.array(False)
+        else:
+            cdf = jnp.cumsum(jax.nn.softmax(logits))
+            a = jnp.minimum(jnp.sum(cdf < jax.random.uniform(k_act) * cdf[-1]), A - 1)
+            fix, poor = poor_state_action(cfg, win, w, u, mask)
+            explored = poor & (jax.random.uniform(k_eps) < epsilon)
+            a = jnp.where(explored, fix, a)
+        a = a.astype(jnp.int32)
+        w2, u2, free2, sw, sp = apply_action(cfg, win, w, u, free, a)
+        j = jnp.minimum(a // 3, J - 1)
+        new_f = job_features(cfg, win, w2, u2)[j]
+        h1 = h1 + (new_f - feats[j]) @ W1_jobs[j]
+        feats = feats.at[j].set(new_f)
+        states, masks, acts, sws, sps, exps = c["rec"]
+        i = jnp.minimum(c["t"], T - 1)
+        if record:
+            rec = (states.at[i].set(c["feats"].reshape(-1)), masks.at[i].set(mask),
+                   acts.at[i].set(a), sws.at[i].set(sw), sps.at[i].set(sp), exps.at[i].set(explored))
+        else:
+            rec = c["rec"]
+        return {"t": c["t"] + 1, "key": key, "w": w2, "u": u2, "free": free2, "feats": feats, "h1": h1,
+                "done": a == A - 1, "rec": rec}
+
+    c0 = {"t": jnp.int32(0), "key": key, "w": w, "u": u, "free": free, "feats": feats, "h1": h1,
+          "done": jnp.array(False), "rec": rec}
+    c = jax.lax.while_loop(cond, body, c0)
+    return SlotOut(c["w"], c["u"], c["free"], c["t"], *c["rec"])
+
+
+def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None) -> Window:
+    """A Window from NumPy arrays of up to J jobs (padding the rest)."""
+    n = len(type_idx)
+    if n > cfg.max_jobs:
+        raise ValueError(f"{n} jobs in a window of {cfg.max_jobs}")
+    J = cfg.max_jobs
+
+    def pad(x, dtype):
+        out = np.zeros(J, dtype)
+        out[:n] = x
+        return out
+
+    zeros = np.zeros(n)
+    return Window(
+        type_idx=jnp.asarray(pad(type_idx, np.int32)), valid=jnp.asarray(np.arange(J) < n),
+        slots_run=jnp.asarray(pad(slots_run, np.float32)), remaining=jnp.asarray(pad(remaining, np.float32)),
+        w0=jnp.asarray(pad(zeros if w0 is None else w0, np.int32)),
+        u0=jnp.asarray(pad(zeros if u0 is None else u0, np.int32)),
+        free=jnp.asarray(free, jnp.float32), capacity=jnp.asarray(capacity, jnp.float32),
+    )

@@ -1,0 +1,191 @@
+"""Training the DL2 policy: supervised warm-up from a heuristic, then online advantage actor-critic.
+
+The simulator plays the live cluster. The math (losses, TD targets) is pure and jitted; rollouts and the
+replay buffer are a thin NumPy shell around the simulator and the jitted slot loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dl2d.policy.checkpoint import make_optimizer
+from dl2d.policy.config import PolicyConfig
+from dl2d.policy.nets import masked_logits, policy_logits, value
+from dl2d.policy.scheduler import DL2Scheduler, decide
+from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER
+from dl2d.sim import engine as E
+from dl2d.sim.baselines import make_baseline
+from dl2d.sim.trace import Trace
+
+# ---------------------------------------------------------------- losses (pure)
+
+
+def sl_loss(cfg: PolicyConfig, params, states, masks, actions):
+    """Cross entropy between the masked policy and the teacher's actions."""
+    logp = jax.nn.log_softmax(masked_logits(policy_logits(cfg, params, states), masks))
+    return -jnp.mean(jnp.take_along_axis(logp, actions[:, None], axis=1))
+
+
+def rl_loss(cfg: PolicyConfig, params, batch):
+    """Advantage actor-critic: -log pi(a|s) (y - V(s)) - beta H(pi) + c (y - V(s))^2, y = r + gamma V(s')."""
+    states, masks, actions, rewards, next_states, dones = batch
+    logp = jax.nn.log_softmax(masked_logits(policy_logits(cfg, params, states), masks))
+    v = value(cfg, params, states)
+    y = rewards + cfg.gamma * jax.lax.stop_gradient(value(cfg, params, next_states)) * (1.0 - dones)
+    adv = jax.lax.stop_gradient(y - v)
+    pg = -jnp.mean(jnp.take_along_axis(logp, actions[:, None], axis=1)[:, 0] * adv)
+    p = jnp.exp(logp)
+    entropy = -jnp.mean(jnp.sum(jnp.where(masks, p * logp, 0.0), axis=1))
+    v_loss = jnp.mean((y - v) ** 2)
+    return pg - cfg.entropy_weight * entropy + cfg.value_weight * v_loss, {"pg": pg, "entropy": entropy, "v_loss": v_loss}
+
+
+@partial(jax.jit, static_argnames=("cfg", "opt"))
+def sl_update(cfg, opt, params, opt_state, states, masks, actions):
+    loss, grads = jax.value_and_grad(partial(sl_loss, cfg))(params, states, masks, actions)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+@partial(jax.jit, static_argnames=("cfg", "opt"))
+def rl_update(cfg, opt, params, opt_state, batch):
+    (loss, aux), grads = jax.value_and_grad(partial(rl_loss, cfg), has_aux=True)(params, batch)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+
+
+# ---------------------------------------------------------------- supervised warm-up
+
+
+def teacher_samples(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, teacher: str = "drf", seed: int = 0,
+                    max_slots: int | None = None, per_slot: int = 64):
+    """(states, masks, actions) of the teacher's decisions replayed as DL2 actions along its own trajectory.
+
+    `params` only feed the (unused) logits of the replay; any initialised parameters do."""
+    rng = np.random.default_rng(seed)
+    heuristic = make_baseline(teacher)
+    key = jax.random.PRNGKey(seed)
+    state = E.SimState.initial(len(trace))
+    state = E.replace(state, slot=int(trace.arrival_slot.min()))
+    out_s, out_m, out_a = [], [], []
+    n = 0
+    while not state.done() and (max_slots is None or n < max_slots):
+        view = E.view_of(trace, state, sim)
+        alloc = heuristic(view)
+        key, sub = jax.random.split(key)
+        d = decide(cfg, params, sub, view, mode=TEACHER, targets=(alloc.workers, alloc.ps), record=True)
+        for r in d.records:
+            keep = rng.permutation(len(r.actions))[:per_slot]
+            out_s.append(r.states[keep]), out_m.append(r.masks[keep]), out_a.append(r.actions[keep])
+        state, _, _ = E.step(trace, state, alloc, sim, rng)
+        n += 1
+    return np.concatenate(out_s), np.concatenate(out_m), np.concatenate(out_a)
+
+
+def supervised(cfg: PolicyConfig, params, data, epochs: int, seed: int = 0, on_epoch: Callable | None = None):
+    """Fit the policy to teacher samples; returns (params, per-epoch mean losses)."""
+    states, masks, actions = (jnp.asarray(x) for x in data)
+    opt = make_optimizer(cfg.sl_lr)
+    opt_state = opt.init(params)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for ep in range(epochs):
+        order = rng.permutation(len(actions))
+        ep_loss = []
+        for i in range(0, len(order), cfg.sl_batch):
+            b = order[i:i + cfg.sl_batch]
+            params, opt_state, loss = sl_update(cfg, opt, params, opt_state, states[b], masks[b], actions[b])
+            ep_loss.append(float(loss))
+        losses.append(float(np.mean(ep_loss)))
+        if on_epoch:
+            on_epoch(ep, losses[-1], params)
+    return params, losses
+
+
+def imitation_accuracy(cfg: PolicyConfig, params, data) -> float:
+    states, masks, actions = data
+    logits = masked_logits(policy_logits(cfg, params, jnp.asarray(states)), jnp.asarray(masks))
+    return float(np.mean(np.asarray(jnp.argmax(logits, axis=1)) == actions))
+
+
+# ---------------------------------------------------------------- online RL
+
+
+class Replay:
+    """A ring buffer of (s, mask, a, r, s', done); samples uniformly."""
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0):
+        n, d, a = cfg.replay_size, cfg.state_dim, cfg.num_actions
+        self.s, self.m = np.zeros((n, d), np.float32), np.zeros((n, a), bool)
+        self.a, self.r = np.zeros(n, np.int32), np.zeros(n, np.float32)
+        self.s2, self.done = np.zeros((n, d), np.float32), np.zeros(n, np.float32)
+        self.n, self.i, self.size = n, 0, 0
+        self.rng = np.random.default_rng(seed)
+
+    def add(self, s, m, a, r, s2, done):
+        for k in range(len(a)):
+            j = self.i
+            self.s[j], self.m[j], self.a[j], self.r[j], self.s2[j], self.done[j] = s[k], m[k], a[k], r, s2, done
+            self.i = (self.i + 1) % self.n
+            self.size = min(self.size + 1, self.n)
+
+    def sample(self, k: int):
+        idx = self.rng.integers(0, self.size, min(k, self.size))
+        return tuple(jnp.asarray(x[idx]) for x in (self.s, self.m, self.a, self.r, self.s2, self.done))
+
+
+@dataclass
+class RLState:
+    params: dict
+    opt_state: object
+    replay: Replay
+    steps: int = 0
+
+
+def rl_episode(cfg: PolicyConfig, st: RLState, trace: Trace, sim: E.SimConfig, seed: int,
+               max_slots: int | None = None, on_slot: Callable | None = None) -> float:
+    """Run one trace with the sampling policy, learning after every slot. Returns the episode's total reward."""
+    opt = make_optimizer(cfg.rl_lr)
+    rng = np.random.default_rng(seed)
+    key = jax.random.PRNGKey(seed)
+    state = E.replace(E.SimState.initial(len(trace)), slot=int(trace.arrival_slot.min()))
+    pending = None  # (records, reward) of the previous slot, waiting for its next state
+    total, n = 0.0, 0
+    while not state.done() and (max_slots is None or n < max_slots):
+        view = E.view_of(trace, state, sim)
+        key, sub = jax.random.split(key)
+        d = decide(cfg, st.params, sub, view, mode=SAMPLE, epsilon=cfg.epsilon, record=True)
+        first = d.records[0].states[0] if d.records and len(d.records[0].actions) else np.zeros(cfg.state_dim)
+        if pending is not None:
+            _push(st.replay, pending, first, 0.0)
+        state, reward, _ = E.step(trace, state, d.allocation, sim, rng)
+        pending = (d.records, reward)
+        total += reward
+        n += 1
+        if st.replay.size >= cfg.minibatch:
+            for _ in range(cfg.updates_per_slot):
+                st.params, st.opt_state, _loss, _aux = rl_update(cfg, opt, st.params, st.opt_state,
+                                                                 st.replay.sample(cfg.minibatch))
+                st.steps += 1
+        if on_slot:
+            on_slot(n, reward)
+    if pending is not None:
+        _push(st.replay, pending, np.zeros(cfg.state_dim), 1.0)
+    return total
+
+
+def _push(replay: Replay, pending, next_state, done):
+    records, reward = pending
+    for r in records:
+        replay.add(r.states, r.masks, r.actions, reward, next_state, done)
+
+
+def validate(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, seed: int = 0) -> E.SimResult:
+    """Greedy policy on a held-out trace."""
+    return E.run(trace, DL2Scheduler(cfg, params, mode=GREEDY, seed=seed), sim, seed=seed, name="dl2")
