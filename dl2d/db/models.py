@@ -245,9 +245,11 @@ class Decision(Base):
 
 
 class NodeSample(Base):
-    """A resource sample from a node agent; `resolution_s` says which retention tier it belongs to.
+    """A node agent's sample, or the mean of several (`n` samples merged, `resolution_s` > 0).
 
-    `net_rx_bytes`/`net_tx_bytes` are bytes moved during the sample's interval (so downsampling sums them).
+    Column names are the keys of `dl2d.agents.retention.sample_to_row` so that rows go to and from the
+    agents' pure `downsample()` unchanged; row keys without a column are kept in `payload`.
+    `resolution_s` is 0 for raw samples, else the bucket width (60, 600) of a downsampled row.
     """
 
     __tablename__ = "node_samples"
@@ -259,17 +261,20 @@ class NodeSample(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     node: Mapped[str] = mapped_column(String(128))
     ts: Mapped[datetime]
-    resolution_s: Mapped[int] = mapped_column(default=1)
-    n_gpus: Mapped[int] = mapped_column(default=0)
-    gpu_util: Mapped[float | None]  # mean over the node's GPUs, 0..100
-    gpu_mem_used: Mapped[float | None]  # MiB, summed over GPUs
-    gpu_mem_total: Mapped[float | None]
-    cpu_load: Mapped[float | None]
-    mem_used: Mapped[float | None]  # MiB
-    mem_total: Mapped[float | None]
-    net_rx_bytes: Mapped[float | None]
-    net_tx_bytes: Mapped[float | None]
-    payload: Mapped[dict[str, Any] | None]  # agent extras (per-GPU values, ...); dropped when downsampled
+    resolution_s: Mapped[int] = mapped_column(default=0)
+    n: Mapped[int] = mapped_column(default=1)  # raw samples merged into this row
+    gpu_count: Mapped[int] = mapped_column(default=0)
+    gpu_util_mean_pct: Mapped[float | None]  # mean over the node's GPUs, 0..100
+    gpu_util_max_pct: Mapped[float | None]
+    gpu_mem_used_bytes: Mapped[float | None]  # summed over GPUs
+    gpu_mem_total_bytes: Mapped[float | None]
+    cpu_percent: Mapped[float | None]
+    load1: Mapped[float | None]
+    mem_used_bytes: Mapped[float | None]
+    mem_total_bytes: Mapped[float | None]
+    net_rx_bps: Mapped[float | None]  # bytes/s
+    net_tx_bps: Mapped[float | None]
+    payload: Mapped[dict[str, Any] | None]  # the row's other keys (power, temperature, ECC, job ids, ...)
 
 
 class Event(Base):

@@ -11,13 +11,11 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import BigInteger, case, delete, func, select
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -414,129 +412,95 @@ def pending_intents(session: Session) -> list[Intent]:
 # --------------------------------------------------------------------------------------------------
 # node samples and retention
 
-_SAMPLE_COLUMNS = {
-    "node", "ts", "resolution_s", "n_gpus", "gpu_util", "gpu_mem_used", "gpu_mem_total",
-    "cpu_load", "mem_used", "mem_total", "net_rx_bytes", "net_tx_bytes", "payload",
-}
+_SAMPLE_COLUMNS = frozenset(c.name for c in NodeSample.__table__.columns) - {"id", "payload"}
 
 
-def _sample_row(s: Mapping[str, Any]) -> dict[str, Any]:
-    row = {k: v for k, v in s.items() if k in _SAMPLE_COLUMNS}
-    extras = {k: v for k, v in s.items() if k not in _SAMPLE_COLUMNS}
-    if extras:
-        row["payload"] = {**(row.get("payload") or {}), **extras}
-    ts = row["ts"]
-    row["ts"] = datetime.fromtimestamp(ts, timezone.utc) if isinstance(ts, (int, float)) else ts
-    row.setdefault("resolution_s", 1)
-    row.setdefault("n_gpus", 0)
+def _to_db(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row of `sample_to_row`/`downsample` (ts in epoch seconds or datetime) -> node_samples values."""
+    out: dict[str, Any] = dict.fromkeys(_SAMPLE_COLUMNS)  # executemany needs the same keys in every row
+    out.update(resolution_s=0, n=1, gpu_count=0)
+    extras = dict(row.get("payload") or {})
+    for k, v in row.items():
+        if k in _SAMPLE_COLUMNS:
+            if v is not None:
+                out[k] = v
+        elif k != "payload":
+            extras[k] = v
+    out["payload"] = extras or None
+    if isinstance(out["ts"], (int, float)):
+        out["ts"] = datetime.fromtimestamp(out["ts"], timezone.utc)
+    out["resolution_s"] = int(out["resolution_s"])
+    return out
+
+
+def _from_db(sample: NodeSample) -> dict[str, Any]:
+    """The inverse of `_to_db` (payload keys flattened back into the row)."""
+    row = dict(sample.payload or {})
+    row.update({c: getattr(sample, c) for c in _SAMPLE_COLUMNS})
+    row["ts"] = sample.ts.timestamp()
+    row["resolution_s"] = float(sample.resolution_s)
     return row
 
 
-def insert_node_samples(session: Session, samples: Iterable[Mapping[str, Any]]) -> int:
-    """Bulk-insert flat samples (keys = node_samples columns; `ts` datetime or epoch seconds; other keys
+def insert_node_samples(session: Session, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Bulk-insert node-sample rows as made by `dl2d.agents.retention.sample_to_row` (keys without a column
     go to `payload`). Returns the number of rows."""
-    rows = [_sample_row(s) for s in samples]
-    if rows:
-        session.execute(NodeSample.__table__.insert(), rows)
-    return len(rows)
-
-
-@dataclass(frozen=True)
-class RetentionTier:
-    """Samples of `resolution_s` older than `keep` are merged into `into_s`-second means (or deleted)."""
-
-    resolution_s: int
-    keep: timedelta
-    into_s: int | None
-
-
-#: raw for 1 h, 1-minute means for 24 h, 10-minute means for 30 days, then gone.
-RETENTION_TIERS: tuple[RetentionTier, ...] = (
-    RetentionTier(resolution_s=1, keep=timedelta(hours=1), into_s=60),
-    RetentionTier(resolution_s=60, keep=timedelta(hours=24), into_s=600),
-    RetentionTier(resolution_s=600, keep=timedelta(days=30), into_s=None),
-)
+    values = [_to_db(r) for r in rows]
+    if values:
+        session.execute(NodeSample.__table__.insert(), values)
+    return len(values)
 
 
 @dataclass
 class RetentionResult:
-    removed: dict[int, int] = field(default_factory=dict)  # resolution -> rows removed
-    added: dict[int, int] = field(default_factory=dict)  # resolution -> rows added
+    loaded: int = 0  # rows read and handed to downsample()
+    removed: int = 0  # rows deleted (merged or expired)
+    added: int = 0  # merged rows inserted
 
 
 def apply_retention(session: Session, now: datetime | None = None,
-                    tiers: Sequence[RetentionTier] = RETENTION_TIERS) -> RetentionResult:
-    """Downsample old node samples tier by tier (see RETENTION_TIERS).
+                    tiers: Sequence[tuple[float, float]] | None = None) -> RetentionResult:
+    """Apply the retention tiers of `dl2d.agents.retention` (raw 1 h, 1-minute means 24 h, 10-minute means
+    30 days, then deleted) to the node_samples table.
 
-    A tier's rows are those with `resolution_s <= tier.resolution_s` not already claimed by a finer tier
-    (so agents sampling every 5 s are "raw" too). Only whole buckets older than the cutoff are merged, so
-    running this repeatedly never averages a bucket twice. Means are weighted by each row's resolution;
-    network bytes are summed; capacities (totals, n_gpus) take the maximum.
+    Only the rows that must change are read: rows older than the last tier are deleted in SQL; rows that
+    aged into a coarser tier, together with the coarse rows of the buckets they fall into (merged again,
+    weighted by `n`), go through the pure `downsample()`. Rows it returns unchanged stay as they are.
     """
+    from dl2d.agents.retention import DEFAULT_TIERS, downsample
+
+    tiers = tuple(tiers or DEFAULT_TIERS)
     now = now or utcnow()
     result = RetentionResult()
-    lower = 0
-    for tier in tiers:
-        cutoff = now - tier.keep
-        in_tier = (NodeSample.resolution_s > lower) & (NodeSample.resolution_s <= tier.resolution_s)
-        if tier.into_s is not None:
-            cutoff = _floor(cutoff, tier.into_s)
-            rows = _downsample(session, in_tier & (NodeSample.ts < cutoff), tier.into_s)
-            if rows:
-                session.execute(NodeSample.__table__.insert(), rows)
-            result.added[tier.into_s] = result.added.get(tier.into_s, 0) + len(rows)
-        res = session.execute(delete(NodeSample).where(in_tier & (NodeSample.ts < cutoff)))
-        result.removed[tier.resolution_s] = res.rowcount
-        lower = tier.resolution_s
+    expired = NodeSample.ts <= now - timedelta(seconds=tiers[-1][0])
+    result.removed += session.execute(delete(NodeSample).where(expired)).rowcount
+
+    loaded: dict[int, tuple[int, dict[str, Any]]] = {}  # id(row dict) -> (db id, row)
+    seen: set[int] = set()
+
+    def load(where) -> None:
+        for sample in session.scalars(select(NodeSample).where(where & ~expired)):
+            if sample.id not in seen:
+                seen.add(sample.id)
+                row = _from_db(sample)
+                loaded[id(row)] = (sample.id, row)
+
+    for (prev_age, _), (_, res) in zip(tiers, tiers[1:]):
+        aged = NodeSample.ts <= now - timedelta(seconds=prev_age)
+        before = len(loaded)
+        load(aged & (NodeSample.resolution_s < res))
+        if len(loaded) > before:  # coarse rows these may merge into: first bucket start .. tier's end
+            first = min(r["ts"] for _, r in list(loaded.values())[before:])
+            start = datetime.fromtimestamp(first - first % res, timezone.utc)
+            load(aged & (NodeSample.resolution_s == int(res)) & (NodeSample.ts >= start))
+
+    kept = downsample([row for _, row in loaded.values()], now.timestamp(), tiers)
+    unchanged = {id(r) for r in kept if id(r) in loaded}
+    gone = [db_id for key, (db_id, _) in loaded.items() if key not in unchanged]
+    new = [_to_db(r) for r in kept if id(r) not in loaded]
+    for i in range(0, len(gone), 1000):
+        session.execute(delete(NodeSample).where(NodeSample.id.in_(gone[i:i + 1000])))
+    if new:
+        session.execute(NodeSample.__table__.insert(), new)
+    result.loaded, result.removed, result.added = len(loaded), result.removed + len(gone), len(new)
     return result
-
-
-class epoch_seconds(FunctionElement):
-    """Whole seconds since 1970 (UTC) of a timestamp column, on SQLite and PostgreSQL."""
-
-    type = BigInteger()
-    inherit_cache = True
-
-
-@compiles(epoch_seconds, "sqlite")
-def _epoch_sqlite(element, compiler, **kw):
-    return f"CAST(strftime('%s', {compiler.process(element.clauses, **kw)}) AS INTEGER)"
-
-
-@compiles(epoch_seconds, "postgresql")
-def _epoch_pg(element, compiler, **kw):
-    return f"CAST(FLOOR(EXTRACT(EPOCH FROM {compiler.process(element.clauses, **kw)})) AS BIGINT)"
-
-
-def _floor(ts: datetime, step_s: int) -> datetime:
-    epoch = int(ts.timestamp())
-    return datetime.fromtimestamp(epoch - epoch % step_s, timezone.utc)
-
-
-def _downsample(session: Session, where, step_s: int) -> list[dict[str, Any]]:
-    """Aggregate the selected rows into `step_s` buckets per node, in SQL."""
-    bucket = epoch_seconds(NodeSample.ts) // step_s
-    w = NodeSample.resolution_s
-
-    def wmean(col):  # mean weighted by the time each row covers, ignoring NULLs
-        return func.sum(col * w) / func.sum(case((col.is_not(None), w)))
-
-    q = (
-        select(
-            NodeSample.node, bucket.label("bucket"),
-            func.max(NodeSample.n_gpus), wmean(NodeSample.gpu_util), wmean(NodeSample.gpu_mem_used),
-            func.max(NodeSample.gpu_mem_total), wmean(NodeSample.cpu_load), wmean(NodeSample.mem_used),
-            func.max(NodeSample.mem_total), func.sum(NodeSample.net_rx_bytes), func.sum(NodeSample.net_tx_bytes),
-        )
-        .where(where)
-        .group_by(NodeSample.node, bucket)
-    )
-    keys = ("n_gpus", "gpu_util", "gpu_mem_used", "gpu_mem_total", "cpu_load", "mem_used", "mem_total",
-            "net_rx_bytes", "net_tx_bytes")
-    out = []
-    for node, b, *vals in session.execute(q):
-        row = dict(zip(keys, vals))
-        row.update(node=node, ts=datetime.fromtimestamp(int(b) * step_s, timezone.utc), resolution_s=step_s,
-                   payload=None)
-        out.append(row)
-    return out

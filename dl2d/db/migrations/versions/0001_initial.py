@@ -51,15 +51,18 @@ def upgrade() -> None:
     sa.Column('node', sa.String(length=128), nullable=False),
     sa.Column('ts', sa.DateTime(timezone=True), nullable=False),
     sa.Column('resolution_s', sa.Integer(), nullable=False),
-    sa.Column('n_gpus', sa.Integer(), nullable=False),
-    sa.Column('gpu_util', sa.Double(), nullable=True),
-    sa.Column('gpu_mem_used', sa.Double(), nullable=True),
-    sa.Column('gpu_mem_total', sa.Double(), nullable=True),
-    sa.Column('cpu_load', sa.Double(), nullable=True),
-    sa.Column('mem_used', sa.Double(), nullable=True),
-    sa.Column('mem_total', sa.Double(), nullable=True),
-    sa.Column('net_rx_bytes', sa.Double(), nullable=True),
-    sa.Column('net_tx_bytes', sa.Double(), nullable=True),
+    sa.Column('n', sa.Integer(), nullable=False),
+    sa.Column('gpu_count', sa.Integer(), nullable=False),
+    sa.Column('gpu_util_mean_pct', sa.Double(), nullable=True),
+    sa.Column('gpu_util_max_pct', sa.Double(), nullable=True),
+    sa.Column('gpu_mem_used_bytes', sa.Double(), nullable=True),
+    sa.Column('gpu_mem_total_bytes', sa.Double(), nullable=True),
+    sa.Column('cpu_percent', sa.Double(), nullable=True),
+    sa.Column('load1', sa.Double(), nullable=True),
+    sa.Column('mem_used_bytes', sa.Double(), nullable=True),
+    sa.Column('mem_total_bytes', sa.Double(), nullable=True),
+    sa.Column('net_rx_bps', sa.Double(), nullable=True),
+    sa.Column('net_tx_bps', sa.Double(), nullable=True),
     sa.Column('payload', sa.JSON(), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_node_samples'))
     )
@@ -194,14 +197,13 @@ _VIEWS = {
     "v_jct_by_owner": """
         SELECT owner, COUNT(*) AS n_jobs, AVG(jct_s) AS avg_jct_s, MAX(jct_s) AS max_jct_s
         FROM v_job_jct GROUP BY owner""",
-    # GPU utilisation per hour, weighted by GPUs and by the time each (possibly downsampled) sample covers.
+    # GPU utilisation per hour, weighted by GPUs and by the number of samples each row stands for.
     "v_gpu_util_hourly": """
         SELECT {hour_ts} AS hour, COUNT(DISTINCT node) AS n_nodes,
-               SUM(1.0 * gpu_util * n_gpus * resolution_s) / SUM(n_gpus * resolution_s) AS avg_gpu_util,
-               SUM(1.0 * gpu_mem_used * resolution_s) / NULLIF(SUM(gpu_mem_total * resolution_s), 0)
-                   AS gpu_mem_frac
+               SUM(1.0 * gpu_util_mean_pct * gpu_count * n) / SUM(gpu_count * n) AS avg_gpu_util,
+               SUM(1.0 * gpu_mem_used_bytes * n) / NULLIF(SUM(gpu_mem_total_bytes * n), 0) AS gpu_mem_frac
         FROM node_samples
-        WHERE n_gpus > 0 AND gpu_util IS NOT NULL
+        WHERE gpu_count > 0 AND gpu_util_mean_pct IS NOT NULL
         GROUP BY {hour_ts}""",
     "v_resizes_per_job": """
         SELECT j.id AS job_id, j.name, j.owner, j.job_type,
