@@ -1,0 +1,80 @@
+"""Token file checks and the HTTP endpoint, in-process."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from dl2d.agents.nvml import FakeNVML, GPUReader
+from dl2d.agents.sample import Sampler
+from dl2d.agents.server import TokenFileError, check_bearer, load_token, make_server
+
+
+def test_load_token_ok(token_file, token):
+    assert load_token(token_file) == token
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_load_token_refuses_group_or_other_access(token_file, mode):
+    import os
+    os.chmod(token_file, mode)
+    with pytest.raises(TokenFileError, match=r"must not be accessible by group or others.*chmod 600"):
+        load_token(token_file)
+
+
+def test_load_token_missing_or_empty(tmp_path):
+    with pytest.raises(TokenFileError, match="cannot read"):
+        load_token(str(tmp_path / "nope"))
+    p = tmp_path / "t"
+    p.write_text("  \n")
+    p.chmod(0o600)
+    with pytest.raises(TokenFileError, match="empty"):
+        load_token(str(p))
+
+
+def test_check_bearer(token):
+    TOKEN = token
+    assert check_bearer(f"Bearer {TOKEN}", TOKEN)
+    assert not check_bearer(None, TOKEN)
+    assert not check_bearer(TOKEN, TOKEN)
+    assert not check_bearer("Bearer wrong", TOKEN)
+    assert not check_bearer(f"Basic {TOKEN}", TOKEN)
+
+
+@pytest.fixture
+def server(token):
+    sampler = Sampler("n1", GPUReader(FakeNVML.h100s(2)), host=None)
+    srv = make_server("127.0.0.1", 0, token, sampler.sample_json)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def get(url, token=None):
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_stats_needs_the_token(server, token):
+    assert get(server + "/v1/stats") == (401, {"error": "unauthorized"})
+    assert get(server + "/v1/stats", "wrong")[0] == 401
+    code, body = get(server + "/v1/stats", token)
+    assert code == 200 and body["node"] == "n1" and body["gpu_count"] == 2
+    assert body["schema"] == 1 and body["host"] is None
+
+
+def test_healthz_and_404(server, token):
+    assert get(server + "/healthz") == (200, {"ok": True})
+    assert get(server + "/v1/other", token)[0] == 404
