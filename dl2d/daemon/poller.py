@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
@@ -161,8 +162,10 @@ def _describe(e: BaseException) -> str:
         return str(e)
     if isinstance(e, asyncio.IncompleteReadError):
         return "connection closed early"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
     if isinstance(e, OSError):
-        return e.strerror or type(e).__name__
+        return os.strerror(e.errno) if e.errno else str(e) or type(e).__name__
     return f"{type(e).__name__}: {e}"
 
 

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from conftest import wait_until
+
 from dl2d.agents.nvml import FakeGPU, FakeNVML, FakeProcess, GPUReader, load_pynvml, slurm_job_of_pid
 
 
@@ -103,8 +105,8 @@ def test_slurm_job_from_environ_and_cgroup(tmp_path):
 def test_slurm_job_of_real_process():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                          env=dict(os.environ, SLURM_JOB_ID="5555"))
-    try:
-        assert slurm_job_of_pid(p.pid) == "5555"
+    try:  # right after spawn /proc may still show the pre-exec environment
+        assert wait_until(lambda: slurm_job_of_pid(p.pid) == "5555", timeout=10)
     finally:
         p.kill()
         p.wait()
