@@ -1,0 +1,119 @@
+"""Retention policy: bounded rows, idempotent, means preserved."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dl2d.agents.nvml import FakeNVML, FakeProcess, GPUReader
+from dl2d.agents.retention import DEFAULT_TIERS, downsample, max_rows_per_node, sample_to_row
+from dl2d.agents.sample import build_sample
+
+DAY = 86400.0
+
+
+def row(node, ts, util=50.0, temp=40, jobs=()):
+    return {"node": node, "ts": ts, "resolution_s": 0.0, "n": 1, "gpu_util_mean_pct": util,
+            "gpu_temp_max_c": temp, "jobs": list(jobs), "gpu_error": None}
+
+
+def test_documented_bound():
+    assert max_rows_per_node(10) == 361 + 1382 + 4178 == 5921
+
+
+def simulate(interval, period, duration, tiers):
+    """Poll one node every ``interval`` s and apply the policy every ``period`` s."""
+    rows, t, peak = [], 0.0, 0
+    while t < duration:
+        rows.extend(row("n1", t + k * interval, util=(t / 60) % 100)
+                    for k in range(int(period / interval)))
+        t += period
+        rows = downsample(rows, now=t, tiers=tiers)
+        peak = max(peak, len(rows))
+        assert min(r["ts"] for r in rows) > t - tiers[-1][0] - tiers[-1][1]
+    return rows, peak
+
+
+def test_rows_stay_bounded_under_periodic_passes():
+    """Scaled-down tiers (same shape as the default: raw, then x6, then x10
+    coarser), 11 simulated hours at 1-s polling, a pass every minute: the row
+    count never exceeds max_rows_per_node (+ samples between passes)."""
+    tiers = ((360.0, 0.0), (3600.0, 6.0), (36000.0, 60.0))
+    rows, peak = simulate(1.0, 60.0, 40000.0, tiers)
+    bound = max_rows_per_node(1.0, tiers)
+    assert bound == 361 + 542 + 542
+    assert len(rows) <= bound and peak <= bound + 60
+    assert len(rows) >= bound - 6  # and the bound is tight
+    assert sum(r["n"] for r in rows) == pytest.approx(36000, abs=60)
+
+
+def test_default_tiers_on_a_month_of_samples():
+    """31 days at 60-s polling plus the last hour at 10 s, in one pass."""
+    now = 31 * DAY
+    rows = [row("n1", float(t)) for t in range(0, int(now - 3600), 60)]
+    rows += [row("n1", float(t)) for t in range(int(now - 3600), int(now), 10)]
+    out = downsample(rows, now)
+    by_res = {}
+    for r in out:
+        by_res[r["resolution_s"]] = by_res.get(r["resolution_s"], 0) + 1
+    assert by_res == {0.0: 359, 60.0: 1380, 600.0: 4177}  # 1 partial bucket at 30 d
+    assert len(out) <= max_rows_per_node(10)
+    assert min(r["ts"] for r in out) > now - 30 * DAY - 600
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 40 * DAY), st.floats(0, 100)), min_size=1, max_size=200),
+       st.floats(1, 10 * DAY))
+def test_idempotent_and_mean_preserving(points, later):
+    now = 40 * DAY
+    rows = [row("n", ts, util) for ts, util in points]
+    once = downsample(rows, now)
+    assert downsample(once, now) == once
+    # applying now and again later == applying later directly (same buckets, weighted means)
+    direct = downsample(rows, now + later)
+    twice = downsample(once, now + later)
+    assert [(r["ts"], r["n"]) for r in twice] == [(r["ts"], r["n"]) for r in direct]
+    for a, b in zip(twice, direct):
+        assert a["gpu_util_mean_pct"] == pytest.approx(b["gpu_util_mean_pct"])
+    kept = [(ts, u) for ts, u in points if now + later - ts < DEFAULT_TIERS[-1][0]]
+    if kept:
+        total = sum(r["gpu_util_mean_pct"] * r["n"] for r in direct)
+        assert total == pytest.approx(sum(u for _, u in kept), rel=1e-9, abs=1e-6)
+
+
+def test_merge_rules_and_nodes_kept_apart():
+    now = 10 * DAY
+    rows = [row("a", now - 7200 + 5, util=20, temp=50, jobs=["1"]),
+            row("a", now - 7200 + 15, util=40, temp=70, jobs=["2"]),
+            row("a", now - 7200 + 25, util=None, temp=60),
+            row("b", now - 7200 + 5, util=90),
+            row("a", now - 60, util=10),      # fresh: untouched
+            row("a", now - 31 * DAY)]          # too old: dropped
+    out = downsample(rows, now)
+    a = [r for r in out if r["node"] == "a"]
+    assert len(a) == 2 and len([r for r in out if r["node"] == "b"]) == 1
+    m = a[0]
+    assert (m["resolution_s"], m["n"], m["ts"] % 60) == (60.0, 3, 0.0)
+    assert m["gpu_util_mean_pct"] == 30  # None ignored
+    assert m["gpu_temp_max_c"] == 70 and m["jobs"] == ["1", "2"]
+    assert a[1] == rows[4]
+
+
+def test_sample_to_row_summarises_gpus_and_jobs():
+    nv = FakeNVML.h100s(2)
+    nv.gpus[0].util_gpu, nv.gpus[1].util_gpu = 80, 20
+    nv.gpus[0].mem_used, nv.gpus[1].mem_used = 10, 30
+    nv.gpus[1].temp_c = 77
+    nv.gpus[0].processes = [FakeProcess(1, 10)]
+    nv.gpus[1].pending_xids = [79]
+    rep = GPUReader(nv, job_of_pid=lambda pid: "42").read()
+    s = build_sample("n1", 123.0, rep.gpus, rep.error, rep.driver_version,
+                     {"cpu_percent": 5.0, "load1": 1.0, "mem_used_bytes": 7,
+                      "net_rx_bps": None, "net_tx_bps": 2.0})
+    r = sample_to_row(s)
+    assert (r["node"], r["ts"], r["n"], r["gpu_count"]) == ("n1", 123.0, 1, 2)
+    assert (r["gpu_util_mean_pct"], r["gpu_util_max_pct"], r["gpu_mem_used_bytes"]) == (50, 80, 40)
+    assert (r["gpu_temp_max_c"], r["xid_count"], r["jobs"], r["gpu_power_w"]) == (77, 1, ["42"], 140.0)
+    empty = sample_to_row(build_sample("n2", 1.0, [], "NVML init failed: x", None, None))
+    assert empty["gpu_util_mean_pct"] is None and empty["gpu_error"] == "NVML init failed: x"
