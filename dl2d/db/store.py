@@ -34,12 +34,10 @@ from dl2d.db.models import (
     Slot,
     utcnow,
 )
+from dl2d.sim.jobtypes import TYPE_NAMES
 
-#: The 8 models of DL2's evaluation (same names as dl2d.sim.jobtypes.TYPE_NAMES).
-DL2_JOB_TYPES: tuple[str, ...] = (
-    "resnet-50", "vgg-16", "resnext-110", "inception-bn",
-    "seq2seq", "cnn-text-classification", "dssm", "wlm",
-)
+#: The 8 models of DL2's evaluation: the simulator's catalogue is the one list of job types.
+DL2_JOB_TYPES: tuple[str, ...] = TYPE_NAMES
 
 # Sanity bounds: anything beyond is a typo, not a real demand.
 MAX_GPUS_PER_WORKER = 16
