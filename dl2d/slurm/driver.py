@@ -1,0 +1,203 @@
+"""What dl2d needs from Slurm: the :class:`SlurmDriver` protocol, its data types and errors.
+
+Two implementations exist: :mod:`dl2d.slurm.cli_driver` (``sbatch``/``squeue --json``/
+``scontrol``; works with Slurm 22.05 from Debian) and :mod:`dl2d.slurm.pyslurm_driver`
+(``pyslurm``, which needs Slurm 25.11). Pick one with :func:`make_driver`.
+
+Design (see docs/slurm.md): one dl2d job = one Slurm batch job; its nodes host the job's workers
+and parameter servers (started with ``srun`` steps by the job's launcher). Shrinking is done in
+place (``scontrol update NumNodes``); growing is checkpoint + requeue at the new size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, runtime_checkable
+
+#: Prefix of the Slurm job comment that carries the dl2d job id (``--comment=dl2d:<id>``).
+COMMENT_PREFIX = "dl2d:"
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command or call failed. ``command`` is what was run, ``returncode`` its exit code
+    (None when it did not exit, e.g. a library call), ``stderr`` what it said."""
+
+    def __init__(self, message: str, *, command: tuple[str, ...] | str = (),
+                 returncode: int | None = None, stderr: str = "") -> None:
+        self.command = tuple(command) if not isinstance(command, str) else (command,)
+        self.returncode = returncode
+        self.stderr = stderr
+        detail = message
+        if self.command:
+            detail += f" [command: {' '.join(self.command)}"
+            detail += f"; exit code {returncode}]" if returncode is not None else "]"
+        if stderr.strip():
+            detail += f": {stderr.strip()}"
+        super().__init__(detail)
+
+
+class SlurmUnavailable(SlurmError):
+    """The controller could not be reached (down, timed out, restarting): retry later with
+    backoff (see :mod:`dl2d.slurm.backoff`). Other :class:`SlurmError` s are not worth retrying."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to submit for one dl2d job. Exactly one of ``command`` (run by ``/bin/sh`` as the
+    batch script) or ``script`` (a whole batch script, ``#!`` line included) must be given."""
+
+    name: str
+    command: str | None = None
+    script: str | None = None
+    nodes: int = 1
+    ntasks_per_node: int | None = None
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    time_limit_min: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str | None = None
+    workdir: str | None = None
+    partition: str | None = None
+    #: Signal sent by Slurm ``checkpoint_signal_secs`` before the time limit (``--signal=B:SIG@T``),
+    #: so that the program checkpoints before it is killed. None: no such signal.
+    checkpoint_signal: str | None = "USR1"
+    checkpoint_signal_secs: int = 60
+    requeue: bool = True
+    nodelist: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    #: dl2d job id; stored as the Slurm job comment ``dl2d:<id>`` so jobs can be matched back.
+    dl2d_job_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.script is None):
+            raise ValueError("JobSpec needs exactly one of command= or script=")
+        if self.nodes < 1:
+            raise ValueError(f"JobSpec.nodes must be >= 1, got {self.nodes}")
+        if self.gpus_per_node < 0:
+            raise ValueError(f"JobSpec.gpus_per_node must be >= 0, got {self.gpus_per_node}")
+
+    @property
+    def comment(self) -> str | None:
+        return None if self.dl2d_job_id is None else f"{COMMENT_PREFIX}{self.dl2d_job_id}"
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One Slurm job as seen by the daemon. ``state`` is Slurm's base state in upper case
+    (PENDING, RUNNING, COMPLETING, COMPLETED, CANCELLED, FAILED, TIMEOUT, ...)."""
+
+    job_id: str
+    name: str
+    state: str
+    reason: str = ""
+    node_list: str = ""
+    nodes: tuple[str, ...] = ()
+    num_nodes: int = 0
+    gpus_per_node: int = 0
+    comment: str = ""
+    restarts: int = 0
+    submit_time: int | None = None
+    start_time: int | None = None
+    time_limit_min: int | None = None
+    batch_host: str = ""
+
+    @property
+    def dl2d_job_id(self) -> str | None:
+        """The dl2d job id from the comment, or None for jobs dl2d did not submit."""
+        if self.comment.startswith(COMMENT_PREFIX):
+            return self.comment[len(COMMENT_PREFIX):]
+        return None
+
+    @property
+    def active(self) -> bool:
+        """Pending, running or otherwise not finished."""
+        return self.state in ACTIVE_JOB_STATES
+
+
+ACTIVE_JOB_STATES = frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED",
+     "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One compute node. ``state`` is the base state in lower case (idle, mixed, allocated, down,
+    unknown, ...); ``flags`` the upper-case state flags (DRAIN, NOT_RESPONDING, ...)."""
+
+    name: str
+    state: str
+    flags: tuple[str, ...] = ()
+    cpus: int = 0
+    cpus_alloc: int = 0
+    gpus: int = 0
+    gpus_alloc: int = 0
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.state in ("drained", "draining")
+
+    @property
+    def usable(self) -> bool:
+        """Up and schedulable (not down, drained or not responding)."""
+        return (self.state in ("idle", "mixed", "allocated", "completing")
+                and not self.drained and "NOT_RESPONDING" not in self.flags)
+
+    @property
+    def gpus_free(self) -> int:
+        return max(self.gpus - self.gpus_alloc, 0) if self.usable else 0
+
+
+@runtime_checkable
+class SlurmDriver(Protocol):
+    """Operations the daemon performs on Slurm. All raise :class:`SlurmUnavailable` when the
+    controller cannot be reached and :class:`SlurmError` for any other failure."""
+
+    def submit(self, spec: JobSpec) -> str:
+        """Submit a batch job; returns the Slurm job id."""
+
+    def jobs(self) -> list[SlurmJob]:
+        """All jobs the controller knows (finished ones until ``MinJobAge`` passes)."""
+
+    def nodes(self) -> list[SlurmNode]:
+        """All compute nodes."""
+
+    def shrink(self, job_id: str, num_nodes: int) -> None:
+        """Release nodes of a running job in place, keeping ``num_nodes`` (Slurm keeps the
+        first nodes of the allocation, including the batch host)."""
+
+    def signal(self, job_id: str, sig: str) -> None:
+        """Send a signal (name like ``USR1`` or number) to the batch script and all steps."""
+
+    def requeue(self, job_id: str, num_nodes: int | None = None) -> None:
+        """Requeue a batch job (running ones are killed; finished ones are restarted) and
+        optionally change its node count — the way to grow a job after it checkpointed."""
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a job."""
+
+    def drain_node(self, node: str, reason: str) -> None:
+        """Stop scheduling onto ``node``; running jobs continue."""
+
+    def resume_node(self, node: str) -> None:
+        """Undo a drain (or bring a down node back)."""
+
+    def ping(self) -> bool:
+        """True when the controller answers. Never raises for an unreachable controller."""
+
+
+DRIVERS = ("cli", "pyslurm")
+
+
+def make_driver(kind: str = "cli", **options: object) -> SlurmDriver:
+    """Create a driver by name: ``"cli"`` (default, any Slurm with JSON output, incl. 22.05) or
+    ``"pyslurm"`` (needs Slurm 25.11 and ``pip install pyslurm``). ``options`` go to the
+    driver's constructor."""
+    if kind == "cli":
+        from dl2d.slurm.cli_driver import CliDriver
+        return CliDriver(**options)  # type: ignore[arg-type]
+    if kind == "pyslurm":
+        from dl2d.slurm.pyslurm_driver import PyslurmDriver
+        return PyslurmDriver(**options)  # type: ignore[arg-type]
+    raise ValueError(f"unknown Slurm driver {kind!r}; choose one of {', '.join(DRIVERS)}")
