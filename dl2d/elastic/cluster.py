@@ -1,0 +1,114 @@
+"""Spawners (how the coordinator starts new roles) and an in-process cluster.
+
+* :class:`ThreadSpawner` runs PSs and workers as objects in this process, still
+  talking over real TCP sockets (used by the fast tests).
+* :class:`ProcessSpawner` starts ``python -m dl2d.elastic.role`` processes
+  locally (``dl2-run --local``) or through ``srun`` on the allocated nodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+
+from .coordinator import Coordinator
+from .model import TrainConfig
+from .ps import ParameterServer
+from .worker import Worker
+
+
+class ThreadSpawner:
+    def __init__(self):
+        self.coord_addr: str | None = None
+        self.ps: list[ParameterServer] = []
+        self.workers: list[Worker] = []
+
+    def spawn(self, role: str, n: int) -> None:
+        for _ in range(n):
+            if role == "ps":
+                self.ps.append(ParameterServer(self.coord_addr).start())
+            else:
+                self.workers.append(Worker(self.coord_addr).start())
+
+    def kill_all(self) -> None:
+        for r in self.ps + self.workers:
+            r.stop()
+        self.ps, self.workers = [], []
+
+
+class ProcessSpawner:
+    """Start roles as processes: locally, or with ``srun`` on Slurm nodes (round robin)."""
+
+    def __init__(self, coord_addr: str | None = None, nodes: list[str] | None = None,
+                 srun: bool = False, python: str = sys.executable, bind_host: str = "127.0.0.1",
+                 log_dir: str | None = None):
+        self.coord_addr = coord_addr
+        self.nodes = nodes or []
+        self.srun = srun
+        self.python = python
+        self.bind_host = bind_host
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+        self._rr = itertools.count()
+
+    def command(self, role: str) -> list[str]:
+        cmd = [self.python, "-m", "dl2d.elastic.role", role, "--coord", self.coord_addr,
+               "--host", self.bind_host]
+        if self.srun:
+            node = self.nodes[next(self._rr) % len(self.nodes)] if self.nodes else None
+            pre = ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=0",
+                   f"--job-name=dl2-{role}"]
+            if node:
+                pre.append(f"--nodelist={node}")
+            return pre + cmd
+        return cmd
+
+    def spawn(self, role: str, n: int) -> None:
+        for _ in range(n):
+            out = None
+            if self.log_dir:
+                os.makedirs(self.log_dir, exist_ok=True)
+                out = open(os.path.join(self.log_dir, f"{role}-{len(self.procs)}.log"), "ab")
+            self.procs.append(subprocess.Popen(self.command(role), stdout=out, stderr=subprocess.STDOUT
+                                               if out else None))
+            if out:
+                out.close()
+
+    def kill_all(self, grace: float = 5.0) -> None:
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+class LocalCluster:
+    """Coordinator + thread-spawned roles in this process (real loopback TCP)."""
+
+    def __init__(self, cfg: TrainConfig, n_ps: int, n_workers: int, checkpoint_dir: str | None = None,
+                 spawner=None, **kw):
+        self.spawner = spawner or ThreadSpawner()
+        self.coord = Coordinator(cfg, n_ps, n_workers, spawner=self.spawner,
+                                 checkpoint_dir=checkpoint_dir, **kw).start()
+        self.spawner.coord_addr = self.coord.address
+        self.n_ps, self.n_workers = n_ps, n_workers
+
+    def start(self) -> "LocalCluster":
+        self.spawner.spawn("ps", self.n_ps)
+        self.spawner.spawn("worker", self.n_workers)
+        return self
+
+    def wait(self, timeout: float = 60.0) -> str:
+        if not self.coord.finished.wait(timeout):
+            raise TimeoutError(f"job not finished; errors={self.coord.errors}")
+        return self.coord.exit_reason
+
+    def close(self) -> None:
+        self.spawner.kill_all()
+        self.coord.close()
