@@ -10,7 +10,7 @@ new set of PSs it returns a new map such that
 
 * every block is on exactly one live PS (none lost, none duplicated);
 * blocks only move away from removed PSs or from PSs loaded above the
-  average, and only as many as needed to come within half a block of it
+  average, and only while a move strictly reduces the overload
   (few parameters moved);
 * moved blocks are placed best-fit: into the live PS whose remaining room
   below the average fits the block most tightly, or the least loaded PS if
@@ -68,14 +68,14 @@ def rebalance(sizes: Sequence[int], assignment: Mapping[int, int], ps_ids: Seque
     pool = [b for b in range(len(sizes)) if b not in new]
 
     # Release blocks from overloaded PSs, largest first, while a move brings
-    # the PS closer to the target (excess >= size/2).
+    # the PS strictly closer to the target (excess > size/2).
     for p in sorted(ps_ids, key=lambda q: (-load[q], q)):
         mine = sorted((b for b, q in new.items() if q == p), key=lambda b: (-sizes[b], b))
         for b in mine:
             excess = load[p] - target
             if excess <= 0:
                 break
-            if 2 * excess >= sizes[b] and sizes[b] > 0:
+            if 2 * excess > sizes[b] and sizes[b] > 0:
                 del new[b]
                 load[p] -= sizes[b]
                 pool.append(b)
