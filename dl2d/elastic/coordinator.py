@@ -68,6 +68,7 @@ class Coordinator:
         self.done: set[int] = set()
         self.errors: list[str] = []
         self.started = False
+        self.busy = False
         self.version = 0
         self.iter_time: float | None = None
         self._last_progress: float | None = None
@@ -252,7 +253,8 @@ class Coordinator:
         deadline = time.monotonic() + timeout
         with self.cv:
             while not (len(self.ps) == n_ps and len(self.workers) == n_workers and not self.joining_ps
-                       and not self.joining_w and not self.leaving_ps and not self.leaving_w):
+                       and not self.joining_w and not self.leaving_ps and not self.leaving_w
+                       and not self.busy):
                 if self.finished.is_set():
                     raise RuntimeError("job finished during scaling")
                 if not self.cv.wait(max(0.0, deadline - time.monotonic())):
@@ -283,6 +285,8 @@ class Coordinator:
                     task = ("reconf", dict(remove_workers=[self.leaving_w[0]]), "remove_worker")
                 elif self.workers and set(self.workers) <= self.done:
                     task = ("finish",)
+                if task is not None:
+                    self.busy = True
             if task is None:
                 continue
             try:
@@ -308,8 +312,12 @@ class Coordinator:
                 self.exit_reason = "failed"
                 self.finished.set()
                 with self.cv:
+                    self.busy = False
                     self.cv.notify_all()
                 return
+            with self.cv:
+                self.busy = False
+                self.cv.notify_all()
 
     def _start(self) -> None:
         """Initial placement (also after a restart): blocks from init or checkpoint."""
