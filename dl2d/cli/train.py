@@ -1,0 +1,184 @@
+"""`dl2ctl train`: supervised warm-up of the DL2 policy from a heuristic, then online RL, on simulated traces.
+
+Training traces use seeds `seed, seed + 1, ...` (first the SL traces, then one per RL episode); the held-out
+validation trace uses `--val-seed` (default seed + 10000), which must not be one of them. The result is a
+policy checkpoint that `dl2ctl sim --policy dl2 --checkpoint PATH` and the daemon load.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+TEACHERS = ("drf", "fifo", "srtf", "tetris", "optimus")
+CLUSTERS = ("tiny", "small", "testbed", "dl2")
+
+
+def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
+    """Every seed a training trace may use (an RL episode is at least one slot, so at most rl_steps of them)."""
+    return range(seed, seed + sl_traces + rl_steps)
+
+
+@click.command()
+@click.option("--teacher", type=click.Choice(TEACHERS), default="drf", show_default=True,
+              help="Heuristic the policy imitates in the supervised warm-up.")
+@click.option("--sl-epochs", type=click.IntRange(min=0), default=None,
+              help="Supervised epochs [default: 20, or 0 with --init].")
+@click.option("--sl-traces", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Training traces the teacher is replayed on.")
+@click.option("--rl-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Simulated slots of online RL (one update per slot once the replay is warm); 0 = SL only.")
+@click.option("--jobs", type=click.IntRange(min=1), default=40, show_default=True, help="Jobs per trace.")
+@click.option("--cluster", type=click.Choice(CLUSTERS), default="small", show_default=True, help="Cluster preset.")
+@click.option("--servers", type=click.IntRange(min=1), default=None,
+              help="Number of servers (2 GPUs, 8 cores, 48 GB each); overrides --cluster.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="First training trace seed.")
+@click.option("--val-seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the held-out validation trace [default: seed + 10000].")
+@click.option("--val-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Validate the greedy policy every N RL slots (0: only after SL and at the end).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("dl2-policy.ckpt"),
+              show_default=True, help="Checkpoint to write.")
+@click.option("--init", "init_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Resume from this checkpoint (its config, parameters and RL optimiser state).")
+@click.option("--max-jobs", type=click.IntRange(min=1), default=None,
+              help="Window size J of the policy [default: 40, or the --init checkpoint's].")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="Hidden units per layer [default: 256, or the --init checkpoint's].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
+def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
+          init_path, max_jobs, hidden, as_json) -> None:
+    """Train a DL2 policy: imitate TEACHER, then learn online in the simulator, and save a checkpoint."""
+    if val_seed is None:
+        val_seed = seed + 10_000
+    if sl_epochs is None:
+        sl_epochs = 0 if init_path else 20
+    if sl_epochs == 0 and rl_steps == 0 and init_path is None:
+        raise click.UsageError("nothing to train: give --sl-epochs and/or --rl-steps")
+    if val_seed in _training_seeds(seed, sl_traces, rl_steps):
+        raise click.BadParameter(f"{val_seed} is also a training trace seed (training uses seeds {seed}.."
+                                 f"{seed + sl_traces + rl_steps - 1}); the validation trace must be held out",
+                                 param_hint="--val-seed")
+    if not out_path.parent.exists() or not out_path.parent.is_dir():
+        raise click.BadParameter(f"directory {str(out_path.parent)!r} does not exist", param_hint="--out")
+
+    import jax
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from dl2d.policy import checkpoint as C
+    from dl2d.policy import train as T
+    from dl2d.policy.config import PolicyConfig
+    from dl2d.policy.nets import init_params
+    from dl2d.sim import engine as E
+    from dl2d.sim.baselines import make_baseline
+    from dl2d.sim.cluster import ClusterSpec, preset
+    from dl2d.sim.trace import TraceConfig, generate
+
+    err = Console(stderr=True)
+    opt_state, meta0 = None, {}
+    if init_path is not None:
+        try:
+            ck = C.load(init_path)
+        except C.CheckpointError as e:
+            raise click.ClickException(str(e)) from None
+        cfg, params, opt_state, meta0 = ck.config, ck.params, ck.opt_state, ck.meta
+        for name, given, have in (("--max-jobs", max_jobs, cfg.max_jobs), ("--hidden", hidden, cfg.hidden)):
+            if given is not None and given != have:
+                raise click.BadParameter(f"{given} differs from the checkpoint's {have}", param_hint=name)
+    else:
+        cfg = PolicyConfig(max_jobs=max_jobs or 40, hidden=hidden or 256)
+        params = init_params(cfg, jax.random.PRNGKey(seed))
+    spec = ClusterSpec(servers) if servers else preset(cluster)
+    sim = E.SimConfig(cluster=spec, max_workers=cfg.max_workers, max_ps=cfg.max_ps)
+    tcfg = TraceConfig(num_jobs=jobs)
+    val_trace = generate(tcfg, seed=val_seed)
+
+    def val_jct(p) -> float:
+        return T.validate(cfg, p, val_trace, sim).avg_jct_slots
+
+    t0 = time.perf_counter()
+    result: dict = {"teacher": teacher, "cluster": {"servers": spec.num_servers}, "jobs": jobs, "seed": seed,
+                    "val_seed": val_seed, "config": cfg.to_dict(), "init": str(init_path) if init_path else None}
+    teacher_jct = E.run(val_trace, make_baseline(teacher), sim, seed=0).avg_jct_slots
+    result["val_jct_slots"] = {teacher: round(teacher_jct, 4)}
+    if init_path is not None:
+        result["val_jct_slots"]["init"] = round(val_jct(params), 4)
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, disable=as_json, transient=False) as progress:
+        # ---------------------------------------------------------------- supervised warm-up
+        if sl_epochs > 0:
+            task = progress.add_task(f"SL from {teacher}: samples", total=sl_traces, info="")
+            parts = []
+            for i in range(sl_traces):
+                parts.append(T.teacher_samples(cfg, params, generate(tcfg, seed=seed + i), sim, teacher, seed=seed + i))
+                progress.advance(task)
+            data = tuple(np.concatenate(x) for x in zip(*parts))
+            task = progress.add_task(f"SL from {teacher}: epochs", total=sl_epochs, info="")
+
+            def on_epoch(ep, loss, _p):
+                progress.update(task, advance=1, info=f"loss {loss:.3f}")
+
+            params, losses = T.supervised(cfg, params, data, sl_epochs, seed=seed, on_epoch=on_epoch)
+            acc = T.imitation_accuracy(cfg, params, data)
+            sl = val_jct(params)
+            progress.update(task, info=f"loss {losses[-1]:.3f}, accuracy {acc:.3f}, val JCT {sl:.2f}")
+            result["sl"] = {"samples": int(len(data[2])), "epochs": sl_epochs, "losses": [round(x, 5) for x in losses],
+                            "imitation_accuracy": round(acc, 4)}
+            result["val_jct_slots"]["sl"] = round(sl, 4)
+        # ---------------------------------------------------------------- online RL
+        if rl_steps > 0:
+            if opt_state is None:
+                opt_state = C.make_optimizer(cfg.rl_lr).init(params)
+            st = T.RLState(params, opt_state, T.Replay(cfg, seed=seed))
+            task = progress.add_task("RL", total=rl_steps, info="")
+            done, curve, episodes, rewards = 0, [], 0, []
+
+            def on_slot(_n, reward):
+                nonlocal done
+                done += 1
+                rewards.append(reward)
+                info = f"updates {st.steps}"
+                if val_every and done % val_every == 0:
+                    curve.append((done, round(val_jct(st.params), 4)))
+                    info += f", val JCT {curve[-1][1]:.2f}"
+                progress.update(task, advance=1, info=info)
+
+            while done < rl_steps:
+                trace = generate(tcfg, seed=seed + sl_traces + episodes)
+                T.rl_episode(cfg, st, trace, sim, seed=seed + sl_traces + episodes, max_slots=rl_steps - done,
+                             on_slot=on_slot)
+                episodes += 1
+            params, opt_state = st.params, st.opt_state
+            rl = val_jct(params)
+            progress.update(task, info=f"updates {st.steps}, val JCT {rl:.2f}")
+            result["rl"] = {"slots": done, "episodes": episodes, "updates": st.steps,
+                            "mean_reward": round(float(np.mean(rewards)), 5), "val_curve": curve}
+            result["val_jct_slots"]["sl+rl" if sl_epochs > 0 else "rl"] = round(rl, 4)
+
+    meta = {**meta0, "teacher": teacher, "jobs": jobs, "servers": spec.num_servers, "seed": seed,
+            "val_seed": val_seed, "val_jct_slots": result["val_jct_slots"],
+            "sl_epochs": meta0.get("sl_epochs", 0) + sl_epochs,
+            "rl_updates": meta0.get("rl_updates", 0) + result.get("rl", {}).get("updates", 0)}
+    C.save(out_path, C.Checkpoint(cfg, params, opt_state, meta))
+    result["checkpoint"] = str(out_path)
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"Average JCT on the validation trace (seed {val_seed}, {jobs} jobs, "
+                        f"{spec.num_servers} servers)")
+    table.add_column("policy")
+    table.add_column("avg JCT (slots)", justify="right")
+    table.add_column("vs teacher", justify="right")
+    for name, v in result["val_jct_slots"].items():
+        table.add_row(name if name != teacher else f"{teacher} (teacher)", f"{v:.2f}", f"{v / teacher_jct:.3f}")
+    Console().print(table)
+    click.echo(f"checkpoint written to {out_path}")
