@@ -13,6 +13,7 @@ import click
 COMMANDS: dict[str, str] = {
     "sim": "dl2d.cli.sim:sim",
     "report": "dl2d.cli.report:report",
+    "train": "dl2d.cli.train:train",
 }
 
 
