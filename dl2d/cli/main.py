@@ -6,6 +6,7 @@ Each sub-command lives in its own module under `dl2d.cli`; they are imported laz
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
@@ -19,11 +20,11 @@ COMMANDS: dict[str, str] = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(n for n, t in COMMANDS.items() if importlib.util.find_spec(t.split(":")[0]))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
-        if target is None:
+        if target is None or name not in self.list_commands(ctx):
             return None
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
