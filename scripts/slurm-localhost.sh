@@ -57,8 +57,11 @@ ensure_packages() {
     || die "apt-get install$missing failed"
 }
 
-pid_alive() {  # $1: pid file
-  [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+pid_alive() {  # $1: pid file. Zombies count as dead (containers' init may reap them late).
+  local pid
+  pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
 }
 
 pick_ports() {  # five consecutive free TCP ports: slurmctld + one slurmd per node
@@ -221,12 +224,11 @@ wait_ready() {  # all nodes usable (idle, or busy with jobs after a controller r
 
 stop_pidfile() {  # $1: pid file; TERM, then KILL after 10 s
   local f=$1 pid i
-  [ -s "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  pid=$(cat "$f" 2>/dev/null) || return 0
+  if pid_alive "$f"; then
     kill "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do pid_alive "$f" || break; sleep 0.1; done
+    pid_alive "$f" && kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$f"
 }

@@ -157,9 +157,10 @@ class CliDriver:
         if num_nodes:
             # A pending job's node count is a range; pin both ends (sbatch -N set max = min).
             self._run("scontrol", "update", f"JobId={job_id}", f"NumNodes={num_nodes}-{num_nodes}")
-        # A requeued job is held for the credential lifetime (AuthInfo cred_expire, 120 s by
-        # default) before it may start again; its old run has ended, so release it now.
-        self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        # Slurm holds a requeued job (Reason=BeginTime) for the credential lifetime, AuthInfo
+        # cred_expire (120 s by default): slurmd refuses to launch a job id whose credential
+        # it revoked ("Job credential revoked" kills the job). Do not release it early
+        # (StartTime=now); to restart faster, submit a new job that resumes the checkpoint.
 
     def _wait_state(self, job_id: str, state: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
