@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from typing import Callable, Mapping, Sequence
 
-from dl2d.slurm.driver import JobSpec, SlurmError, SlurmJob, SlurmNode, SlurmUnavailable
+from dl2d.slurm.driver import (
+    JobSpec,
+    SlurmError,
+    SlurmJob,
+    SlurmNode,
+    SlurmUnavailable,
+    wait_for_state,
+)
 from dl2d.slurm.parsing import (
     is_unavailable_message,
     job_from_scontrol,
@@ -153,7 +159,7 @@ class CliDriver:
         self._run("scontrol", "requeue", str(job_id))
         # Until the previous run has finished completing, updates to the requeued job are
         # accepted but then lost (seen on 22.05): wait for squeue to show it PENDING.
-        self._wait_state(job_id, "PENDING", self.requeue_settle_s)
+        wait_for_state(self, job_id, "PENDING", self.requeue_settle_s)
         if num_nodes:
             # A pending job's node count is a range; pin both ends (sbatch -N set max = min).
             self._run("scontrol", "update", f"JobId={job_id}", f"NumNodes={num_nodes}-{num_nodes}")
@@ -161,19 +167,6 @@ class CliDriver:
         # cred_expire (120 s by default): slurmd refuses to launch a job id whose credential
         # it revoked ("Job credential revoked" kills the job). Do not release it early
         # (StartTime=now); to restart faster, submit a new job that resumes the checkpoint.
-
-    def _wait_state(self, job_id: str, state: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = next((j for j in self.jobs() if j.job_id == str(job_id)), None)
-            if job is None:
-                raise SlurmError(f"job {job_id} disappeared while waiting for {state}")
-            if job.state == state:
-                return
-            if time.monotonic() > deadline:
-                raise SlurmError(f"job {job_id} still {job.state} after {timeout:g}s "
-                                 f"(waiting for {state})")
-            time.sleep(0.2)
 
     def cancel(self, job_id: str) -> None:
         try:

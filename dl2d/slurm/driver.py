@@ -11,6 +11,7 @@ place (``scontrol update NumNodes``); growing is checkpoint + requeue at the new
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
@@ -185,6 +186,22 @@ class SlurmDriver(Protocol):
 
     def ping(self) -> bool:
         """True when the controller answers. Never raises for an unreachable controller."""
+
+
+def wait_for_state(driver: SlurmDriver, job_id: str, state: str, timeout: float,
+                   interval: float = 0.2) -> SlurmJob:
+    """Poll ``driver.jobs()`` until job ``job_id`` is in ``state``; SlurmError on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = next((j for j in driver.jobs() if j.job_id == str(job_id)), None)
+        if job is None:
+            raise SlurmError(f"job {job_id} disappeared while waiting for {state}")
+        if job.state == state:
+            return job
+        if time.monotonic() > deadline:
+            raise SlurmError(f"job {job_id} still {job.state} after {timeout:g}s "
+                             f"(waiting for {state})")
+        time.sleep(interval)
 
 
 DRIVERS = ("cli", "pyslurm")
