@@ -42,7 +42,7 @@ def test_squeue_22_05_fixture():
     assert pending.gpus_per_node == 4 and pending.reason == "Resources"
     assert jobs["5"].state == "COMPLETED" and not jobs["5"].active
     assert jobs["1"].state == "CANCELLED" and jobs["1"].restarts == 1
-    assert jobs["1"].dl2d_job_id is None
+    assert jobs["1"].dl2d_job_id == "job-7"
 
 
 def test_sinfo_22_05_fixture():
