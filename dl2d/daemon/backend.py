@@ -1,0 +1,110 @@
+"""The cluster backend interface the daemon drives, and the types it speaks.
+
+The daemon is level-triggered: every slot it asks the backend what is true now
+(:meth:`ClusterBackend.observe`), compares it with what the policy wants, and
+asks for the difference (:meth:`ClusterBackend.apply`).  Backends never decide
+anything themselves; they carry out one job's target size and report.
+
+Two implementations:
+
+* ``dl2d.daemon.sim_backend.SimBackend`` — the embedded default: the simulator
+  runs the jobs, time advances one slot per :meth:`ClusterBackend.end_slot`.
+* ``dl2d.daemon.slurm_backend.SlurmBackend`` — one Slurm batch job per dl2d job
+  (see docs/slurm.md); time passes for real, progress comes from the jobs'
+  progress files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+#: Job states a backend reports.
+PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
+#: How a resize was carried out (recorded in the DB with the event).
+HOT, RESTART, SHRINK, START, STOP, NOOP = "hot", "restart", "shrink", "start", "stop", "noop"
+
+
+class BackendError(RuntimeError):
+    """The backend could not carry out a request; ``retryable`` says whether trying again later may help."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    gpus: int
+    cpus: int
+    mem_gb: float
+    usable: bool = True  # False when down or drained: place no new work there
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the daemon knows of a dl2d job when it asks the backend to run it."""
+
+    job_id: int
+    job_type: str  # one of dl2d.sim.jobtypes.TYPE_NAMES
+    total_epochs: float
+    spec: Mapping[str, Any] = field(default_factory=dict)  # the submitted spec (command, demands, ...)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The size the policy wants a job to have for the next slot (0/0: not running this slot)."""
+
+    workers: int
+    ps: int
+    worker_nodes: tuple[str, ...] = ()  # optional placement, one entry per task
+    ps_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: int
+    state: str  # PENDING | RUNNING | FINISHED | FAILED
+    workers: int
+    ps: int
+    epochs_done: float  # cumulative, from the job's own progress reports
+    nodes: tuple[str, ...] = ()
+    backend_ref: str = ""  # e.g. the Slurm job id
+    hot_scaling: bool = False  # the job's runtime can be resized without a restart
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    job_id: int
+    method: str  # HOT | RESTART | SHRINK | START | STOP | NOOP
+    backend_ref: str = ""
+
+
+class ClusterBackend(Protocol):
+    name: str
+
+    def nodes(self) -> list[NodeInfo]:
+        """All compute nodes with their capacity; unusable ones flagged."""
+
+    def observe(self) -> dict[int, JobStatus]:
+        """The current state of every job this backend runs or ran, by dl2d job id."""
+
+    def apply(self, job: JobRequest, target: Target) -> ApplyResult:
+        """Make ``job`` run at ``target`` (start, grow, shrink, stop). Idempotent: applying the
+        size a job already has is a NOOP, so a daemon replaying its journal after a crash never
+        resizes twice."""
+
+    def cancel(self, job_id: int) -> None:
+        """Stop a job for good (user cancel). Unknown ids are ignored."""
+
+    def drain(self, node: str, reason: str) -> None:
+        """Place no new work on ``node`` (its agent went stale)."""
+
+    def resume(self, node: str) -> None:
+        """Undo :meth:`drain`."""
+
+    def end_slot(self, seconds: float) -> None:
+        """The slot is over. The simulated backend runs the slot here; real backends return at once."""
