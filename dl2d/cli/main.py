@@ -15,6 +15,10 @@ COMMANDS: dict[str, str] = {
     "sim": "dl2d.cli.sim:sim",
     "report": "dl2d.cli.report:report",
     "train": "dl2d.cli.train:train",
+    "submit": "dl2d.cli.jobs:submit",
+    "queue": "dl2d.cli.jobs:queue",
+    "show": "dl2d.cli.jobs:show",
+    "cancel": "dl2d.cli.jobs:cancel",
 }
 
 
