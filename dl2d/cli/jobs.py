@@ -1,0 +1,440 @@
+"""`dl2ctl submit`, `queue`, `show JOB` and `cancel JOB...`: the user's job commands.
+
+They read and write the daemon's database (see `dl2d.cli.dbconn` for how it is found): `submit` inserts a
+PENDING job that the daemon picks up at its next slot, `cancel` marks a job CANCELLED (and journals a
+`cancel` intent when it holds a Slurm allocation) for the daemon to carry out. The functions that turn rows
+into table/JSON records are pure; the click commands are thin shells around them and `dl2d.db.store`.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import click
+
+from dl2d.cli.dbconn import Ctx, db_command
+from dl2d.db.models import JobState
+
+STATE_NAMES = [s.value for s in JobState]
+ACTIVE_STATES = [s for s in JobState if not s.terminal]
+
+
+# --------------------------------------------------------------------------------------------------
+# pure formatting
+
+
+def format_age(seconds: float) -> str:
+    """A compact age: 45s, 12m, 3h05m, 2d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts is not None else None
+
+
+def _num(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else round(float(x), 2)
+
+
+def _n(x: Any) -> Any:
+    return _num(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+
+
+def job_record(job: Any, now: datetime) -> dict[str, Any]:
+    """A job (ORM row or anything with the same attributes) as a JSON-ready dict."""
+    return {
+        "id": job.id,
+        "name": job.name,
+        "owner": job.owner,
+        "job_type": job.job_type,
+        "state": JobState(job.state).value,
+        "workers": job.workers,
+        "ps": job.ps,
+        "epochs_done": job.epochs_done,
+        "total_epochs": job.total_epochs,
+        "slurm_job_id": job.slurm_job_id,
+        "submitted_at": _iso(job.submitted_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "age_s": round((now - job.submitted_at).total_seconds(), 3),
+    }
+
+
+QUEUE_COLUMNS = ("ID", "NAME", "OWNER", "TYPE", "STATE", "WORKERS", "PS", "EPOCHS", "AGE", "SLURM")
+
+
+def queue_row(rec: dict[str, Any]) -> tuple[str, ...]:
+    """One `queue` table row from a `job_record`."""
+    return (
+        str(rec["id"]), rec["name"], rec["owner"], rec["job_type"], rec["state"], str(rec["workers"]),
+        str(rec["ps"]), f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}", format_age(rec["age_s"]),
+        rec["slurm_job_id"] or "",
+    )
+
+
+def parse_states(values: Iterable[str]) -> list[JobState]:
+    """--state values (repeatable, comma-separated, any case; `active` = every non-finished state)."""
+    out: list[JobState] = []
+    for v in values:
+        for part in v.split(","):
+            p = part.strip().upper()
+            if not p:
+                continue
+            if p == "ACTIVE":
+                out.extend(s for s in ACTIVE_STATES if s not in out)
+            elif p in STATE_NAMES:
+                if JobState(p) not in out:
+                    out.append(JobState(p))
+            else:
+                raise click.BadParameter(f"unknown state {part.strip()!r}; known: {', '.join(STATE_NAMES)}, active",
+                                         param_hint="--state")
+    return out
+
+
+def resize_records(rows: Iterable[tuple[int, datetime, int, int, int, int]]) -> list[dict[str, Any]]:
+    """(slot number, slot start, prev_workers, prev_ps, workers, ps) rows -> the changes, in slot order."""
+    out = []
+    for number, started, pw, pps, w, ps in sorted(rows, key=lambda r: r[0]):
+        if (pw, pps) != (w, ps):
+            out.append({"slot": number, "at": _iso(started), "workers_from": pw, "workers_to": w,
+                        "ps_from": pps, "ps_to": ps})
+    return out
+
+
+def _detail_text(detail: dict[str, Any] | None) -> str:
+    if not detail:
+        return ""
+    return " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in detail.items())
+
+
+# --------------------------------------------------------------------------------------------------
+# submit
+
+
+def _submit_flags(f: Any) -> Any:
+    opts = [
+        click.option("-J", "--job-name", help="Job name (as sbatch -J): letters, digits, '.', '_', '-'."),
+        click.option("--type", "job_type", metavar="TYPE",
+                     help="Job type, one of the 8 DL2 models: resnet-50, vgg-16, resnext-110, inception-bn, "
+                          "seq2seq, cnn-text-classification, dssm, wlm (aliases resnet50, vgg16, ctc)."),
+        click.option("--epochs", type=float, help="Total epochs to train (your estimate)."),
+        click.option("--wrap", "--command", "command", metavar="CMD",
+                     help="The training command each worker runs (as sbatch --wrap)."),
+        click.option("--gpus-per-worker", type=float, help="GPUs per worker [default 0]."),
+        click.option("--cpus-per-worker", type=float, help="CPUs per worker."),
+        click.option("--mem-per-worker", metavar="MEM",
+                     help="Memory per worker, sbatch syntax: 8G, 512M; plain numbers are megabytes."),
+        click.option("--cpus-per-ps", type=float, help="CPUs per parameter server."),
+        click.option("--mem-per-ps", metavar="MEM", help="Memory per parameter server (as --mem-per-worker)."),
+        click.option("--max-workers", type=int, help="Most workers the scheduler may give the job [default 16]."),
+        click.option("--max-ps", type=int, help="Most parameter servers [default 16]."),
+        click.option("--sync-mode", type=click.Choice(["sync", "async"]), help="Training mode [default sync]."),
+        click.option("-t", "--time", metavar="TIME",
+                     help="Time limit, sbatch syntax: MM, HH:MM:SS, D-HH:MM ... [default none]."),
+        click.option("--owner", metavar="USER",
+                     help="Submit on behalf of USER (admins only) [default: you]."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@click.command()
+@click.argument("spec_file", required=False, metavar="[SPEC]", type=click.File("r", encoding="utf-8"))
+@_submit_flags
+@click.option("--format", "fmt", type=click.Choice(["toml", "json"]),
+              help="Format of SPEC [default: from its extension; JSON if it starts with '{', else TOML].")
+@click.option("--dry-run", is_flag=True, help="Validate and print the submission; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new job as JSON.")
+@db_command
+def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, **flags: Any) -> None:
+    """Submit a training job; prints its id.
+
+    SPEC is a TOML or JSON job spec file ('-' reads standard input); flags override its fields, and a job
+    can be given by flags alone. Required: name, job type, total epochs, command, worker cpus and memory,
+    PS cpus and memory. Every problem is listed at once and nothing is written when there is one (exit 1).
+
+    \b
+    Examples:
+      dl2ctl submit job.toml
+      dl2ctl submit -J resnet-a --type resnet-50 --epochs 30 --wrap 'python train.py' \\
+          --gpus-per-worker 1 --cpus-per-worker 4 --mem-per-worker 16G --cpus-per-ps 2 --mem-per-ps 8G
+    """
+    from dl2d.cli.jobspec import SpecError, explain_errors, merge_submission, parse_spec_text, spec_format
+    from dl2d.db.store import SubmissionError, submit_job, validate_submission
+
+    spec: dict[str, Any] = {}
+    if spec_file is not None:
+        name = getattr(spec_file, "name", "<stdin>")
+        try:
+            spec = parse_spec_text(spec_file.read(), fmt or spec_format(str(name)), source=str(name))
+        except SpecError as e:
+            raise click.ClickException(str(e)) from e
+    elif not any(v is not None for v in flags.values()):
+        raise click.UsageError("give a job spec file or the job's flags (see dl2ctl submit --help)")
+
+    data, errors = merge_submission(spec, flags, ctx.user)
+    if data.get("owner") != ctx.user and not ctx.admin:
+        errors.append(f"owner {data.get('owner')!r}: only root or a dl2d admin may submit for another user "
+                      f"(you are {ctx.user!r})")
+    try:
+        sub = validate_submission(data)
+    except SubmissionError as e:
+        errors.extend(explain_errors(e.errors))
+    if errors:
+        lines = "\n".join(f"  - {m}" for m in errors)
+        n = len(errors)
+        raise click.ClickException(f"invalid job submission ({n} problem{'s' if n > 1 else ''}):\n{lines}")
+
+    if dry_run:
+        click.echo(json.dumps({"name": sub.name, "owner": sub.owner, "job_type": sub.job_type,
+                               "total_epochs": sub.total_epochs, **sub.spec()}, indent=2))
+        return
+
+    from dl2d.db.engine import session_scope
+    from dl2d.db.models import utcnow
+
+    engine = ctx.engine()
+    try:
+        with session_scope(engine) as s:
+            job = submit_job(s, sub)
+            rec = job_record(job, utcnow())
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(rec, indent=2))
+    else:
+        click.echo(f"Submitted job {rec['id']} ({rec['name']}, {rec['job_type']}, {_num(rec['total_epochs'])} "
+                   f"epochs) for {rec['owner']}")
+
+
+# --------------------------------------------------------------------------------------------------
+# queue
+
+
+@click.command()
+@click.option("--state", "-s", "states", multiple=True, metavar="STATE",
+              help="Only jobs in these states (repeatable or comma-separated: PENDING, RUNNING, RESIZING, "
+                   "CHECKPOINTING, COMPLETED, FAILED, CANCELLED, or `active`).")
+@click.option("--user", "-u", "users", multiple=True, metavar="USER",
+              help="Only jobs of these owners (repeatable or comma-separated).")
+@click.option("--me", is_flag=True, help="Only your jobs.")
+@click.option("--all", "-a", "show_all", is_flag=True,
+              help="Include finished jobs (COMPLETED, FAILED, CANCELLED); by default only active ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@db_command
+def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, show_all: bool,
+          as_json: bool) -> None:
+    """List jobs like squeue: state, type, owner, current workers/PS, epochs done/total, age.
+
+    By default all users' active jobs (not finished) are listed, oldest first.
+    """
+    from sqlalchemy import select
+
+    from dl2d.db.engine import session_scope
+    from dl2d.db.models import Job, utcnow
+
+    wanted = parse_states(states)
+    if not wanted and not show_all:
+        wanted = list(ACTIVE_STATES)
+    owners = [u.strip() for v in users for u in v.split(",") if u.strip()] + ([ctx.user] if me else [])
+    q = select(Job).order_by(Job.id)
+    if wanted:
+        q = q.where(Job.state.in_(wanted))
+    if owners:
+        q = q.where(Job.owner.in_(owners))
+    engine = ctx.engine()
+    try:
+        with session_scope(engine) as s:
+            now = utcnow()
+            recs = [job_record(j, now) for j in s.scalars(q)]
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(recs, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for c in QUEUE_COLUMNS:
+        table.add_column(c, justify="right" if c in ("ID", "WORKERS", "PS", "EPOCHS", "AGE") else "left",
+                         no_wrap=c != "NAME")
+    for r in recs:
+        table.add_row(*queue_row(r))
+    console = Console(width=max(120, Console().width))
+    if recs:
+        console.print(table)
+    else:
+        click.echo("no jobs" + ("" if show_all else " (active; --all includes finished jobs)"))
+
+
+# --------------------------------------------------------------------------------------------------
+# show
+
+
+def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
+    """Everything `show` prints about a job, as a JSON-ready dict (JobNotFound when there is none)."""
+    from sqlalchemy import select
+
+    from dl2d.db.models import Allocation, Event, Slot, Task
+    from dl2d.db.store import get_job
+
+    job = get_job(session, job_id)
+    rec = job_record(job, now)
+    rec["spec"] = job.spec
+    tasks = session.scalars(select(Task).where(Task.job_id == job_id).order_by(Task.role, Task.index))
+    rec["tasks"] = [{"role": t.role.value, "index": t.index, "node": t.node, "state": t.state.value,
+                     "slurm_job_id": t.slurm_job_id, "slurm_step_id": t.slurm_step_id,
+                     "started_at": _iso(t.started_at), "ended_at": _iso(t.ended_at)} for t in tasks]
+    events = session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.ts, Event.id))
+    rec["events"] = [{"ts": _iso(e.ts), "kind": e.kind.value, "detail": e.detail} for e in events]
+    rows = session.execute(
+        select(Slot.number, Slot.started_at, Allocation.prev_workers, Allocation.prev_ps, Allocation.workers,
+               Allocation.ps).join(Slot, Allocation.slot_id == Slot.id).where(Allocation.job_id == job_id))
+    rec["resizes"] = resize_records(rows)
+    return rec
+
+
+@click.command()
+@click.argument("job_id", type=int, metavar="JOB")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@db_command
+def show(ctx: Ctx, job_id: int, as_json: bool) -> None:
+    """Show job JOB: its spec, current allocation and tasks, events timeline and resizes."""
+    from dl2d.db.engine import session_scope
+    from dl2d.db.models import utcnow
+    from dl2d.db.store import JobNotFound
+
+    engine = ctx.engine()
+    try:
+        with session_scope(engine) as s:
+            rec = load_job_detail(s, job_id, utcnow())
+    except JobNotFound as e:
+        raise click.ClickException(f"{e} (dl2ctl queue --all lists the jobs)") from e
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(rec, indent=2))
+        return
+    _print_detail(rec)
+
+
+def _print_detail(rec: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    spec = rec["spec"] or {}
+    w, p = spec.get("worker", {}), spec.get("ps", {})
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    for k, v in [
+        ("job", f"{rec['id']} {rec['name']}"), ("owner", rec["owner"]), ("type", rec["job_type"]),
+        ("state", rec["state"]), ("epochs", f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}"),
+        ("allocation", f"{rec['workers']} workers, {rec['ps']} PS (max {spec.get('max_workers')} workers, "
+                       f"{spec.get('max_ps')} PS)"),
+        ("worker demand", f"{_n(w.get('gpus'))} GPU, {_n(w.get('cpus'))} CPU, {_n(w.get('mem_gb'))} GB"),
+        ("PS demand", f"{_n(p.get('cpus'))} CPU, {_n(p.get('mem_gb'))} GB"),
+        ("command", spec.get("command", "")), ("sync", spec.get("sync", "")),
+        ("time limit", f"{spec['time_limit_min']} min" if spec.get("time_limit_min") else "none"),
+        ("slurm job", rec["slurm_job_id"] or "-"), ("submitted", rec["submitted_at"]),
+        ("started", rec["started_at"] or "-"), ("finished", rec["finished_at"] or "-"),
+    ]:
+        head.add_row(k, str(v))
+    console.print(head)
+    if rec["tasks"]:
+        t = Table(title="Tasks", title_justify="left", box=None, header_style="bold")
+        for c in ("ROLE", "INDEX", "NODE", "STATE", "SLURM"):
+            t.add_column(c)
+        for x in rec["tasks"]:
+            slurm = x["slurm_job_id"] or ""
+            if x["slurm_step_id"]:
+                slurm += f".{x['slurm_step_id']}"
+            t.add_row(x["role"], str(x["index"]), x["node"] or "", x["state"], slurm)
+        console.print(t)
+    t = Table(title="Events", title_justify="left", box=None, header_style="bold")
+    for c in ("TIME", "EVENT", "DETAIL"):
+        t.add_column(c)
+    for e in rec["events"]:
+        t.add_row(e["ts"], e["kind"], _detail_text(e["detail"]))
+    console.print(t)
+    if rec["resizes"]:
+        t = Table(title="Resizes", title_justify="left", box=None, header_style="bold")
+        for c in ("SLOT", "TIME", "WORKERS", "PS"):
+            t.add_column(c)
+        for r in rec["resizes"]:
+            t.add_row(str(r["slot"]), r["at"], f"{r['workers_from']} -> {r['workers_to']}",
+                      f"{r['ps_from']} -> {r['ps_to']}")
+        console.print(t)
+    else:
+        console.print("Resizes: none")
+
+
+# --------------------------------------------------------------------------------------------------
+# cancel
+
+
+def cancel_one(session: Any, job_id: int, user: str, admin: bool) -> Any:
+    """Cancel a job for `user`: its owner, or an admin (recorded as such in the cancel event)."""
+    from dl2d.db.models import Event, EventKind
+    from dl2d.db.store import cancel_job, get_job
+
+    job = get_job(session, job_id)
+    if not admin or user == job.owner:
+        return cancel_job(session, job_id, user)
+    job = cancel_job(session, job_id, "root")  # store.cancel_job lets the owner or root through
+    for obj in session.new:
+        if isinstance(obj, Event) and obj.kind == EventKind.CANCEL and obj.job_id == job_id:
+            obj.detail = {"requester": user, "as": "admin"}
+    return job
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True, metavar="JOB...")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome per job as JSON.")
+@db_command
+def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:
+    """Cancel jobs. Only a job's owner, root or a member of the dl2d-admin group may cancel it.
+
+    The job is marked CANCELLED at once; the daemon stops its Slurm job at its next slot. Finished jobs
+    cannot be cancelled. Each job is handled on its own; the exit status is 1 when any job was refused.
+    """
+    from dl2d.db.engine import session_scope
+    from dl2d.db.store import StoreError
+
+    engine = ctx.engine()
+    results: list[dict[str, Any]] = []
+    try:
+        for job_id in dict.fromkeys(job_ids):
+            try:
+                with session_scope(engine) as s:
+                    job = cancel_one(s, job_id, ctx.user, ctx.admin)
+                    results.append({"id": job_id, "cancelled": True, "name": job.name})
+            except StoreError as e:
+                msg = str(e)
+                if msg.startswith(f"job {job_id} is already"):
+                    msg += "; only pending or running jobs can be cancelled"
+                results.append({"id": job_id, "cancelled": False, "error": msg})
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            if r["cancelled"]:
+                click.echo(f"Cancelled job {r['id']} ({r['name']})")
+            else:
+                click.echo(f"Error: cannot cancel job {r['id']}: {r['error']}", err=True)
+    if not all(r["cancelled"] for r in results):
+        click.get_current_context().exit(1)

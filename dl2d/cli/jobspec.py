@@ -1,0 +1,210 @@
+"""Pure helpers of `dl2ctl submit`: read a job spec (TOML or JSON), parse sbatch-style values, and merge
+the spec with the command-line flags into the dict that `dl2d.db.store.validate_submission` checks.
+
+A spec file holds the keys of `validate_submission` (see docs/cli.md):
+
+    name = "resnet-a"
+    job_type = "resnet-50"        # one of the 8 DL2 types (paper aliases such as resnet50 accepted)
+    total_epochs = 30             # your estimate of the epochs to train
+    command = "python train.py"   # or `script`
+    max_workers = 8               # optional, default 16
+    max_ps = 4                    # optional, default 16
+    sync = "sync"                 # optional: "sync" or "async"
+    time_limit_min = 1440         # optional
+    owner = "alice"               # optional, default: you
+    [worker]
+    gpus = 1
+    cpus = 2
+    mem_gb = 8
+    [ps]
+    cpus = 2
+    mem_gb = 4
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from dl2d.sim.jobtypes import ALIASES, TYPE_NAMES
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be parsed at all."""
+
+
+def parse_spec_text(text: str, fmt: str | None = None, source: str = "<spec>") -> dict[str, Any]:
+    """Parse a spec as JSON or TOML. `fmt` is "json", "toml" or None (JSON when the text starts with '{')."""
+    if fmt is None:
+        fmt = "json" if text.lstrip().startswith("{") else "toml"
+    if fmt == "json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: a job spec must be a JSON object, got {type(data).__name__}")
+        return data
+    if fmt == "toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(f"{source}: invalid TOML: {e}") from e
+    raise SpecError(f"{source}: unknown spec format {fmt!r} (use json or toml)")
+
+
+def spec_format(filename: str) -> str | None:
+    """The format implied by a file name's extension, None when it does not say."""
+    lower = filename.lower()
+    if lower.endswith(".json"):
+        return "json"
+    if lower.endswith(".toml"):
+        return "toml"
+    return None
+
+
+_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.I)
+_MEM_FACTOR_GB = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+
+
+def parse_mem(value: str) -> float:
+    """sbatch's --mem syntax: a number with an optional K/M/G/T suffix, megabytes without one. Returns GB."""
+    m = _MEM_RE.match(value)
+    if not m:
+        raise ValueError(f"memory must be a number with an optional K, M, G or T suffix "
+                         f"(megabytes without one, as in sbatch), got {value!r}")
+    return float(m.group(1)) * _MEM_FACTOR_GB[(m.group(2) or "M").upper()]
+
+
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_time(value: str) -> int:
+    """sbatch's --time syntax -> whole minutes (rounded up).
+
+    "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes",
+    "days-hours:minutes:seconds".
+    """
+    v = value.strip()
+    m = _TIME_RE.match(v)
+    if not m:
+        raise ValueError(f"time must be MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, got {value!r}")
+    days, a, b, c = m.groups()
+    a, b, c = int(a), int(b) if b else None, int(c) if c else None
+    if days is not None:
+        seconds = int(days) * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:
+        seconds = a * 3600 + b * 60 + c
+    elif b is not None:
+        seconds = a * 60 + b
+    else:
+        seconds = a * 60
+    return -(-seconds // 60)
+
+
+def normalize_job_type(value: Any) -> Any:
+    """Map case variants and the paper's aliases (resnet50, vgg16, ctc) to the canonical type name."""
+    if not isinstance(value, str):
+        return value
+    key = value.strip().lower()
+    key = ALIASES.get(key, key)
+    return key if key in TYPE_NAMES else value
+
+
+# flag name -> (path in the submission dict, converter or None)
+FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "job_name": (("name",), None),
+    "job_type": (("job_type",), None),
+    "epochs": (("total_epochs",), None),
+    "command": (("command",), None),
+    "gpus_per_worker": (("worker", "gpus"), None),
+    "cpus_per_worker": (("worker", "cpus"), None),
+    "mem_per_worker": (("worker", "mem_gb"), parse_mem),
+    "cpus_per_ps": (("ps", "cpus"), None),
+    "mem_per_ps": (("ps", "mem_gb"), parse_mem),
+    "max_workers": (("max_workers",), None),
+    "max_ps": (("max_ps",), None),
+    "sync_mode": (("sync",), None),
+    "time": (("time_limit_min",), parse_time),
+    "owner": (("owner",), None),
+}
+
+# the flag each field is set by, for messages
+FLAG_NAMES = {
+    "job_name": "--job-name", "job_type": "--type", "epochs": "--epochs", "command": "--wrap",
+    "gpus_per_worker": "--gpus-per-worker", "cpus_per_worker": "--cpus-per-worker",
+    "mem_per_worker": "--mem-per-worker", "cpus_per_ps": "--cpus-per-ps", "mem_per_ps": "--mem-per-ps",
+    "max_workers": "--max-workers", "max_ps": "--max-ps", "sync_mode": "--sync-mode", "time": "--time",
+    "owner": "--owner",
+}
+
+
+def merge_submission(spec: Mapping[str, Any], flags: Mapping[str, Any], user: str) -> tuple[dict[str, Any], list[str]]:
+    """The submission dict from a spec (possibly {}) and flags (None = not given), flags winning.
+
+    Returns (submission, errors): errors are the flag values that could not be parsed; the result still
+    goes through `validate_submission`, whose errors the caller adds. Owner defaults to `user`; the job
+    type is normalised (aliases, case).
+    """
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in spec.items()}
+    errors: list[str] = []
+    for flag, value in flags.items():
+        if value is None or flag not in FLAG_FIELDS:
+            continue
+        path, conv = FLAG_FIELDS[flag]
+        if conv is not None:
+            try:
+                value = conv(value)
+            except ValueError as e:
+                errors.append(f"{FLAG_NAMES[flag]}: {e}")
+                continue
+        if path == ("command",):
+            out.pop("script", None)  # --wrap replaces the spec's command, whatever its key
+        target = out
+        for key in path[:-1]:
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
+            target = target[key]
+        target[path[-1]] = value
+    out.setdefault("owner", user)
+    if "job_type" in out:
+        out["job_type"] = normalize_job_type(out["job_type"])
+    return out, errors
+
+
+# field of the submission -> where a CLI user sets it
+FIELD_HINTS = {
+    "name": "name, or -J/--job-name",
+    "job_type": "job_type, or --type",
+    "total_epochs": "total_epochs, or --epochs",
+    "worker.cpus": "[worker] cpus, or --cpus-per-worker",
+    "worker.mem_gb": "[worker] mem_gb, or --mem-per-worker",
+    "ps.cpus": "[ps] cpus, or --cpus-per-ps",
+    "ps.mem_gb": "[ps] mem_gb, or --mem-per-ps",
+}
+
+_MISSING_NUMBER_RE = re.compile(r"^(\S+) must be (?:a number|an integer), got None$")
+
+
+def explain_errors(errors: list[str]) -> list[str]:
+    """Rephrase `validate_submission`'s messages about missing fields so that they name the spec key and
+    the flag that set it; other messages are kept as they are."""
+    out = []
+    for msg in errors:
+        m = _MISSING_NUMBER_RE.match(msg)
+        if m and m.group(1) in FIELD_HINTS:
+            msg = f"missing {m.group(1)} (give {FIELD_HINTS[m.group(1)]})"
+        elif msg.startswith("name must be") and msg.endswith("got None"):
+            msg = f"missing name (give {FIELD_HINTS['name']})"
+        elif msg.startswith("unknown job type None"):
+            msg = f"missing job type (give {FIELD_HINTS['job_type']}); known types: {', '.join(TYPE_NAMES)}"
+        elif msg.startswith(("worker must be a mapping", "ps must be a mapping")) and msg.endswith("got None"):
+            role = msg.split()[0]
+            msg = (f"missing {role} demand: give [{role}] cpus and mem_gb in the spec, "
+                   f"or --cpus-per-{role} and --mem-per-{role}")
+        elif msg.startswith("missing script"):
+            msg += " or --wrap"
+        out.append(msg)
+    return out
