@@ -135,6 +135,8 @@ def to_records(trace: Trace) -> list[dict]:
 def _number(rec: dict, key: str, where: str, *, integer=False, positive=True) -> float:
     if key not in rec or rec[key] in (None, ""):
         raise TraceError(f"{where}: missing field {key!r}")
+    if isinstance(rec[key], bool):  # JSON true/false would otherwise pass as 1/0
+        raise TraceError(f"{where}: field {key!r} is not a number: {rec[key]!r}")
     try:
         v = float(rec[key])
     except (TypeError, ValueError):
@@ -193,9 +195,11 @@ def save(trace: Trace, path: str | Path) -> None:
 def load(path: str | Path) -> Trace:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
     if path.suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
         missing = [f for f in CSV_FIELDS[1:] if f not in (reader.fieldnames or [])]
@@ -213,5 +217,7 @@ def load(path: str | Path) -> Trace:
             raise TraceError(f"{path}: trace format version {doc.get('version')!r} is not supported (want {VERSION})")
         if not isinstance(doc.get("jobs"), list):
             raise TraceError(f"{path}: \"jobs\" must be a list")
+        if not isinstance(doc.get("config"), (dict, type(None))):
+            raise TraceError(f"{path}: \"config\" must be an object (the generating settings) or absent")
         return from_records(doc["jobs"], doc.get("config"), source=str(path))
     raise TraceError(f"{path}: trace files must end in .json or .csv")
