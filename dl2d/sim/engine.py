@@ -19,6 +19,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from dl2d.sim import hetero, network
 from dl2d.sim.cluster import ClusterSpec, Placer
 from dl2d.sim.jobtypes import JOB_TYPES, TYPE_NAMES
 from dl2d.sim.speed import lookup, speed_table
@@ -43,6 +44,20 @@ class SimConfig:
     max_ps: int = 16
     resize_overhead_s: float = 0.0  # training time a job loses when its allocation changes
     max_slots: int = 50_000
+    # Cross-node PS <-> worker communication (dl2d.sim.network). Traffic is always measured and reported;
+    # with this on it also slows jobs whose traffic crosses servers. Off by default.
+    cross_node_comm: bool = False
+    # Heterogeneous servers (dl2d.sim.hetero), off by default: per-server base speeds drawn from these
+    # classes (e.g. hetero.THREE_GENERATIONS), and a log-speed random walk per server and slot.
+    server_speed_classes: tuple[float, ...] = ()
+    speed_walk_sigma: float = 0.0
+    speed_walk_reversion: float = 0.1
+    speed_walk_bound: float = 0.5
+    hetero_seed: int = 0
+
+    @property
+    def heterogeneous(self) -> bool:
+        return bool(self.server_speed_classes) or self.speed_walk_sigma > 0
 
     def __post_init__(self):
         if self.slot_seconds <= 0:
@@ -53,6 +68,10 @@ class SimConfig:
             raise ValueError("max_workers and max_ps must be >= 1")
         if not 0 <= self.resize_overhead_s <= self.slot_seconds:
             raise ValueError("resize_overhead_s must be within [0, slot_seconds]")
+        if any(c <= 0 for c in self.server_speed_classes):
+            raise ValueError("server_speed_classes must be > 0")
+        if self.speed_walk_sigma < 0 or not 0 <= self.speed_walk_reversion <= 1 or self.speed_walk_bound < 0:
+            raise ValueError("speed walk needs sigma >= 0, reversion in [0, 1] and bound >= 0")
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,7 @@ class SimState:
     slots_run: np.ndarray  # [N], slots spent in the system so far
     workers: np.ndarray  # [N], last slot's allocation
     ps: np.ndarray  # [N]
+    server_perf: np.ndarray | None = None  # [servers] log-speed walk state (heterogeneous runs only)
 
     @staticmethod
     def initial(n: int) -> "SimState":
@@ -94,6 +114,7 @@ class SlotView:
     capacity: np.ndarray  # [servers, 3]
     max_workers: int
     max_ps: int
+    server_speed: np.ndarray | None = None  # [servers] speeds observed last slot (heterogeneous runs only)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -138,8 +159,16 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         slot=state.slot, jobs=idx, type_idx=trace.type_idx[idx], arrival_slot=trace.arrival_slot[idx],
         slots_run=state.slots_run[idx], epochs_done=state.epochs_done[idx], est_epochs=trace.est_epochs[idx],
         prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
-        max_workers=cfg.max_workers, max_ps=cfg.max_ps,
+        max_workers=cfg.max_workers, max_ps=cfg.max_ps, server_speed=server_speeds(state, cfg),
     )
+
+
+def server_speeds(state: SimState, cfg: SimConfig) -> np.ndarray | None:
+    """Per-server speeds of the state's walk (None on a homogeneous cluster)."""
+    if not cfg.heterogeneous:
+        return None
+    base = hetero.base_speeds(cfg.cluster.num_servers, cfg.server_speed_classes, cfg.hetero_seed)
+    return hetero.speeds(base, state.server_perf)
 
 
 def place(view: SlotView, alloc: Allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,6 +177,11 @@ def place(view: SlotView, alloc: Allocation) -> tuple[np.ndarray, np.ndarray, np
     With servers given, checks them (CapacityError on any overflow); without, places each job's tasks
     (worker, PS, worker, PS, ...) on the least-loaded server that fits and drops what fits nowhere.
     """
+    return place_servers(view, alloc)[:3]
+
+
+def place_servers(view: SlotView, alloc: Allocation):
+    """`place`, plus the servers of every placed task: (usage, workers, ps, worker_servers, ps_servers)."""
     free = view.free.copy()
     w_dem, p_dem = view.worker_demand, view.ps_demand
     if alloc.worker_servers is not None:
@@ -159,16 +193,23 @@ def place(view: SlotView, alloc: Allocation) -> tuple[np.ndarray, np.ndarray, np
             raise CapacityError(f"allocation overflows server(s) {np.flatnonzero((free < -1e-6).any(1)).tolist()}")
         placed_w = np.array([len(s) for s in alloc.worker_servers], int)
         placed_p = np.array([len(s) for s in alloc.ps_servers], int)
-        return view.free - free, placed_w, placed_p
+        return view.free - free, placed_w, placed_p, tuple(alloc.worker_servers), tuple(alloc.ps_servers)
     placer = Placer(view.free, view.capacity)
     placed_w = np.zeros(len(view), int)
     placed_p = np.zeros(len(view), int)
+    w_srv: list[list[int]] = [[] for _ in range(len(view))]
+    p_srv: list[list[int]] = [[] for _ in range(len(view))]
     for j in range(len(view)):
         for k in range(max(int(alloc.workers[j]), int(alloc.ps[j]))):
-            for want, placed, demand in ((alloc.workers, placed_w, w_dem[j]), (alloc.ps, placed_p, p_dem[j])):
-                if k < want[j] and placer.add(demand) >= 0:
-                    placed[j] += 1
-    return view.free - placer.free, placed_w, placed_p
+            for want, placed, demand, srv in ((alloc.workers, placed_w, w_dem[j], w_srv),
+                                              (alloc.ps, placed_p, p_dem[j], p_srv)):
+                if k < want[j]:
+                    s = placer.add(demand)
+                    if s >= 0:
+                        placed[j] += 1
+                        srv[j].append(s)
+    return (view.free - placer.free, placed_w, placed_p,
+            tuple(tuple(s) for s in w_srv), tuple(tuple(s) for s in p_srv))
 
 
 def epochs_per_slot(table, types, ps, workers, factor, seconds) -> np.ndarray:
@@ -205,23 +246,39 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     """One slot. Pure given `rng`: the same inputs and generator state give the same outputs."""
     view = view_of(trace, state, cfg)
     validate(view, alloc)
-    usage, w, p = place(view, alloc)
+    usage, w, p, w_srv, p_srv = place_servers(view, alloc)
     table = speed_table(cfg.speed_model) if table is None else table
     jobs = view.jobs
     noise = 1 + cfg.slot_noise * rng.uniform(-1, 1, len(jobs))
     changed = (w != state.workers[jobs]) | (p != state.ps[jobs])
     seconds = cfg.slot_seconds - cfg.resize_overhead_s * changed
-    epochs = epochs_per_slot(table, view.type_idx, p, w, trace.speed_factor[jobs] * noise, seconds)
+    factor = trace.speed_factor[jobs] * noise
+    cross = network.job_cross_fractions(w_srv, p_srv)
+    perf = state.server_perf
+    if cfg.heterogeneous:  # this slot's server speeds: one walk step from the last slot's
+        perf = np.zeros(cfg.cluster.num_servers) if perf is None else perf
+        perf = hetero.walk_step(perf, state.slot, cfg.speed_walk_sigma, cfg.speed_walk_reversion,
+                                cfg.speed_walk_bound, cfg.hetero_seed)
+        now = hetero.speeds(hetero.base_speeds(cfg.cluster.num_servers, cfg.server_speed_classes,
+                                               cfg.hetero_seed), perf)
+        factor = factor * np.array([hetero.bottleneck_speed(now, s) for s in w_srv])
+    if cfg.cross_node_comm:
+        factor = factor * network.comm_speed_factor(view.type_idx, cross)
+    epochs = epochs_per_slot(table, view.type_idx, p, w, factor, seconds)
     nxt, reward, trained = advance(state, trace, jobs, epochs)
     workers, ps = nxt.workers.copy(), nxt.ps.copy()
     workers[jobs], ps[jobs] = w, p
-    nxt = replace(nxt, workers=workers, ps=ps)
+    nxt = replace(nxt, workers=workers, ps=ps, server_perf=perf)
+    total_mb, cross_mb = network.traffic_mb(network.MODEL_SIZE_MB[view.type_idx],
+                                            trained * BATCHES_PER_EPOCH[view.type_idx], cross)
     cap = cfg.cluster.capacity
     used = usage.sum(axis=0)
     info = {
         "jobs": jobs, "workers": w, "ps": p, "trained": trained, "resized": int(changed.sum()),
         "unplaced": int(np.sum(alloc.workers) + np.sum(alloc.ps) - w.sum() - p.sum()),
         "utilisation": np.where(cap > 0, used / np.where(cap > 0, cap, 1), 0.0),
+        "worker_servers": w_srv, "ps_servers": p_srv, "cross_fraction": cross,
+        "traffic_gb": float(np.sum(total_mb)) / 1024, "cross_node_gb": float(np.sum(cross_mb)) / 1024,
     }
     return nxt, reward, info
 
@@ -243,6 +300,8 @@ class SimResult:
     resizes: int = 0
     unplaced: int = 0
     extra: dict = field(default_factory=dict)
+    cross_node_gb: np.ndarray | None = None  # per slot: PS <-> worker traffic between servers
+    traffic_gb: np.ndarray | None = None  # per slot: all PS <-> worker traffic
 
     @property
     def avg_jct_slots(self) -> float:
@@ -267,7 +326,16 @@ class SimResult:
             "total_reward": round(float(np.sum(self.rewards)), 4), "resizes": self.resizes,
             "unplaced_tasks": self.unplaced, "decision_ms": round(self.decision_ms, 3), "wall_s": round(self.wall_s, 3),
             "per_type_jct_hours": {k: round(v, 3) for k, v in self.per_type_jct_hours().items()},
+            **self.traffic_summary(),
         }
+
+    def traffic_summary(self) -> dict:
+        if self.cross_node_gb is None:
+            return {}
+        cross, total = float(np.sum(self.cross_node_gb)), float(np.sum(self.traffic_gb))
+        return {"cross_node_gb_total": round(cross, 3),
+                "cross_node_gb_per_slot": round(cross / max(len(self.cross_node_gb), 1), 3),
+                "cross_node_fraction": round(cross / total, 4) if total > 0 else 0.0}
 
 
 def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfig = SimConfig(), seed: int = 0,
@@ -277,7 +345,7 @@ def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfi
     rng = np.random.default_rng(seed)
     table = speed_table(cfg.speed_model)
     state = SimState.initial(len(trace))
-    rewards, gpu, cpu = [], [], []
+    rewards, gpu, cpu, cross_gb, traffic_gb = [], [], [], [], []
     decide_s, resizes, unplaced = 0.0, 0, 0
     first = int(trace.arrival_slot.min())
     state = replace(state, slot=first)
@@ -292,6 +360,8 @@ def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfi
         rewards.append(r)
         gpu.append(info["utilisation"][0])
         cpu.append(info["utilisation"][1])
+        cross_gb.append(info["cross_node_gb"])
+        traffic_gb.append(info["traffic_gb"])
         resizes += info["resized"]
         unplaced += info["unplaced"]
         if on_slot:
@@ -302,4 +372,5 @@ def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfi
         makespan_slots=float(np.max(state.finish_time) - first), gpu_util=np.array(gpu), cpu_util=np.array(cpu),
         rewards=np.array(rewards), slot_seconds=cfg.slot_seconds, decision_ms=1000 * decide_s / max(len(rewards), 1),
         wall_s=time.perf_counter() - t0, resizes=resizes, unplaced=unplaced,
+        cross_node_gb=np.array(cross_gb), traffic_gb=np.array(traffic_gb),
     )
