@@ -1,0 +1,61 @@
+"""`dl2ctl queue`: default active jobs, filters, JSON and the table."""
+from __future__ import annotations
+
+import json
+
+from dl2d.db.engine import session_scope
+from dl2d.db.models import Job, JobState
+
+
+def test_queue_filters_and_json(dl2ctl, seed, engine):
+    a = seed("alice")
+    b = seed("bob", state=JobState.RUNNING, job_type="vgg-16")
+    c = seed("alice", state=JobState.COMPLETED)
+    d = seed("carol", state=JobState.CANCELLED)
+
+    def ids(*args):
+        r = dl2ctl("queue", "--json", *args)
+        assert r.exit_code == 0, r.output
+        return [j["id"] for j in json.loads(r.output)]
+
+    assert ids() == [a, b]  # finished jobs hidden by default
+    assert ids("--all") == [a, b, c, d]
+    assert ids("--state", "running") == [b]
+    assert ids("--state", "COMPLETED,cancelled") == [c, d]
+    assert ids("-s", "pending", "-s", "completed") == [a, c]
+    assert ids("--state", "active") == [a, b]
+    assert ids("--user", "alice") == [a]
+    assert ids("--user", "alice", "--all") == [a, c]
+    assert ids("-u", "alice,carol", "--all") == [a, c, d]
+    assert ids("--me", "--all") == [a, c]  # the caller is alice (conftest)
+    assert ids("--user", "nobody") == []
+
+    [job] = json.loads(dl2ctl("queue", "--json", "--state", "running").output)
+    assert set(job) == {"id", "name", "owner", "job_type", "state", "workers", "ps", "epochs_done",
+                        "total_epochs", "slurm_job_id", "submitted_at", "started_at", "finished_at", "age_s"}
+    assert (job["owner"], job["job_type"], job["state"], job["total_epochs"]) == ("bob", "vgg-16", "RUNNING", 30.0)
+    assert 0 <= job["age_s"] < 60
+
+
+def test_queue_table_shows_allocation_and_progress(dl2ctl, seed, engine):
+    jid = seed("bob", name="wide-job", state=JobState.RUNNING)
+    with session_scope(engine) as s:
+        job = s.get(Job, jid)
+        job.workers, job.ps, job.epochs_done, job.slurm_job_id = 3, 2, 12.5, "4711"
+    r = dl2ctl("queue")
+    assert r.exit_code == 0, r.output
+    header, row = r.output.splitlines()[:2]
+    assert header.split() == ["ID", "NAME", "OWNER", "TYPE", "STATE", "WORKERS", "PS", "EPOCHS", "AGE", "SLURM"]
+    fields = row.split()
+    assert fields[:8] == [str(jid), "wide-job", "bob", "resnet-50", "RUNNING", "3", "2", "12.5/30"]
+    assert fields[8].endswith("s") and fields[9] == "4711"
+
+
+def test_queue_empty_and_bad_state(dl2ctl, db_url, tmp_path):
+    r = dl2ctl("queue")
+    assert r.exit_code == 0 and "no jobs (active; --all includes finished jobs)" in r.output
+    assert (tmp_path / "dl2d.sqlite").exists()  # a new database is created with its schema
+    r = dl2ctl("queue", "--state", "runing")
+    assert r.exit_code == 2
+    assert "unknown state 'runing'; known: PENDING, RUNNING, RESIZING, CHECKPOINTING, COMPLETED, FAILED, " \
+           "CANCELLED, active" in r.output
