@@ -17,6 +17,7 @@ Two implementations:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Mapping, Protocol
 
 #: Job states a backend reports.
@@ -74,6 +75,7 @@ class JobStatus:
     backend_ref: str = ""  # e.g. the Slurm job id
     hot_scaling: bool = False  # the job's runtime can be resized without a restart
     message: str = ""
+    finished_at: datetime | None = None  # when it finished or failed, if the backend knows (else: observed)
 
 
 @dataclass(frozen=True)
