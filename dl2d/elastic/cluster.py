@@ -39,13 +39,34 @@ class ThreadSpawner:
         self.ps, self.workers = [], []
 
 
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def role_env(threads: int | None = 1, base: dict | None = None) -> dict:
+    """Environment of a role process: ``threads`` BLAS/OpenMP threads unless the caller set them.
+
+    Several roles share a node's cores; with one BLAS thread pool per core in
+    every role the pools spin against each other (a 100k-parameter step took
+    ~60 ms instead of ~0.5 ms on a loaded 2-core host).
+    """
+    env = dict(os.environ if base is None else base)
+    if threads:
+        for var in BLAS_THREAD_VARS:
+            env.setdefault(var, str(threads))
+    return env
+
+
 class ProcessSpawner:
-    """Start roles as processes: locally, or with ``srun`` on Slurm nodes (round robin)."""
+    """Start roles as processes: locally, or with ``srun`` on Slurm nodes (round robin).
+
+    ``threads``: BLAS threads per role (``None`` leaves the environment alone).
+    """
 
     def __init__(self, coord_addr: str | None = None, nodes: list[str] | None = None,
                  srun: bool = False, python: str = sys.executable, bind_host: str = "127.0.0.1",
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, threads: int | None = 1):
         self.coord_addr = coord_addr
+        self.threads = threads
         self.nodes = nodes or []
         self.srun = srun
         self.python = python
@@ -73,7 +94,7 @@ class ProcessSpawner:
                 os.makedirs(self.log_dir, exist_ok=True)
                 out = open(os.path.join(self.log_dir, f"{role}-{len(self.procs)}.log"), "ab")
             self.procs.append(subprocess.Popen(self.command(role), stdout=out, stderr=subprocess.STDOUT
-                                               if out else None))
+                                               if out else None, env=role_env(self.threads)))
             if out:
                 out.close()
 

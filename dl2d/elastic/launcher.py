@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress-file", default=None,
                     help="local progress JSON file (default <checkpoint-dir>/progress.json)")
     ap.add_argument("--progress-interval", type=float, default=1.0, help="seconds between reports")
+    ap.add_argument("--role-threads", type=int, default=1,
+                    help="BLAS/OpenMP threads per PS/worker process unless OMP_NUM_THREADS etc. are set "
+                         "(0: leave the environment alone)")
     ap.add_argument("--log-dir", default=None, help="directory for per-role logs (default: inherit stdout)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stdout")
     ap.add_argument("rest", nargs="*", help="arguments after '--' are reserved and ignored")
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.progress_file or os.path.join(args.checkpoint_dir, "progress.json"),
                                 interval=args.progress_interval)
     spawner = ProcessSpawner(nodes=slurm_nodes() if in_slurm else None, srun=in_slurm,
-                             bind_host=host, log_dir=args.log_dir)
+                             bind_host=host, log_dir=args.log_dir, threads=args.role_threads or None)
     coord = Coordinator(cfg, args.ps, args.workers, job_id=args.job_id, host=host, port=args.port,
                         advertise_host=adv, spawner=spawner, checkpoint_dir=args.checkpoint_dir,
                         progress=progress).start()
