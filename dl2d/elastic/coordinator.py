@@ -80,12 +80,19 @@ class Coordinator:
         self.final_params: np.ndarray | None = None
         self.start_version = 0
         self.init_state: tuple[np.ndarray, np.ndarray] | None = None
+        # timing instrumentation (wall clock, comparable across processes of one host)
+        self.t_init_wall = time.time()
+        self._last_progress_wall: float | None = None
+        self._gap_pending: tuple[dict, float | None] | None = None
+        self._resumed_meta: dict | None = None
         if resume and checkpoint_dir:
             ck = load_checkpoint(checkpoint_dir)
             if ck is not None:
                 meta, p, m = ck
                 self.init_state = (p, m)
                 self.start_version = int(meta["version"])
+                if not meta.get("finished"):
+                    self._resumed_meta = meta
         self.version = self.start_version
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="coordinator")
@@ -167,7 +174,15 @@ class Coordinator:
             return {}
         if op == "PROGRESS":
             t = time.perf_counter()
+            wall = time.time()
             with self.cv:
+                if self._gap_pending is not None:
+                    # first step completed after a pause: the training gap seen by the job
+                    rec, before = self._gap_pending
+                    self._gap_pending = None
+                    rec["step_gap_s"] = None if before is None else wall - before
+                    rec["t_first_step_after"] = wall
+                self._last_progress_wall = wall
                 v = int(h["version"])
                 if self._last_progress is not None and v > self.version:
                     dt = (t - self._last_progress) / (v - self.version)
@@ -332,6 +347,7 @@ class Coordinator:
             params = init_params(self.cfg)
             mom = np.zeros_like(params)
         v = self.start_version
+        t_placed = time.time()
         self.assignment = rebalance(self.sizes, {}, sorted(self.ps))
         groups = by_ps(self.assignment)
 
@@ -345,6 +361,20 @@ class Coordinator:
             self._c(self.ps[p]).call("PUT_BLOCKS", arrays, blocks=ids, version=v)
             self._c(self.ps[p]).call("COMMIT", workers=sorted(self.workers), version=v)
         self._parallel(put, sorted(self.ps))
+        meta, self._resumed_meta = self._resumed_meta, None
+        if meta is not None:
+            # relaunched from a checkpoint (dl2-run after a signal): the timings of this
+            # checkpoint/restart, completed by the first PROGRESS (step_gap_s)
+            last = meta.get("last_step_time")
+            rec = {"kind": "restart", "method": "checkpoint_restart", "version": v,
+                   "ps_before": meta.get("ps"), "workers_before": meta.get("workers"),
+                   "ps_after": len(self.ps), "workers_after": len(self.workers),
+                   "t_last_step_before": last, "t_checkpoint_saved": meta.get("time"),
+                   "t_coordinator_init": self.t_init_wall, "t_roles_registered": t_placed,
+                   "t_restored": time.time()}
+            with self.cv:
+                self._gap_pending = (rec, last)
+            self.records.append(rec)
         self._resume_workers(v, sorted(self.workers))
         with self.cv:
             self.started = True
@@ -495,6 +525,7 @@ class Coordinator:
             self.ps = {p: all_ps[p] for p in new_ps}
             self.workers = {w: all_w[w] for w in new_w}
             old_members = [w for w in new_w if w not in add_w_d]
+            self._gap_pending = (rec, self._last_progress_wall)
         self._resume_workers(clock, new_w)
         for w in remove_workers:
             self._safe(all_w[w], "RESUME", exit=True)
@@ -561,7 +592,8 @@ class Coordinator:
         spe = self.cfg.steps_per_epoch
         meta = {"job_id": self.job_id, "version": version, "epoch": version // spe,
                 "step_in_epoch": version % spe, "data_position": version, "config": self.cfg.to_dict(),
-                "workers": len(self.workers), "ps": len(self.ps), "time": time.time()}
+                "workers": len(self.workers), "ps": len(self.ps), "time": time.time(),
+                "last_step_time": self._last_progress_wall}
         return save_checkpoint(self.checkpoint_dir, meta, params, mom)
 
     def _checkpoint(self, exit_after: bool) -> dict:
@@ -614,6 +646,8 @@ class Coordinator:
         t = time.perf_counter()
         meta, p, m = load_checkpoint(self.checkpoint_dir)
         self.init_state, self.start_version = (p, m), int(meta["version"])
+        with self.cv:
+            self._gap_pending = (rec, meta.get("last_step_time"))
         self._start()
         rec["t_restore"] = time.perf_counter() - t
         deadline = time.monotonic() + 60
