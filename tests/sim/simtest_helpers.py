@@ -1,0 +1,48 @@
+"""Hand-made traces and slot views for the simulator tests (imported by name: keep this basename unique)."""
+from __future__ import annotations
+
+import numpy as np
+
+from dl2d.sim.cluster import ClusterSpec
+from dl2d.sim.engine import SlotView
+from dl2d.sim.jobtypes import type_index
+from dl2d.sim.trace import Trace
+
+
+def make_trace(jobs, *, speed_factor=None) -> Trace:
+    """jobs: [(arrival_slot, type name, est_epochs[, true_epochs])] in arrival order."""
+    arrival = np.array([j[0] for j in jobs], int)
+    types = np.array([type_index(j[1]) for j in jobs], int)
+    est = np.array([float(j[2]) for j in jobs])
+    true = np.array([float(j[3]) if len(j) > 3 else float(j[2]) for j in jobs])
+    factor = np.ones(len(jobs)) if speed_factor is None else np.asarray(speed_factor, float)
+    return Trace(arrival, types, est, true, factor)
+
+
+def make_view(types, *, servers=4, spec: ClusterSpec | None = None, arrival=None, est=None, done=None,
+              free=None, max_workers=16, max_ps=16, slot=0) -> SlotView:
+    """A slot view of jobs of the given type names on an idle (or `free`-shaped) cluster."""
+    n = len(types)
+    spec = spec or ClusterSpec(servers)
+    cap = spec.empty()
+    return SlotView(
+        slot=slot, jobs=np.arange(n), type_idx=np.array([type_index(t) for t in types], int),
+        arrival_slot=np.array(arrival if arrival is not None else range(n), int),
+        slots_run=np.zeros(n, int),
+        epochs_done=np.array(done if done is not None else [0.0] * n, float),
+        est_epochs=np.array(est if est is not None else [10.0] * n, float),
+        prev_workers=np.zeros(n, int), prev_ps=np.zeros(n, int),
+        free=cap.copy() if free is None else np.array(free, float), capacity=cap,
+        max_workers=max_workers, max_ps=max_ps,
+    )
+
+
+def server_usage(view: SlotView, alloc) -> np.ndarray:
+    """Resources [servers, 3] the allocation's placed tasks take on each server."""
+    used = np.zeros_like(view.capacity)
+    for j in range(len(view)):
+        for s in alloc.worker_servers[j]:
+            used[s] += view.worker_demand[j]
+        for s in alloc.ps_servers[j]:
+            used[s] += view.ps_demand[j]
+    return used

@@ -1,0 +1,129 @@
+"""`dl2ctl sim` through click's CliRunner: the table, --json, --compare, trace files and the error paths."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dl2d.cli.main import cli
+from dl2d.sim import trace as T
+from simtest_helpers import make_trace
+
+SMALL = ["sim", "--cluster", "tiny", "--jobs", "4", "--max-arrivals", "2"]
+KEYS = {"policy", "jobs", "avg_jct_slots", "avg_jct_hours", "makespan_slots", "makespan_hours", "gpu_util",
+        "cpu_util", "total_reward", "per_type_jct_hours", "gpu_util_per_slot", "wall_s"}
+
+
+def invoke(*args):
+    # a wide terminal, so rich does not wrap the table's headers
+    return CliRunner(env={"COLUMNS": "250"}).invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory):
+    """Three short jobs (a few slots each) as a CSV trace file."""
+    path = tmp_path_factory.mktemp("trace") / "jobs.csv"
+    T.save(make_trace([(0, "resnet-50", 3), (1, "dssm", 20), (1, "wlm", 15)]), path)
+    return path
+
+
+def test_default_policy_prints_a_table(short_trace):
+    r = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace))
+    assert r.exit_code == 0, r.output
+    header = next(line for line in r.output.splitlines() if "avg JCT h" in line).split()
+    assert header[:2] == ["policy", "avg"] and "makespan" in header
+    row = next(line for line in r.output.splitlines() if line.strip().startswith("drf ") and "━" not in line)
+    assert len(row.split()) >= 8  # policy, JCT h, JCT slots, makespan, GPU, CPU, sparkline, ms, wall
+    assert f"3 jobs (trace {short_trace}) on 4 servers" in r.output
+
+
+def test_json_is_valid_and_carries_the_summary_and_settings():
+    r = invoke(*SMALL, "--policy", "srtf", "--seed", "3", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)  # pure JSON on stdout: no progress bar, no table
+    assert out["trace"]["seed"] == 3 and out["cluster"]["servers"] == 4 and out["sim"]["speed_model"] == "measured"
+    (res,) = out["results"]
+    assert KEYS <= set(res) and res["policy"] == "srtf" and res["jobs"] == 4
+    assert res["avg_jct_hours"] == pytest.approx(res["avg_jct_slots"] / 3, abs=1e-3)
+    assert len(res["gpu_util_per_slot"]) >= res["makespan_slots"] - 1
+    assert res["total_reward"] == pytest.approx(4.0, abs=1e-3)  # exact estimates: one per job
+
+
+def test_same_seed_same_json_numbers():
+    a, b = (json.loads(invoke(*SMALL, "--seed", "5", "--json").stdout)["results"][0] for _ in range(2))
+    for key in ("avg_jct_slots", "makespan_slots", "gpu_util", "gpu_util_per_slot", "per_type_jct_hours"):
+        assert a[key] == b[key]
+
+
+def test_compare_runs_every_policy_on_the_same_trace(short_trace):
+    r = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "all", "--json")
+    assert r.exit_code == 0, r.output
+    results = json.loads(r.stdout)["results"]
+    assert [x["policy"] for x in results] == ["drf", "tetris", "optimus", "fifo", "srtf"]
+    assert all(x["jobs"] == 3 for x in results)
+    table = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "fifo,optimus", "--per-type")
+    assert table.exit_code == 0, table.output
+    assert "fifo" in table.output and "optimus" in table.output and "Average JCT per job type" in table.output
+    assert "dssm" in table.output
+
+
+def test_tetris_threshold_is_passed_on(short_trace):
+    r = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace), "--policy", "tetris",
+               "--tetris-threshold", "2", "--json")
+    assert json.loads(r.stdout)["results"][0]["policy"] == "tetris(k=2)"
+
+
+def test_trace_file_gives_the_same_result_as_the_generated_trace(tmp_path):
+    saved = tmp_path / "t.json"
+    gen = invoke(*SMALL, "--seed", "2", "--save-trace", str(saved), "--json")
+    assert gen.exit_code == 0, gen.output
+    assert np.array_equal(T.load(saved).true_epochs, T.generate(
+        T.TraceConfig(num_jobs=4, max_arrivals_per_slot=2), seed=2).true_epochs)
+    again = invoke("sim", "--cluster", "tiny", "--seed", "2", "--trace", str(saved), "--json")
+    assert again.exit_code == 0, again.output
+    a, b = json.loads(gen.stdout)["results"][0], json.loads(again.stdout)["results"][0]
+    assert a["avg_jct_slots"] == b["avg_jct_slots"] and a["makespan_slots"] == b["makespan_slots"]
+    assert json.loads(again.stdout)["trace"] == {"file": str(saved)}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "drf", "--compare", "fifo"], "either --policy or --compare"),
+    (["--compare", "drf,sjf"], "unknown policy 'sjf'"),
+    (["--compare", "drf,drf"], "listed twice"),
+    (["--compare", ","], "comma-separated list"),
+    (["--policy", "sjf"], "'sjf' is not one of"),
+    (["--policy", "dl2"], "--policy dl2 needs --checkpoint"),
+    (["--policy", "drf", "--checkpoint", "x.ckpt"], "--checkpoint only applies to the dl2 policy"),
+    (["--jobs", "0"], "0 is not in the range x>=1"),
+    (["--estimate-error", "1.5"], "--estimate-error"),
+    (["--cluster", "huge"], "'huge' is not one of"),
+    (["--slot-noise", "1"], "--slot-noise"),
+])
+def test_bad_options_fail_with_a_clear_message(args, message):
+    r = invoke("sim", "--cluster", "tiny", "--jobs", "2", *args) if "--cluster" not in args and "--jobs" not in args \
+        else invoke("sim", *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_trace_file_errors_are_reported_not_raised(tmp_path, short_trace):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "dl2d-trace", "version": 1, "jobs": [{"type": "wlm"}]}')
+    r = invoke("sim", "--trace", str(bad))
+    assert r.exit_code == 2 and "job 1: missing field 'arrival_slot'" in r.output
+    r = invoke("sim", "--trace", str(tmp_path / "missing.csv"))
+    assert r.exit_code == 2 and "cannot read trace" in r.output
+    r = invoke("sim", "--trace", str(short_trace), "--jobs", "9")
+    assert r.exit_code == 2 and "--jobs only shape a generated trace" in r.output
+    r = invoke(*SMALL, "--save-trace", str(tmp_path / "t.yaml"))
+    assert r.exit_code == 2 and "must end in .json or .csv" in r.output
+
+
+def test_dl2_policy_with_a_bad_checkpoint_is_a_clear_error(tmp_path):
+    ckpt = tmp_path / "p.ckpt"
+    ckpt.write_text("not a checkpoint")
+    r = invoke(*SMALL, "--policy", "dl2", "--checkpoint", str(ckpt))
+    assert r.exit_code == 1 and "cannot load DL2 checkpoint" in r.output and "Traceback" not in r.output
