@@ -19,6 +19,7 @@ import os
 import pwd
 import tomllib
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,28 @@ class Ctx:
     def engine(self):
         """An engine on the database, creating the schema when the database has none."""
         return open_db(self.url)
+
+    @contextmanager
+    def reading(self):
+        """Turn database errors inside the block into a clear message (exit 1)."""
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            yield
+        except DBAPIError as e:
+            raise click.ClickException(
+                f"database error on {_shown(self.url)}: {e.orig} (if the schema is older than this dl2ctl, "
+                "start the daemon, which migrates it)") from e
+
+
+def _shown(url: str) -> str:
+    """The URL with its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string()
+    except Exception:
+        return url
 
 
 def open_db(url: str):

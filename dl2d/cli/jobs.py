@@ -163,6 +163,9 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
     can be given by flags alone. Required: name, job type, total epochs, command, worker cpus and memory,
     PS cpus and memory. Every problem is listed at once and nothing is written when there is one (exit 1).
 
+    Spec keys: name, job_type, total_epochs, command, [worker] gpus/cpus/mem_gb, [ps] cpus/mem_gb, and
+    optionally max_workers, max_ps, sync, time_limit_min, owner (see docs/cli.md).
+
     \b
     Examples:
       dl2ctl submit job.toml
@@ -205,7 +208,7 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
 
     engine = ctx.engine()
     try:
-        with session_scope(engine) as s:
+        with ctx.reading(), session_scope(engine) as s:
             job = submit_job(s, sub)
             rec = job_record(job, utcnow())
     finally:
@@ -254,7 +257,7 @@ def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, s
         q = q.where(Job.owner.in_(owners))
     engine = ctx.engine()
     try:
-        with session_scope(engine) as s:
+        with ctx.reading(), session_scope(engine) as s:
             now = utcnow()
             recs = [job_record(j, now) for j in s.scalars(q)]
     finally:
@@ -317,7 +320,7 @@ def show(ctx: Ctx, job_id: int, as_json: bool) -> None:
 
     engine = ctx.engine()
     try:
-        with session_scope(engine) as s:
+        with ctx.reading(), session_scope(engine) as s:
             rec = load_job_detail(s, job_id, utcnow())
     except JobNotFound as e:
         raise click.ClickException(f"{e} (dl2ctl queue --all lists the jobs)") from e
@@ -418,7 +421,7 @@ def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:
     try:
         for job_id in dict.fromkeys(job_ids):
             try:
-                with session_scope(engine) as s:
+                with ctx.reading(), session_scope(engine) as s:
                     job = cancel_one(s, job_id, ctx.user, ctx.admin)
                     results.append({"id": job_id, "cancelled": True, "name": job.name})
             except StoreError as e:

@@ -59,3 +59,14 @@ def test_queue_empty_and_bad_state(dl2ctl, db_url, tmp_path):
     assert r.exit_code == 2
     assert "unknown state 'runing'; known: PENDING, RUNNING, RESIZING, CHECKPOINTING, COMPLETED, FAILED, " \
            "CANCELLED, active" in r.output
+
+
+def test_schema_older_than_dl2ctl_is_a_clear_error(dl2ctl, engine):
+    from sqlalchemy import text
+
+    with engine.begin() as conn:  # as if an old daemon's schema lacked a column dl2ctl reads
+        conn.execute(text("ALTER TABLE jobs DROP COLUMN slurm_job_id"))
+    r = dl2ctl("queue")
+    assert r.exit_code == 1
+    assert "database error on sqlite:///" in r.output and "no such column: jobs.slurm_job_id" in r.output
+    assert "start the daemon, which migrates it" in r.output
