@@ -134,6 +134,7 @@ class SlurmNode:
     gpus_alloc: int = 0
     reason: str = ""
     partitions: tuple[str, ...] = ()
+    mem_mb: int = 0  # configured memory (RealMemory); 0 when not reported
 
     @property
     def drained(self) -> bool:

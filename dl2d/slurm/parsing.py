@@ -219,6 +219,7 @@ def parse_node(n: dict) -> SlurmNode:
         reason=text(n.get("reason")),
         partitions=tuple(text(p) for p in partitions) if isinstance(partitions, list)
         else tuple(p for p in text(partitions).split(",") if p),
+        mem_mb=number(n.get("real_memory")) or 0,
     )
 
 
@@ -234,6 +235,7 @@ def _nodes_from_sinfo_entry(e: dict) -> list[SlurmNode]:
     gres = e.get("gres") or {}
     reason = e.get("reason")
     partition = text((e.get("partition") or {}).get("name"))
+    memory = e.get("memory") or {}
     return [
         SlurmNode(
             name=name, state=base, flags=flags,
@@ -243,6 +245,7 @@ def _nodes_from_sinfo_entry(e: dict) -> list[SlurmNode]:
             gpus_alloc=gpu_count(text(gres.get("used"))),
             reason=text(reason),
             partitions=(partition,) if partition else (),
+            mem_mb=number(memory.get("maximum")) or 0,
         )
         for name in names
     ]
