@@ -27,6 +27,7 @@ up other peers.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import struct
 import threading
@@ -85,11 +86,14 @@ def decode(header_bytes: bytes, payload: bytearray | bytes) -> tuple[dict, Array
         if spec.get("dtype") != "float32":
             raise ProtocolError(f"unsupported dtype {spec.get('dtype')!r}")
         shape = tuple(int(s) for s in spec["shape"])
-        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if any(s < 0 for s in shape):
+            raise ProtocolError(f"negative dimension in {shape}")
+        n = math.prod(shape)  # (np.prod costs ~10x more; frames carry hundreds of blocks)
         nbytes = n * 4
         if off + nbytes > len(payload):
             raise ProtocolError("payload shorter than declared arrays")
-        arrays[spec["name"]] = np.frombuffer(payload, dtype=_DTYPE, count=n, offset=off).reshape(shape)
+        a = np.frombuffer(payload, dtype=_DTYPE, count=n, offset=off)
+        arrays[spec["name"]] = a if len(shape) == 1 else a.reshape(shape)
         off += nbytes
     if off != len(payload):
         raise ProtocolError("payload longer than declared arrays")
@@ -108,13 +112,39 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+_IOV_MAX = 512
+
+
+def _sendall_vec(sock: socket.socket, bufs: list) -> int:
+    """``sendall`` of several buffers with gather writes (``sendmsg``).
+
+    One ``sendall`` per array would put every small block in its own TCP
+    segment (``TCP_NODELAY``) and cost a system call each: a migration of 129
+    blocks of 390 floats took ~3x longer than one gathered write.
+    """
+    views = [memoryview(b).cast("B") for b in bufs]
+    views = [v for v in views if v.nbytes]
+    total = sum(v.nbytes for v in views)
+    if not hasattr(sock, "sendmsg"):  # pragma: no cover - non-POSIX
+        for v in views:
+            sock.sendall(v)
+        return total
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i:i + _IOV_MAX])
+        while sent > 0:
+            if sent >= views[i].nbytes:
+                sent -= views[i].nbytes
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+    return total
+
+
 def send_msg(sock: socket.socket, header: dict, arrays: Arrays | None = None) -> int:
     """Send one frame; returns the number of bytes written."""
-    n = 0
-    for b in encode(header, arrays):
-        sock.sendall(b)
-        n += len(b) if isinstance(b, bytes) else b.nbytes
-    return n
+    return _sendall_vec(sock, encode(header, arrays))
 
 
 def recv_msg(sock: socket.socket) -> tuple[dict, Arrays]:
