@@ -143,3 +143,100 @@ def test_heterogeneous_run_reproducible_and_slower(small_trace):
     view = E.view_of(small_trace, state, het)
     assert np.array_equal(view.server_speed, hetero.base_speeds(10, hetero.THREE_GENERATIONS, 4))
     assert E.view_of(small_trace, state, base).server_speed is None
+
+
+# ---------------------------------------------------------------- DLTAP
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dl2d.sim import placement as P  # noqa: E402
+
+SPEC3 = ClusterSpec(3)  # 2 GPUs, 8 cores, 48 GB per server
+W_DEM = np.array(JOB_TYPES[RESNET].worker_demand)  # (1, 2, 8)
+P_DEM = np.array(JOB_TYPES[RESNET].ps_demand)  # (0, 2, 4)
+
+
+def test_dltap_priority_order_by_hand():
+    cap = SPEC3.empty()
+    free = cap.copy()
+    free[2] = [1.0, 4.0, 24.0]  # server 2 half used: load 1.5, default score 1 - 1.5/3 = 0.5
+    assert P.default_scores(free, cap) == pytest.approx([1.0, 1.0, 0.5])
+    # two of the job's three workers on server 1, one on server 2: Eq. 3 gives 0, 2/3, 1/3
+    assert P.aggregation_degree([1, 1, 2], 3) == pytest.approx([0, 2 / 3, 1 / 3])
+    scores = P.dltap_scores(free, cap, [1, 1, 2], 3, weight=1.0)
+    assert scores == pytest.approx([1.0, 5 / 3, 5 / 6])
+    assert list(np.argsort(-scores)) == [1, 0, 2]  # load balancing alone would pick server 0
+    assert P.dltap_scores(free, cap, [1, 1, 2], 3, weight=0.0) == pytest.approx([1.0, 1.0, 0.5])
+
+
+def test_dltap_place_job_by_hand():
+    # 3 workers + 2 PS of ResNet-50 on 3 idle servers.
+    # Workers by load balancing: servers 0, 1, 2 (ties -> lowest index). Each server then has load
+    # 1/2 + 2/8 + 8/48 = 0.9167 (score 0.6944) plus aggregation 1/3: PS 1 -> server 0 (tie);
+    # server 0 then scores 1 - (0.5 + 0.5 + 0.25)/3 + 1/3 = 0.9167 < 1.0278, so PS 2 -> server 1.
+    free = SPEC3.empty()
+    w, p = P.place_job(free, SPEC3.empty(), W_DEM, P_DEM, 3, 2)
+    assert (w, p) == ([0, 1, 2], [0, 1])
+    assert network.cross_pairs(w, p) == (4, 6)  # DLTAP's "ideal" scenario
+    assert free[0] == pytest.approx([1.0, 4.0, 36.0])
+    # our packing extension: worker 2 joins worker 1 (score 0.694 + 1 > 1.0), worker 3 finds no GPU there;
+    # PS 1: server 0 scores 1 - 1.8333/3 + 2/3 = 1.0556 > server 1's 1.0278; PS 2: server 0 drops to
+    # 0.9444, server 1 stays 1.0278.
+    w, p = P.place_job(SPEC3.empty(), SPEC3.empty(), W_DEM, P_DEM, 3, 2, pack_workers=True)
+    assert (w, p) == ([0, 0, 1], [0, 1])
+    assert network.cross_pairs(w, p) == (3, 6)
+
+
+def test_dltap_job_that_cannot_train_gives_back():
+    free = SPEC3.empty()
+    free[:, 1] = [2.0, 0.0, 0.0]  # 2 free cores in the cluster: the worker takes them, no PS fits anywhere
+    before = free.copy()
+    w, p = P.place_job(free, SPEC3.empty(), W_DEM, P_DEM, 1, 1)
+    assert (w, p) == ([], []) and np.array_equal(free, before)
+
+
+JOBS = st.lists(st.tuples(st.sampled_from(range(len(JOB_TYPES))), st.integers(0, 6), st.integers(0, 6)),
+                min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(servers=st.integers(1, 6), jobs=JOBS, used=st.lists(st.floats(0, 1), min_size=6, max_size=6),
+       weight=st.sampled_from([0.0, 1.0, 5.0]), pack=st.booleans())
+def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack):
+    spec = ClusterSpec(servers)
+    cap = spec.empty()
+    free = cap * (1 - np.array(used[:servers]))[:, None]
+    n = len(jobs)
+    view = E.SlotView(0, np.arange(n), np.array([j[0] for j in jobs]), np.zeros(n, int), np.zeros(n, int),
+                      np.zeros(n), np.ones(n), np.zeros(n, int), np.zeros(n, int), free, cap, 16, 16)
+    want_w, want_p = np.array([j[1] for j in jobs]), np.array([j[2] for j in jobs])
+    a = P.dltap_allocation(view, want_w, want_p, weight, pack)
+    usage, w, p = E.place(view, a)  # CapacityError on any overflow
+    assert np.all(usage <= free + 1e-6)
+    assert np.all(w <= want_w) and np.all(p <= want_p)
+    assert np.all((w > 0) == (p > 0))  # a job holds both kinds of task or nothing
+
+
+def test_dltap_wrapper_in_a_run_cuts_cross_node_traffic(small_trace):
+    cfg = E.SimConfig(cluster=ClusterSpec(10), cross_node_comm=True)
+    plain = E.run(small_trace, make_baseline("fifo"), cfg, seed=2).summary()
+    wrapped = P.with_dltap(make_baseline("fifo"), pack_workers=True)
+    assert wrapped.name == "fifo+dltap-pack"
+    packed = E.run(small_trace, wrapped, cfg, seed=2).summary()
+    assert packed["cross_node_fraction"] < plain["cross_node_fraction"]
+
+
+def test_slurm_node_selection_by_hand():
+    # DLTAP Fig. 1(b) with s1..s3 = n0..n2: wk1, wk3, ps1 on n0; ps2 on n1; wk2 on n2
+    sel = P.slurm_node_selection([0, 2, 0], [0, 1], ["n0", "n1", "n2"])
+    assert sel.nodelist == ("n0", "n1", "n2") and sel.tasks_per_node == (3, 1, 1)
+    assert sel.hostfile == ("n0", "n1", "n0", "n2", "n0")
+    assert sel.roles == ("ps", "ps", "worker", "worker", "worker")
+    assert sel.sbatch_args() == ["--nodes=3", "--nodelist=n0,n1,n2", "--ntasks=5", "--distribution=arbitrary"]
+    sel = P.slurm_node_selection([3, 3], [1], ["a", "b", "c", "d"])
+    assert sel.nodelist == ("d", "b") and sel.tasks_per_node == (2, 1)
+    with pytest.raises(ValueError):
+        P.slurm_node_selection([], [], ["a"])
+    with pytest.raises(ValueError):
+        P.slurm_node_selection([5], [0], ["a"])

@@ -1,0 +1,178 @@
+"""DLTAP placement (Qiao, Li, Wu: "DLTAP: a network-efficient scheduling method for distributed deep
+learning workload in containerized cluster environment"), as a placement strategy for any allocation
+policy, and its translation into Slurm node selection.
+
+The paper's method, per job (its section 3, Eq. 1-3, Algorithm 1):
+1. every worker task goes to the node with the best default score (Eq. 1: the weighted default priority
+   methods of the container scheduler; here the DL2 simulator's own one, load balancing:
+   score = 1 - load / R, load = the sum over the R resources of the used fraction, so the best node is
+   exactly the one `Placer` would pick);
+2. every PS task then goes to the node with the best  score + weightOfDLTAP * priorityScoreOfDLTAP
+   (Eq. 2), priorityScoreOfDLTAP = (this job's worker tasks on the node) / (this job's worker tasks)
+   (Eq. 3, the "aggregation degree"). The paper gives no value of weightOfDLTAP; we use 1.0 (the range of
+   the default score) unless told otherwise.
+Ties: the paper picks a random one among equal best nodes; we take the lowest node index, so placement
+is deterministic (reproducible runs).
+
+`pack_workers=True` is our extension, not the paper's: workers are scored with the same aggregation
+bonus, (this job's tasks already on the node) / (this job's tasks placed so far), so a job's tasks land
+on as few servers as fit. Jobs are placed in the view's order (arrival). A task that fits nowhere is
+dropped (as the engine's default placement does), and a job left without a worker or without a PS gives
+back what it holds, since it could not train.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dl2d.sim.engine import Allocation, SlotView
+
+EPS = 1e-9
+
+
+def default_scores(free: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Eq. 1 here: 1 - (sum of used fractions) / (resources with capacity), in [0, 1] per server."""
+    cap = np.asarray(capacity, float)
+    has = cap > 0
+    used = np.where(has, 1.0 - np.asarray(free, float) / np.where(has, cap, 1.0), 0.0)
+    return 1.0 - used.sum(axis=1) / np.maximum(has.sum(axis=1), 1)
+
+
+def aggregation_degree(servers_of_job: Sequence[int], num_servers: int, total: int | None = None) -> np.ndarray:
+    """Eq. 3: per server, (this job's tasks on it) / total (default: the number of tasks listed)."""
+    counts = np.bincount(np.asarray(servers_of_job, int), minlength=num_servers).astype(float)
+    n = len(servers_of_job) if total is None else total
+    return counts / n if n else counts
+
+
+def dltap_scores(free, capacity, worker_servers: Sequence[int], num_workers: int | None = None,
+                 weight: float = 1.0) -> np.ndarray:
+    """Eq. 2: the score of every server for the job's next PS task."""
+    free = np.asarray(free, float)
+    return default_scores(free, capacity) + weight * aggregation_degree(worker_servers, len(free), num_workers)
+
+
+def _best(free, capacity, demand, scores) -> int:
+    fits = np.all(free >= np.asarray(demand, float) - EPS, axis=1)
+    if not fits.any():
+        return -1
+    return int(np.argmax(np.where(fits, scores, -np.inf)))
+
+
+def place_job(free: np.ndarray, capacity: np.ndarray, worker_demand, ps_demand, workers: int, ps: int,
+              weight: float = 1.0, pack_workers: bool = False):
+    """DLTAP for one job on `free` (updated in place): (worker servers, PS servers), maybe shorter than asked."""
+    w_srv: list[int] = []
+    p_srv: list[int] = []
+    for _ in range(int(workers)):
+        scores = default_scores(free, capacity)
+        if pack_workers and w_srv:
+            scores = scores + weight * aggregation_degree(w_srv, len(free))
+        s = _best(free, capacity, worker_demand, scores)
+        if s < 0:
+            break
+        free[s] -= worker_demand
+        w_srv.append(s)
+    for _ in range(int(ps)):
+        s = _best(free, capacity, ps_demand, dltap_scores(free, capacity, w_srv, len(w_srv), weight))
+        if s < 0:
+            break
+        free[s] -= ps_demand
+        p_srv.append(s)
+    if not w_srv or not p_srv:  # cannot train: give everything back
+        for s in w_srv:
+            free[s] += worker_demand
+        for s in p_srv:
+            free[s] += ps_demand
+        return [], []
+    return w_srv, p_srv
+
+
+def dltap_allocation(view: SlotView, workers, ps, weight: float = 1.0, pack_workers: bool = False,
+                     order: Sequence[int] | None = None) -> Allocation:
+    """Place `workers`/`ps` per job of the view with DLTAP. The Allocation keeps the asked counts, so
+    the engine reports tasks that did not fit as unplaced; the servers never exceed any capacity."""
+    free = np.array(view.free, float)
+    cap = np.asarray(view.capacity, float)
+    n = len(view)
+    w_srv: list[tuple[int, ...]] = [()] * n
+    p_srv: list[tuple[int, ...]] = [()] * n
+    for j in (range(n) if order is None else order):
+        if workers[j] > 0 and ps[j] > 0:
+            a, b = place_job(free, cap, view.worker_demand[j], view.ps_demand[j], workers[j], ps[j],
+                             weight, pack_workers)
+            w_srv[j], p_srv[j] = tuple(a), tuple(b)
+    return Allocation(np.asarray(workers, int).copy(), np.asarray(ps, int).copy(), tuple(w_srv), tuple(p_srv))
+
+
+class DLTAP:
+    """Wrap any scheduler: keep its (workers, PS) per job, re-place every task with DLTAP."""
+
+    def __init__(self, inner: Callable[[SlotView], Allocation], weight: float = 1.0, pack_workers: bool = False):
+        self.inner = inner
+        self.weight = weight
+        self.pack_workers = pack_workers
+        suffix = "dltap-pack" if pack_workers else "dltap"
+        self.name = f"{getattr(inner, 'name', type(inner).__name__)}+{suffix}"
+
+    def __call__(self, view: SlotView) -> Allocation:
+        a = self.inner(view)
+        return dltap_allocation(view, a.workers, a.ps, self.weight, self.pack_workers)
+
+
+def with_dltap(scheduler, weight: float = 1.0, pack_workers: bool = False) -> DLTAP:
+    return DLTAP(scheduler, weight, pack_workers)
+
+
+# ---------------------------------------------------------------- Slurm node selection
+
+@dataclass(frozen=True)
+class SlurmNodeSelection:
+    """How to ask Slurm for one job's placement (one batch job per dl2d job, see docs/slurm.md).
+
+    nodelist: the nodes, most tasks of the job first (ties: by node order given), so the batch host is
+    the most aggregated node and a shrink, which keeps the first nodes, releases the least used ones.
+    hostfile: one node per task, PS tasks first then workers (the roles in `roles`), for
+    `--distribution=arbitrary` with SLURM_HOSTFILE pointing at a file of these lines.
+    """
+
+    nodelist: tuple[str, ...]
+    tasks_per_node: tuple[int, ...]
+    hostfile: tuple[str, ...]
+    roles: tuple[str, ...]
+    distribution: str = "arbitrary"
+
+    @property
+    def nodes(self) -> int:
+        return len(self.nodelist)
+
+    @property
+    def ntasks(self) -> int:
+        return len(self.hostfile)
+
+    def sbatch_args(self) -> list[str]:
+        return [f"--nodes={self.nodes}", f"--nodelist={','.join(self.nodelist)}", f"--ntasks={self.ntasks}",
+                f"--distribution={self.distribution}"]
+
+
+def slurm_node_selection(worker_servers: Sequence[int], ps_servers: Sequence[int],
+                         node_names: Sequence[str]) -> SlurmNodeSelection:
+    """Turn one job's (DLTAP) placement, as server indices into `node_names`, into Slurm node selection."""
+    tasks = [("ps", int(s)) for s in ps_servers] + [("worker", int(s)) for s in worker_servers]
+    if not tasks:
+        raise ValueError("a job without tasks has no node selection")
+    for _, s in tasks:
+        if not 0 <= s < len(node_names):
+            raise ValueError(f"server index {s} outside the {len(node_names)} node names")
+    counts: dict[int, int] = {}
+    for _, s in tasks:
+        counts[s] = counts.get(s, 0) + 1
+    order = sorted(counts, key=lambda s: (-counts[s], s))
+    return SlurmNodeSelection(
+        nodelist=tuple(node_names[s] for s in order),
+        tasks_per_node=tuple(counts[s] for s in order),
+        hostfile=tuple(node_names[s] for _, s in tasks),
+        roles=tuple(r for r, _ in tasks),
+    )
