@@ -4,7 +4,7 @@ Requests served (see :mod:`dl2d.elastic.protocol` for framing, ``docs/elastic.md
 for the full message table):
 
 from workers
-    ``PULL {min_version}`` -> block params, ``version``, ``frozen``
+    ``PULL {min_version}`` -> block params, ``version``, ``frozen`` (no params when frozen)
     ``PUSH {step, worker, count, blocks}`` + gradient sums -> applied / ``refused``
 from the coordinator
     ``PING``, ``PREPARE {clock}``, ``CANCEL``, ``WAIT_CLOCK {timeout}``, ``FREEZE``,
@@ -101,9 +101,11 @@ class ParameterServer:
             while self.version < minv and not self.frozen and not self.exited.is_set():
                 if not self.cv.wait(timeout=max(0.0, deadline - time.monotonic())):
                     raise TimeoutError(f"version {self.version} < {minv}")
+            if self.frozen:  # the worker suspends and discards the data: send none
+                return {"version": self.version, "frozen": True, "blocks": []}
             ids = sorted(self.blocks)
             arrays = {str(b): self.blocks[b][0].copy() for b in ids}
-            return {"version": self.version, "frozen": self.frozen, "blocks": ids}, arrays
+            return {"version": self.version, "frozen": False, "blocks": ids}, arrays
 
     def op_PUSH(self, h, a):
         wid, count, step = int(h["worker"]), int(h["count"]), int(h.get("step", -1))

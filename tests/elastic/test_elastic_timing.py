@@ -46,3 +46,23 @@ def test_role_processes_get_one_blas_thread_unless_set():
     assert env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
     assert all(v not in role_env(None, base={}) for v in BLAS_THREAD_VARS)
     assert ProcessSpawner(threads=2).threads == 2
+
+
+def test_frozen_pull_sends_no_parameters():
+    from dl2d.elastic import protocol as P
+    from dl2d.elastic.ps import ParameterServer
+    from dl2d.elastic.model import TrainConfig
+    ps = ParameterServer("127.0.0.1:1")
+    ps.server.start()
+    ps.cfg = TrainConfig()
+    ps.blocks = {0: (P.np.ones(4, P.np.float32), P.np.zeros(4, P.np.float32))}
+    c = P.Client(ps.address)
+    try:
+        h, a = c.call("PULL")
+        assert not h["frozen"] and list(a) == ["0"]
+        c.call("FREEZE")
+        h, a = c.call("PULL", min_version=5)  # frozen: answers at once, without data
+        assert h["frozen"] and h["blocks"] == [] and a == {}
+    finally:
+        c.close()
+        ps.stop()
