@@ -1,0 +1,352 @@
+"""The daemon's configuration: one TOML file, overridden by ``DL2D_*`` environment variables, then flags.
+
+Precedence (last wins): built-in defaults < the TOML file (``--config``, ``$DL2D_CONFIG`` or
+``/etc/dl2d/dl2d.toml``; a missing default file is fine, a missing named file is an error) < environment
+(``DL2D_<SECTION>_<KEY>``, e.g. ``DL2D_SLOT_SECONDS``, ``DL2D_POLICY_NAME``, ``DL2D_SIM_CLUSTER``) < command
+line flags. Every value is checked; errors name the key path and where the value came from
+(``config error: policy.checkpoint_every (from /etc/dl2d/dl2d.toml): must be >= 1, got 0``).
+
+Parsing and validation are pure (:func:`build_config` takes the TOML dict, the environment mapping and the
+overrides); :func:`load_config` is the thin I/O shell that reads the file. See docs/daemon.md for every key.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, get_type_hints
+
+DEFAULT_CONFIG = "/etc/dl2d/dl2d.toml"
+DEFAULT_STATE_DIR = "/var/lib/dl2d"
+POLICIES = ("dl2", "drf", "tetris", "optimus", "fifo", "srtf")
+BACKENDS = ("sim", "slurm")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key path and the source of the value."""
+
+
+@dataclass(frozen=True)
+class SimSection:
+    cluster: str = "small"  # preset of dl2d.sim.cluster.PRESETS
+    servers: int = 0  # 0: the preset's count
+    noise: float = 0.1  # per job and slot speed noise, as in the simulator
+    seed: int = 0
+    speed_model: str = "measured"
+    pace: bool = False  # true: wait slot_seconds of wall time per slot; false: run slots back to back
+    state_file: str = ""  # default <state_dir>/sim-cluster.json (the simulated cluster survives restarts)
+
+
+@dataclass(frozen=True)
+class PolicySection:
+    name: str = "drf"  # dl2 | drf | tetris | optimus | fifo | srtf
+    checkpoint: str = ""  # trained DL2 policy (dl2ctl train); required for dl2 unless allow_untrained
+    allow_untrained: bool = False  # dl2 without a checkpoint: random initial parameters (tests, benchmarks)
+    online_rl: bool = False  # learn from every slot's reward (DL2 section 4.2)
+    checkpoint_every: int = 10  # slots between saves of the online policy
+    save_path: str = ""  # default <state_dir>/policy-online.msgpack; loaded at start when present
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AgentsSection:
+    nodes: dict[str, str] = field(default_factory=dict)  # node name -> agent URL
+    file: str = ""  # extra "node url" lines (# comments allowed)
+    token_file: str = "/etc/dl2d/agent.token"
+    poll_interval: float = 10.0
+    timeout: float = 2.0
+    stale_after: int = 3
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    enabled: bool = True
+    port: int = 9465  # 0: any free port (logged)
+    bind: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class GuardrailsSection:
+    starve_slots: int = 6  # a job left with no worker this many slots in a row, while the fallback would run it
+    fallback: str = "drf"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    state_dir: str = DEFAULT_STATE_DIR
+    db_url: str = ""  # default sqlite:///<state_dir>/dl2d.sqlite
+    backend: str = "sim"
+    slot_seconds: float = 1200.0
+    max_slots: int = 0  # stop after this many slots (0: run until stopped)
+    log_level: str = "info"
+    admin_group: str = "dl2d-admin"  # read by dl2ctl
+    retention_every: int = 1  # slots between node-sample retention passes
+    sim: SimSection = SimSection()
+    slurm: dict[str, Any] = field(default_factory=dict)  # passed to SlurmBackend as keyword arguments
+    policy: PolicySection = PolicySection()
+    agents: AgentsSection = AgentsSection()
+    metrics: MetricsSection = MetricsSection()
+    guardrails: GuardrailsSection = GuardrailsSection()
+
+    @property
+    def database_url(self) -> str:
+        from dl2d.db.engine import default_url
+
+        return self.db_url or default_url(self.state_dir)
+
+    @property
+    def sim_state_file(self) -> str:
+        return self.sim.state_file or str(Path(self.state_dir) / "sim-cluster.json")
+
+    @property
+    def policy_save_path(self) -> str:
+        return self.policy.save_path or str(Path(self.state_dir) / "policy-online.msgpack")
+
+    @property
+    def status_file(self) -> str:
+        return str(Path(self.state_dir) / "dl2d.status.json")
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
+    """(key path, problem) for every invalid value."""
+    from dl2d.sim.cluster import PRESETS
+
+    bad: list[tuple[str, str]] = []
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            bad.append((key, msg))
+
+    need(cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    need(cfg.slot_seconds > 0, "slot_seconds", f"must be > 0, got {cfg.slot_seconds}")
+    need(cfg.max_slots >= 0, "max_slots", f"must be >= 0, got {cfg.max_slots}")
+    need(cfg.retention_every >= 1, "retention_every", f"must be >= 1, got {cfg.retention_every}")
+    need(bool(cfg.state_dir), "state_dir", "must not be empty")
+    need(cfg.log_level.lower() in ("debug", "info", "warning", "error"), "log_level",
+         f"must be debug, info, warning or error, got {cfg.log_level!r}")
+    if cfg.db_url:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(cfg.db_url)
+        except ArgumentError:
+            bad.append(("db_url", f"not a database URL: {cfg.db_url!r}"))
+    s = cfg.sim
+    need(s.cluster in PRESETS, "sim.cluster", f"must be one of {', '.join(PRESETS)}, got {s.cluster!r}")
+    need(s.servers >= 0, "sim.servers", f"must be >= 0, got {s.servers}")
+    need(0 <= s.noise < 1, "sim.noise", f"must be in [0, 1), got {s.noise}")
+    need(s.speed_model in ("measured", "parametric"), "sim.speed_model",
+         f"must be measured or parametric, got {s.speed_model!r}")
+    p = cfg.policy
+    need(p.name in POLICIES, "policy.name", f"must be one of {', '.join(POLICIES)}, got {p.name!r}")
+    need(p.checkpoint_every >= 1, "policy.checkpoint_every", f"must be >= 1, got {p.checkpoint_every}")
+    if p.name == "dl2" and not p.checkpoint and not p.allow_untrained:
+        bad.append(("policy.checkpoint", "policy dl2 needs a trained checkpoint (dl2ctl train ... --out FILE); "
+                    "set policy.checkpoint, or policy.name = \"drf\""))
+    if p.online_rl and p.name != "dl2":
+        bad.append(("policy.online_rl", f"online RL needs policy.name = \"dl2\", not {p.name!r}"))
+    a = cfg.agents
+    need(a.poll_interval > 0, "agents.poll_interval", f"must be > 0, got {a.poll_interval}")
+    need(a.timeout > 0, "agents.timeout", f"must be > 0, got {a.timeout}")
+    need(a.stale_after >= 1, "agents.stale_after", f"must be >= 1, got {a.stale_after}")
+    for node, url in a.nodes.items():
+        need(isinstance(url, str) and url.startswith("http://"), f"agents.nodes.{node}",
+             f"must be an http:// URL, got {url!r}")
+    m = cfg.metrics
+    need(0 <= m.port <= 65535, "metrics.port", f"must be in 0..65535, got {m.port}")
+    g = cfg.guardrails
+    need(g.starve_slots >= 1, "guardrails.starve_slots", f"must be >= 1, got {g.starve_slots}")
+    need(g.fallback in POLICIES and g.fallback != "dl2", "guardrails.fallback",
+         f"must be a heuristic ({', '.join(x for x in POLICIES if x != 'dl2')}), got {g.fallback!r}")
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+def _type_name(t: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, "a table")
+
+
+def _coerce(value: Any, t: Any, key: str, source: str) -> Any:
+    """A TOML value checked against the field type (ints are accepted for floats)."""
+    ok = False
+    if t is bool:
+        ok = isinstance(value, bool)
+    elif t is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif t is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            value = float(value)
+            if not math.isfinite(value):
+                raise ConfigError(f"config error: {key} (from {source}): must be finite, got {value}")
+    elif t is str:
+        ok = isinstance(value, str)
+    else:  # dict[str, ...]
+        ok = isinstance(value, Mapping)
+        if ok:
+            value = dict(value)
+    if not ok:
+        raise ConfigError(f"config error: {key} (from {source}): must be {_type_name(t)}, "
+                          f"got {type(value).__name__} {value!r}")
+    return value
+
+
+def _parse_env_value(raw: str, t: Any, key: str, var: str) -> Any:
+    source = f"environment {var}"
+    try:
+        if t is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if t is int:
+            return int(raw)
+        if t is float:
+            return _coerce(float(raw), float, key, source)
+        if t is str:
+            return raw
+    except ValueError:
+        raise ConfigError(f"config error: {key} (from {source}): must be {_type_name(t)}, got {raw!r}") from None
+    raise ConfigError(f"config error: {key} (from {source}): tables cannot be set from the environment")
+
+
+def _merge(obj: Any, data: Mapping[str, Any], prefix: str, source: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config error: {prefix.rstrip('.') or '(top level)'} (from {source}): must be a table")
+    hints = get_type_hints(type(obj))
+    names = {f.name for f in fields(obj)}
+    changes: dict[str, Any] = {}
+    for key, value in data.items():
+        path = prefix + key
+        if key not in names:
+            raise ConfigError(f"config error: unknown key {path!r} (from {source}); known keys here: "
+                              f"{', '.join(sorted(names))}")
+        current = getattr(obj, key)
+        if is_dataclass(current):
+            changes[key] = _merge(current, value, path + ".", source)
+        else:
+            t = hints[key]
+            changes[key] = _coerce(value, t if t in (int, float, bool, str) else dict, path, source)
+    return replace(obj, **changes)
+
+
+def _env_overrides(cfg: DaemonConfig, env: Mapping[str, str]) -> DaemonConfig:
+    """Apply DL2D_<KEY> and DL2D_<SECTION>_<KEY> variables (DL2D_CONFIG is the file, not a key)."""
+    top_hints = get_type_hints(DaemonConfig)
+    known: dict[str, tuple[str, str | None, Any]] = {}
+    for f in fields(DaemonConfig):
+        val = getattr(cfg, f.name)
+        if is_dataclass(val):
+            hints = get_type_hints(type(val))
+            for sf in fields(val):
+                known[f"DL2D_{f.name}_{sf.name}".upper()] = (f.name, sf.name, hints[sf.name])
+        elif top_hints[f.name] in (int, float, bool, str):
+            known[f"DL2D_{f.name}".upper()] = (f.name, None, top_hints[f.name])
+    for var, raw in env.items():
+        if not var.startswith("DL2D_") or var in ("DL2D_CONFIG",) or var.startswith("DL2D_DEBUG_") \
+                or var.startswith("DL2D_TEST_"):
+            continue
+        if var not in known:
+            continue  # other tools' variables share the prefix; unknown ones are ignored, not fatal
+        section, key, t = known[var]
+        path = f"{section}.{key}" if key else section
+        value = _parse_env_value(raw, t, path, var)
+        if key is None:
+            cfg = replace(cfg, **{section: value})
+        else:
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{key: value})})
+    return cfg
+
+
+def build_config(file_data: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                 overrides: Mapping[str, Any] | None = None, source: str = "config file") -> DaemonConfig:
+    """Defaults < file < environment < overrides (a dotted-key mapping from flags, e.g. {"policy.name": "drf"}).
+
+    Pure: raises ConfigError naming the key path and the value's source."""
+    cfg = DaemonConfig()
+    if file_data:
+        cfg = _merge(cfg, file_data, "", source)
+    cfg = _env_overrides(cfg, env or {})
+    nested: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        cur = nested
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = value
+    if nested:
+        cfg = _merge(cfg, nested, "", "command line")
+    problems = _check(cfg)
+    if problems:
+        key, msg = problems[0]
+        more = f" (and {len(problems) - 1} more: {', '.join(k for k, _ in problems[1:])})" if len(problems) > 1 else ""
+        raise ConfigError(f"config error: {key}: {msg}{more}")
+    return cfg
+
+
+def read_toml(path: str | Path, required: bool) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config error: config file {p} does not exist") from None
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config error: {p} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config error: cannot read {p}: {e.strerror}") from None
+
+
+def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> DaemonConfig:
+    """Read the TOML file (explicit path, $DL2D_CONFIG, or the default) and build the config."""
+    env = dict(os.environ if env is None else env)
+    explicit = path or env.get("DL2D_CONFIG")
+    file_path = explicit or DEFAULT_CONFIG
+    data = read_toml(file_path, required=bool(explicit))
+    return build_config(data, env, overrides, source=str(file_path))
+
+
+def read_agent_file(path: str | Path) -> dict[str, str]:
+    """'node url' per line (blank lines and # comments skipped); ConfigError names the bad line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"config error: agents.file {p}: {e.strerror}") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("http://"):
+            raise ConfigError(f"config error: agents.file {p} line {n}: expected 'NODE http://HOST:PORT', got {line!r}")
+        if parts[0] in out:
+            raise ConfigError(f"config error: agents.file {p} line {n}: node {parts[0]!r} listed twice")
+        out[parts[0]] = parts[1]
+    return out
+
+
+def agent_targets(cfg: DaemonConfig) -> dict[str, str]:
+    """All agents: the [agents] nodes table plus the agents file."""
+    targets = dict(cfg.agents.nodes)
+    if cfg.agents.file:
+        for node, url in read_agent_file(cfg.agents.file).items():
+            if node in targets and targets[node] != url:
+                raise ConfigError(f"config error: agent {node!r} has two URLs: {targets[node]} "
+                                  f"(agents.nodes) and {url} (agents.file)")
+            targets[node] = url
+    return targets

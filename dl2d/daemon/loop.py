@@ -1,0 +1,441 @@
+"""The slot loop: the daemon's I/O shell around the pure planner (dl2d.daemon.plan).
+
+One slot (docs/daemon.md has the full story):
+
+1. poll the node agents (samples -> node_samples; stale -> ``backend.drain``, recovered -> ``resume``);
+2. reconcile, level-triggered: the DB's jobs against ``backend.observe()`` (finishes/failures recorded,
+   sizes and progress synced, cancelled or unknown jobs stopped in the backend);
+3. build the policy's view, decide, apply the guardrails (fallback to DRF with the reason);
+4. journal: the slot, its allocations and decision, and one intent per job whose size changes, in one
+   transaction; then per intent mark_issued -> ``backend.apply`` -> mark_done (or mark_failed);
+5. wait for the slot to end (polling agents meanwhile), ``backend.end_slot``;
+6. close the slot: reward (DL2 eq. 1) from the backend's progress, reconcile, online RL update,
+   policy checkpoint every N slots.
+
+Crash safety: at start :meth:`SlotLoop.recover` replays every PLANNED/ISSUED intent (``apply`` is
+idempotent: a size already reached is a NOOP) and closes a slot left open, so a daemon killed anywhere
+restarts without losing a job or resizing twice. ``DL2D_DEBUG_CRASH=point:k`` makes the process SIGKILL
+itself the k-th time it reaches ``point`` (planned, issued, applied, ended, closed) — for the crash tests.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from dl2d.daemon import plan as P
+from dl2d.daemon.backend import FAILED, FINISHED, BackendError, ClusterBackend, JobRequest, JobStatus
+from dl2d.daemon.metrics import Metrics
+from dl2d.daemon.notify import Notifier
+from dl2d.db import store
+from dl2d.db.engine import session_scope
+from dl2d.db.models import (
+    Allocation as AllocRow, EventKind, Intent, IntentKind, IntentState, Job, JobState, Slot, utcnow,
+)
+from dl2d.sim.engine import Allocation, SlotView
+
+log = logging.getLogger("dl2d")
+
+ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.RESIZING, JobState.CHECKPOINTING)
+METHOD_EVENT = {"start": EventKind.START, "hot": EventKind.HOT_SCALE, "restart": EventKind.RELAUNCH,
+                "shrink": EventKind.RESIZE, "stop": EventKind.RESIZE}
+
+
+class CrashHook:
+    """``DL2D_DEBUG_CRASH=point:k[,point:k]``: SIGKILL ourselves the k-th time ``point`` is reached."""
+
+    def __init__(self, spec: str = ""):
+        self.at: dict[str, int] = {}
+        for part in filter(None, (s.strip() for s in spec.split(","))):
+            name, _, k = part.partition(":")
+            self.at[name] = int(k or 1)
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, point: str) -> None:
+        if point not in self.at:
+            return
+        self.seen[point] = self.seen.get(point, 0) + 1
+        if self.seen[point] == self.at[point]:
+            log.warning("DL2D_DEBUG_CRASH: killing myself at %s #%d", point, self.seen[point])
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class SlotOutcome:
+    number: int
+    jobs: int
+    source: str
+    reason: str | None
+    intents: int
+    applied: dict[str, int]
+    tick_ms: float
+    decide_ms: float
+    reward: float | None = None
+
+
+@dataclass
+class LoopState:
+    starved: dict[int, int] = field(default_factory=dict)
+    fallbacks: int = 0
+    slots: int = 0
+    last: SlotOutcome | None = None
+    tick_ms: list[float] = field(default_factory=list)
+
+
+def _request(job: Job) -> JobRequest:
+    return JobRequest(job.id, job.job_type, float(job.total_epochs),
+                      {**(job.spec or {}), "name": job.name, "owner": job.owner})
+
+
+class SlotLoop:
+    def __init__(self, engine, backend: ClusterBackend, policy: Callable[[SlotView], Allocation] | None,
+                 fallback: Callable[[SlotView], Allocation], *, slot_seconds: float, starve_slots: int = 6,
+                 clock: Callable[[], datetime] = utcnow, pace: bool = True, metrics: Metrics | None = None,
+                 notifier: Notifier | None = None, poller=None, poll_interval: float = 10.0,
+                 retention_every: int = 1, feeder: Callable[[Session, int, datetime], int] | None = None,
+                 learner=None, checkpoint_path: str | None = None, checkpoint_every: int = 10,
+                 status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None):
+        self.engine, self.backend = engine, backend
+        self.policy, self.fallback = policy, fallback
+        self.slot_seconds, self.starve_slots = slot_seconds, starve_slots
+        self.clock, self.pace = clock, pace
+        self.metrics = metrics or Metrics()
+        self.notifier = notifier or Notifier({})
+        self.poller, self.poll_interval, self.retention_every = poller, poll_interval, retention_every
+        self.feeder = feeder
+        self.learner, self.checkpoint_path, self.checkpoint_every = learner, checkpoint_path, checkpoint_every
+        self.status_file = status_file
+        self.crash = crash or CrashHook(os.environ.get("DL2D_DEBUG_CRASH", ""))
+        self.info = dict(info or {})
+        self.state = LoopState()
+        self.stop = threading.Event()
+        self._closed = 0
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------------------ agents
+
+    def _on_stale(self, node: str, reason: str) -> None:
+        self.backend.drain(node, reason)
+        with session_scope(self.engine) as s:
+            store.record_event(s, EventKind.NODE_STALE, None, {"node": node, "reason": reason}, ts=self.clock())
+        log.warning("node %s drained: %s", node, reason)
+
+    def _on_recover(self, node: str) -> None:
+        self.backend.resume(node)
+        with session_scope(self.engine) as s:
+            store.record_event(s, EventKind.NODE_RECOVERED, None, {"node": node}, ts=self.clock())
+        log.info("node %s resumed: its agent answers again", node)
+
+    def poll_agents(self, retention: bool = False) -> int:
+        """One poll round; returns the samples stored."""
+        if self.poller is None:
+            return 0
+        from dl2d.agents.retention import sample_to_row
+
+        self.poller.on_stale, self.poller.on_recover = self._on_stale, self._on_recover
+        rnd = self.poller.poll_round()
+        rows = [sample_to_row(s) for s in rnd.samples.values()]
+        with session_scope(self.engine) as s:
+            n = store.insert_node_samples(s, rows)
+            if retention:
+                store.apply_retention(s, utcnow())
+        self.metrics.stale_nodes.set(len(self.poller.stale_nodes))
+        for node, err in rnd.errors.items():
+            log.debug("agent %s: %s", node, err)
+        return n
+
+    # ------------------------------------------------------------------------------ reconcile
+
+    def reconcile(self, s: Session, statuses: dict[int, JobStatus], now: datetime) -> None:
+        """Level-triggered sync of the DB's jobs with what the backend reports."""
+        jobs = {j.id: j for j in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)))}
+        for job in jobs.values():
+            st = statuses.get(job.id)
+            if st is None:
+                job.workers = job.ps = 0
+                if job.state != JobState.PENDING:
+                    job.state = JobState.PENDING
+                continue
+            job.epochs_done = float(st.epochs_done)
+            if st.backend_ref:
+                job.slurm_job_id = st.backend_ref
+            if st.state == FINISHED:
+                job.state, job.workers, job.ps = JobState.COMPLETED, 0, 0
+                job.finished_at = st.finished_at or now
+                store.record_event(s, EventKind.FINISH, job, {"epochs_done": job.epochs_done}, ts=job.finished_at)
+                log.info("job %d (%s) finished", job.id, job.name)
+            elif st.state == FAILED:
+                job.state, job.workers, job.ps = JobState.FAILED, 0, 0
+                job.finished_at = st.finished_at or now
+                store.record_event(s, EventKind.FAIL, job, {"message": st.message}, ts=job.finished_at)
+                log.warning("job %d (%s) failed: %s", job.id, job.name, st.message)
+            else:
+                job.workers, job.ps = int(st.workers), int(st.ps)
+                job.state = JobState.RUNNING if st.workers > 0 else JobState.PENDING
+        # jobs the backend still runs that the DB says are over (cancelled) or never had: stop them
+        for job_id, st in statuses.items():
+            if job_id in jobs or st.state in (FINISHED, FAILED):
+                continue
+            log.info("stopping job %d in the backend: it is not active in the database", job_id)
+            self.backend.cancel(job_id)
+
+    def _cancel_intents(self, s: Session) -> None:
+        """Carry out `dl2ctl cancel`'s journalled cancel intents."""
+        for it in store.pending_intents(s):
+            if it.kind == IntentKind.CANCEL:
+                store.mark_issued(s, it)
+                self.backend.cancel(it.job_id)
+                store.mark_done(s, it)
+
+    # ------------------------------------------------------------------------------ crash recovery
+
+    def recover(self) -> int:
+        """Replay the journal and close a slot left open; returns the intents replayed."""
+        n = 0
+        with session_scope(self.engine) as s:
+            pending = [it.id for it in store.pending_intents(s)]
+        for intent_id in pending:
+            with session_scope(self.engine) as s:
+                it = s.get_one(Intent, intent_id)
+                job = s.get_one(Job, it.job_id)
+                if it.kind == IntentKind.CANCEL:
+                    store.mark_issued(s, it)
+                    self.backend.cancel(job.id)
+                    store.mark_done(s, it)
+                    n += 1
+                    continue
+                if JobState(job.state).terminal:
+                    store.mark_failed(s, it, f"job {job.id} is {job.state.value}; not replayed")
+                    continue
+                store.mark_issued(s, it)
+            self._apply_intent(intent_id, replay=True)
+            n += 1
+        self.metrics.replayed.inc(n)
+        if n:
+            log.info("replayed %d journal intent(s)", n)
+        with session_scope(self.engine) as s:
+            open_slots = [x.id for x in s.scalars(select(Slot).where(Slot.ended_at.is_(None)).order_by(Slot.number))]
+        for slot_id in open_slots:
+            log.info("closing slot id %d left open by a previous run", slot_id)
+            self.close_slot(slot_id, tick_ms=None)
+        return n
+
+    # ------------------------------------------------------------------------------ one slot
+
+    def _apply_intent(self, intent_id: int, replay: bool = False) -> str | None:
+        """ISSUED intent -> backend.apply -> DONE/FAILED (each step committed). Returns the method."""
+        with session_scope(self.engine) as s:
+            it = s.get_one(Intent, intent_id)
+            job = s.get_one(Job, it.job_id)
+            req, target = _request(job), P.target_from_json(it.target)
+        self.crash("issued")
+        try:
+            res = self.backend.apply(req, target)
+        except BackendError as e:
+            with session_scope(self.engine) as s:
+                store.mark_failed(s, intent_id, str(e))
+            self.metrics.intent_failures.inc()
+            log.warning("job %d: %s -> %d/%d failed: %s", req.job_id, it.kind.value, target.workers, target.ps, e)
+            return None
+        self.crash("applied")
+        now = self.clock()
+        with session_scope(self.engine) as s:
+            store.mark_done(s, intent_id)
+            job = s.get_one(Job, req.job_id)
+            job.workers, job.ps = target.workers, target.ps
+            if res.backend_ref:
+                job.slurm_job_id = res.backend_ref
+            if target.workers > 0:
+                job.state = JobState.RUNNING
+                if job.started_at is None:
+                    job.started_at = now
+            elif not JobState(job.state).terminal:
+                job.state = JobState.PENDING
+            if res.method in METHOD_EVENT:
+                store.record_event(s, METHOD_EVENT[res.method], job,
+                                   {"workers": target.workers, "ps": target.ps, "method": res.method,
+                                    **({"replayed": True} if replay else {})}, ts=now)
+        self.metrics.resizes.labels(res.method).inc()
+        return res.method
+
+    def _job_rows(self, s: Session) -> list[P.JobRow]:
+        jobs = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)))
+        counts = dict(s.execute(select(AllocRow.job_id, func.count()).where(AllocRow.job_id.in_([j.id for j in jobs]))
+                                .group_by(AllocRow.job_id)).all()) if jobs else {}
+        return [P.JobRow(j.id, j.job_type, float(j.total_epochs), float(j.epochs_done), int(j.workers), int(j.ps),
+                         int(counts.get(j.id, 0)), int((j.spec or {}).get("max_workers") or P.MAX_WORKERS),
+                         int((j.spec or {}).get("max_ps") or P.MAX_PS), j.name) for j in jobs]
+
+    def tick(self) -> SlotOutcome:
+        """Everything of a slot before the wait: poll, reconcile, decide, journal, apply."""
+        t0 = time.perf_counter()
+        now = self.clock()
+        with session_scope(self.engine) as s:
+            last = s.scalar(select(func.max(Slot.number)))
+            number = 0 if last is None else last + 1
+        if self.poller is not None:
+            self.poll_agents(retention=number % self.retention_every == 0)
+        nodes = self.backend.nodes()
+        with session_scope(self.engine) as s:
+            if self.feeder is not None:
+                self.feeder(s, number, now)
+            self._cancel_intents(s)
+            self.reconcile(s, self.backend.observe(), now)
+        with session_scope(self.engine) as s:
+            rows = self._job_rows(s)
+        view = P.build_view(number, rows, nodes)
+        td = time.perf_counter()
+        g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
+        decide_ms = 1000 * (time.perf_counter() - td)
+        if g.source == "fallback" and self.learner is not None:
+            self.learner.discard_decision()
+        self.state.starved = P.update_starved(view, g.allocation, self.state.starved)
+        planned, sizes = P.plan_targets(view, g.allocation, [n.name for n in nodes],
+                                        {r.id: (r.max_workers, r.max_ps) for r in rows})
+        version = getattr(self.learner, "version", None)
+        with session_scope(self.engine) as s:
+            allocs = [store.AllocationRecord(r.id, *sizes[r.id], r.workers, r.ps) for r in rows]
+            decision = store.DecisionRecord(
+                state_digest=store.state_digest(P.view_digest_input(view)),
+                actions=[[r.id, *sizes[r.id]] for r in rows], source=g.source, fallback_reason=g.reason,
+                policy_version=version, latency_ms=decide_ms)
+            slot = store.record_slot(s, number, now, allocs, decision, policy_version=version)
+            slot_id = slot.id
+            intent_ids = [store.plan_intent(s, slot, t.job_id, t.kind, P.target_to_json(t.target)).id for t in planned]
+            if g.source == "fallback":
+                store.record_event(s, EventKind.FALLBACK, None, {"slot": number, "reason": g.reason}, ts=now)
+        self.crash("planned")
+        if g.source == "fallback":
+            self.state.fallbacks += 1
+            self.metrics.fallbacks.inc()
+            log.warning("slot %d: fallback to %s: %s", number, getattr(self.fallback, "name", "heuristic"), g.reason)
+        applied: dict[str, int] = {}
+        for iid in intent_ids:
+            with session_scope(self.engine) as s:
+                store.mark_issued(s, iid)
+            m = self._apply_intent(iid)
+            if m is not None:
+                applied[m] = applied.get(m, 0) + 1
+        tick_ms = 1000 * (time.perf_counter() - t0)
+        self.metrics.decisions.labels(g.source).inc()
+        self.metrics.decide.observe(decide_ms / 1000)
+        self.metrics.tick.observe(tick_ms / 1000)
+        self.metrics.slot.set(number)
+        out = SlotOutcome(number, len(rows), g.source, g.reason, len(intent_ids), applied, tick_ms, decide_ms)
+        self._slot_id = slot_id
+        return out
+
+    def close_slot(self, slot_id: int, tick_ms: float | None) -> float:
+        """Reward from the backend's progress, reconcile, store; the online RL update and checkpoint."""
+        statuses = self.backend.observe()
+        now = self.clock()
+        with session_scope(self.engine) as s:
+            jobs = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))))
+            before = {j.id: float(j.epochs_done) for j in jobs}
+            totals = {j.id: float(j.total_epochs) for j in jobs}
+            reward = P.slot_reward(before, statuses, totals)
+            store.finish_slot(s, slot_id, now, reward, duration_ms=tick_ms)
+            self.reconcile(s, statuses, now)
+            self._count_jobs(s)
+        self.crash("closed")
+        self.metrics.reward.set(reward)
+        if self.learner is not None:
+            stats = self.learner.observe(reward)
+            self.metrics.policy_version.set(self.learner.version)
+            self._closed += 1
+            if self.checkpoint_path and stats.updates and self._closed % self.checkpoint_every == 0:
+                self.learner.save(self.checkpoint_path, {"slot_id": slot_id})
+                log.info("policy checkpoint written: %s (version %d)", self.checkpoint_path, self.learner.version)
+        return reward
+
+    def _count_jobs(self, s: Session) -> None:
+        counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+        for st in JobState:
+            self.metrics.jobs.labels(st.value).set(counts.get(st, 0))
+
+    def wait_slot_end(self, deadline: float) -> bool:
+        """Sleep until ``deadline`` (monotonic), polling agents and pinging the watchdog; False if stopped."""
+        next_poll = time.monotonic() + self.poll_interval
+        while True:
+            self.notifier.ping()
+            now = time.monotonic()
+            if now >= deadline:
+                return True
+            if self.poller is not None and now >= next_poll:
+                self.poll_agents()
+                next_poll = time.monotonic() + self.poll_interval
+            wake = min(deadline, next_poll if self.poller is not None else deadline, now + self.notifier.max_sleep)
+            if self.stop.wait(max(wake - time.monotonic(), 0.0)):
+                return False
+
+    def run_slot(self) -> SlotOutcome | None:
+        """One whole slot; None when a stop request came while waiting for the slot's end (left open)."""
+        started = time.monotonic()
+        out = self.tick()
+        if self.pace and not self.wait_slot_end(started + self.slot_seconds):
+            log.info("stop requested during slot %d: leaving it open (closed at the next start)", out.number)
+            return None
+        self.backend.end_slot(self.slot_seconds)
+        self.crash("ended")
+        out.reward = self.close_slot(self._slot_id, out.tick_ms)
+        self.state.slots += 1
+        self.state.last = out
+        self.state.tick_ms.append(out.tick_ms)
+        self.metrics.heartbeat.set(time.time())
+        self.notifier.ping(force=True)
+        self.notifier.status(f"slot {out.number}: {out.jobs} jobs, {out.intents} resizes, {out.source}, "
+                             f"tick {out.tick_ms:.0f} ms")
+        self.write_status("running")
+        log.info("slot %d: %d jobs, decided by %s%s, %d intents %s, tick %.1f ms, reward %.4f", out.number,
+                 out.jobs, out.source, f" ({out.reason})" if out.reason else "", out.intents, out.applied,
+                 out.tick_ms, out.reward)
+        return out
+
+    def idle(self) -> bool:
+        """No active job in the DB."""
+        with session_scope(self.engine) as s:
+            return not s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE_STATES)))
+
+    def write_status(self, state: str) -> None:
+        if not self.status_file:
+            return
+        last = self.state.last
+        doc = {"pid": os.getpid(), "state": state, "started_at": self.started_at, "updated_at": time.time(),
+               "slot": last.number if last else None, "slots_run": self.state.slots,
+               "last_tick_ms": round(last.tick_ms, 3) if last else None,
+               "last_source": last.source if last else None, "fallbacks": self.state.fallbacks,
+               "stale_nodes": sorted(self.poller.stale_nodes) if self.poller is not None else [],
+               "policy_version": getattr(self.learner, "version", None), **self.info}
+        p = Path(self.status_file)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, p)
+
+    def run(self, max_slots: int = 0, until_idle: Callable[[], bool] | None = None) -> int:
+        """Recover, then run slots until stopped, ``max_slots`` reached or ``until_idle()`` says so."""
+        self.recover()
+        self.write_status("running")
+        n = 0
+        while not self.stop.is_set():
+            if max_slots and n >= max_slots:
+                break
+            if until_idle is not None and until_idle():
+                break
+            if self.run_slot() is None:
+                break
+            n += 1
+        if self.learner is not None and self.checkpoint_path and self.learner.stats.updates:
+            self.learner.save(self.checkpoint_path, {"final": True})
+        self.write_status("stopped")
+        return n

@@ -1,0 +1,302 @@
+"""``dl2d``: the scheduler daemon (console script).
+
+    dl2d --demo                         # simulated cluster + demo trace, prints a result table, exits
+    dl2d --config /etc/dl2d/dl2d.toml   # the service (systemd/dl2d.service)
+
+Wiring only: config -> database, backend, policy, agents poller, metrics, sd_notify -> SlotLoop.run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dl2d.daemon.config import ConfigError, DaemonConfig, agent_targets, load_config
+
+log = logging.getLogger("dl2d")
+
+
+def setup_logging(level: str) -> None:
+    under_journald = bool(os.environ.get("JOURNAL_STREAM"))
+    fmt = "%(levelname)s %(message)s" if under_journald else "%(asctime)s %(levelname)s %(message)s"
+    logging.basicConfig(stream=sys.stdout, level=getattr(logging, level.upper()), format=fmt, force=True)
+
+
+def make_backend(cfg: DaemonConfig, hidden=None):
+    if cfg.backend == "sim":
+        from dl2d.daemon.sim_backend import SimBackend
+        from dl2d.sim.cluster import preset
+
+        spec = preset(cfg.sim.cluster)
+        if cfg.sim.servers:
+            spec = replace(spec, num_servers=cfg.sim.servers)
+        return SimBackend(spec, cfg.slot_seconds, cfg.sim.noise, cfg.sim.seed, cfg.sim.speed_model,
+                          state_file=cfg.sim_state_file, hidden=hidden)
+    try:
+        from dl2d.daemon.slurm_backend import SlurmBackend
+    except ImportError as e:
+        raise ConfigError(f"config error: backend: the Slurm backend is not available ({e})") from None
+    try:
+        return SlurmBackend(**cfg.slurm)
+    except TypeError as e:
+        raise ConfigError(f"config error: slurm: {e}") from None
+
+
+def make_policy(cfg: DaemonConfig):
+    """(policy callable, online learner or None)."""
+    from dl2d.sim.baselines import make_baseline
+
+    p = cfg.policy
+    if p.name != "dl2":
+        return make_baseline(p.name), None
+    from dl2d.policy.checkpoint import CheckpointError
+    from dl2d.policy.online import OnlineLearner
+
+    saved = Path(cfg.policy_save_path)
+    try:
+        if p.online_rl and saved.exists():
+            learner = OnlineLearner.from_checkpoint(saved, learn=True, seed=p.seed)
+            log.info("policy: online checkpoint %s (version %d)", saved, learner.version)
+        elif p.checkpoint:
+            learner = OnlineLearner.from_checkpoint(p.checkpoint, learn=p.online_rl, seed=p.seed)
+            log.info("policy: dl2 from %s%s", p.checkpoint, ", learning online" if p.online_rl else "")
+        else:
+            learner = OnlineLearner.untrained(learn=p.online_rl, seed=p.seed)
+            log.warning("policy: dl2 with UNTRAINED parameters (policy.allow_untrained)")
+    except CheckpointError as e:
+        raise ConfigError(f"config error: policy.checkpoint: {e}") from None
+    return learner, learner
+
+
+def make_poller(cfg: DaemonConfig):
+    targets = agent_targets(cfg)
+    if not targets:
+        return None
+    from dl2d.agents.server import TokenFileError, load_token
+    from dl2d.daemon.poller import Poller
+
+    try:
+        token = load_token(cfg.agents.token_file)
+    except TokenFileError as e:
+        raise ConfigError(f"config error: agents.token_file: {e}") from None
+    return Poller(sorted(targets.items()), token, timeout=cfg.agents.timeout, stale_after=cfg.agents.stale_after)
+
+
+class DemoFeeder:
+    """Submits the jobs of a generated trace as they arrive (slot k of the daemon = trace slot first + k)."""
+
+    def __init__(self, num_jobs: int, seed: int):
+        from dl2d.daemon.sim_backend import Hidden
+        from dl2d.sim.trace import TraceConfig, generate
+
+        self.trace = generate(TraceConfig(num_jobs=num_jobs), seed=seed)
+        self.first = int(self.trace.arrival_slot.min())
+        self.names = [f"demo-{i:04d}" for i in range(len(self.trace))]
+        self.hidden = {n: Hidden(float(self.trace.true_epochs[i]), float(self.trace.speed_factor[i]))
+                       for i, n in enumerate(self.names)}
+        self.submitted: set[str] | None = None
+
+    def __call__(self, session, number: int, now) -> int:
+        from sqlalchemy import select
+
+        from dl2d.db import store
+        from dl2d.db.models import Job
+        from dl2d.sim.jobtypes import JOB_TYPES
+
+        if self.submitted is None:
+            self.submitted = set(session.scalars(select(Job.name).where(Job.name.like("demo-%"))))
+        n = 0
+        for i, name in enumerate(self.names):
+            if name in self.submitted or self.trace.arrival_slot[i] - self.first > number:
+                continue
+            t = JOB_TYPES[int(self.trace.type_idx[i])]
+            store.submit_job(session, {
+                "name": name, "owner": "demo", "job_type": t.name, "total_epochs": float(self.trace.est_epochs[i]),
+                "command": "simulated", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
+                "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}}, now=now)
+            self.submitted.add(name)
+            n += 1
+        return n
+
+    def exhausted(self) -> bool:
+        return self.submitted is not None and len(self.submitted) == len(self.names)
+
+
+def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=None, metrics=None):
+    from dl2d.daemon.loop import SlotLoop
+    from dl2d.daemon.metrics import Metrics
+    from dl2d.daemon.notify import Notifier
+    from dl2d.db.engine import make_engine, upgrade
+    from dl2d.sim.baselines import make_baseline
+
+    Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    engine = make_engine(cfg.database_url)
+    upgrade(engine)
+    backend = make_backend(cfg, hidden=feeder.hidden if feeder else None)
+    policy, learner = make_policy(cfg)
+    poller = make_poller(cfg)
+    clock = getattr(backend, "now", None)
+    from dl2d.db.models import utcnow
+
+    loop = SlotLoop(
+        engine, backend, policy, make_baseline(cfg.guardrails.fallback), slot_seconds=cfg.slot_seconds,
+        starve_slots=cfg.guardrails.starve_slots, clock=clock or utcnow,
+        pace=cfg.backend != "sim" or cfg.sim.pace, metrics=metrics or Metrics(), notifier=notifier or Notifier(),
+        poller=poller, poll_interval=cfg.agents.poll_interval, retention_every=cfg.retention_every, feeder=feeder,
+        learner=learner if cfg.policy.online_rl else None, checkpoint_path=cfg.policy_save_path,
+        checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
+        info={"backend": cfg.backend, "policy": cfg.policy.name, "db_url": _safe_url(cfg.database_url),
+              "slot_seconds": cfg.slot_seconds})
+    return loop
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> dict[str, Any]:
+    """The demo's result: JCTs from the daemon's DB, and the bare simulator on the same trace for reference."""
+    import numpy as np
+    from sqlalchemy import func, select
+
+    from dl2d.db.engine import session_scope
+    from dl2d.db.models import Decision, Event, EventKind, Job, JobState, Slot
+
+    with session_scope(loop.engine) as s:
+        jobs = list(s.scalars(select(Job).where(Job.name.like("demo-%"))))
+        done = [j for j in jobs if j.state == JobState.COMPLETED]
+        jct_h = np.array([(j.finished_at - j.submitted_at).total_seconds() / 3600 for j in done])
+        slots = s.scalar(select(func.count()).select_from(Slot))
+        resizes = s.scalar(select(func.count()).select_from(Event).where(
+            Event.kind.in_([EventKind.START, EventKind.RESIZE, EventKind.HOT_SCALE, EventKind.RELAUNCH])))
+        fallbacks = s.scalar(select(func.count()).select_from(Decision).where(Decision.source == "fallback"))
+        first = min(j.submitted_at for j in jobs) if jobs else None
+        last = max((j.finished_at for j in done), default=None)
+    out = {"policy": cfg.policy.name, "jobs": len(jobs), "completed": len(done),
+           "avg_jct_hours": round(float(jct_h.mean()), 3) if len(done) else None,
+           "makespan_hours": round((last - first).total_seconds() / 3600, 3) if last else None,
+           "slots": slots, "resize_events": resizes, "fallback_slots": fallbacks,
+           "tick_ms_mean": round(float(np.mean(loop.state.tick_ms)), 2) if loop.state.tick_ms else None,
+           "tick_ms_max": round(float(np.max(loop.state.tick_ms)), 2) if loop.state.tick_ms else None,
+           "db_url": _safe_url(cfg.database_url)}
+    if compare:
+        from dl2d.sim.cluster import preset
+        from dl2d.sim.engine import SimConfig, run
+
+        spec = preset(cfg.sim.cluster)
+        if cfg.sim.servers:
+            spec = replace(spec, num_servers=cfg.sim.servers)
+        pol, _ = make_policy(replace(cfg, policy=replace(cfg.policy, online_rl=False)))
+        res = run(feeder.trace, pol, SimConfig(cluster=spec, slot_seconds=cfg.slot_seconds, slot_noise=cfg.sim.noise,
+                                               speed_model=cfg.sim.speed_model), seed=cfg.sim.seed)
+        out["bare_sim_avg_jct_hours"] = round(res.avg_jct_hours, 3)
+    return out
+
+
+def print_report(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="dl2d demo: simulated cluster, real daemon, SQLite")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    labels = {"policy": "policy", "jobs": "jobs submitted", "completed": "jobs completed",
+              "avg_jct_hours": "avg JCT (h, from the DB)", "bare_sim_avg_jct_hours": "avg JCT, bare simulator (h)",
+              "makespan_hours": "makespan (h)", "slots": "slots run", "resize_events": "start/resize events",
+              "fallback_slots": "guardrail fallbacks", "tick_ms_mean": "tick mean (ms)", "tick_ms_max": "tick max (ms)",
+              "db_url": "database"}
+    for k, label in labels.items():
+        if k in out:
+            t.add_row(label, str(out[k]))
+    Console().print(t)
+    db = out["db_url"]
+    print(f"Reports: dl2ctl report --db {db}\nJobs:    dl2ctl queue --db {db}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", metavar="FILE", help="TOML config (default $DL2D_CONFIG or /etc/dl2d/dl2d.toml).")
+@click.option("--state-dir", help="Directory for the SQLite DB, status file and simulated cluster.")
+@click.option("--db", "db_url", metavar="URL", help="Database URL (default: SQLite in the state dir).")
+@click.option("--backend", type=click.Choice(["sim", "slurm"]), help="Cluster backend.")
+@click.option("--sim", "use_sim", is_flag=True, help="Shorthand for --backend sim.")
+@click.option("--cluster", help="Simulated cluster preset (tiny, small, testbed, dl2).")
+@click.option("--slot-seconds", type=float, help="Slot length in seconds (default 1200).")
+@click.option("--policy", type=click.Choice(["dl2", "drf", "tetris", "optimus", "fifo", "srtf"]), help="Scheduling policy.")
+@click.option("--checkpoint", metavar="FILE", help="Trained DL2 policy (dl2ctl train).")
+@click.option("--online-rl/--no-online-rl", default=None, help="Learn from every slot's reward.")
+@click.option("--metrics-port", type=int, help="Prometheus endpoint port (0: any free port).")
+@click.option("--no-metrics", is_flag=True, help="Do not serve metrics.")
+@click.option("--slots", "max_slots", type=int, help="Stop after N slots.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--demo", is_flag=True, help="Simulated cluster + a generated trace; run until every job finishes, "
+                                           "print the results and exit.")
+@click.option("--demo-jobs", type=int, default=20, show_default=True, help="Jobs in the demo trace.")
+@click.option("--demo-seed", type=int, default=0, show_default=True, help="Seed of the demo trace.")
+@click.option("--compare/--no-compare", default=True, show_default=True,
+              help="Demo: also run the bare simulator with the same policy and trace, for reference.")
+def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, checkpoint, online_rl,
+         metrics_port, no_metrics, max_slots, log_level, demo, demo_jobs, demo_seed, compare) -> None:
+    """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
+    if demo and state_dir is None and not db_url:
+        state_dir = tempfile.mkdtemp(prefix="dl2d-demo-")
+    overrides = {"state_dir": state_dir, "db_url": db_url, "backend": "sim" if (use_sim or demo) else backend,
+                 "sim.cluster": cluster, "slot_seconds": slot_seconds, "policy.name": policy,
+                 "policy.checkpoint": checkpoint, "policy.online_rl": online_rl, "metrics.port": metrics_port,
+                 "max_slots": max_slots, "log_level": log_level}
+    if no_metrics or (demo and metrics_port is None):
+        overrides["metrics.enabled"] = False
+    if demo and demo_jobs < 1:
+        raise click.UsageError("--demo-jobs must be >= 1")
+    try:
+        cfg = load_config(config_path, overrides=overrides)
+        setup_logging(cfg.log_level)
+        feeder = DemoFeeder(demo_jobs, demo_seed) if demo else None
+        try:
+            Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"config error: state_dir {cfg.state_dir}: {e.strerror} "
+                              "(run as the dl2d user, or set state_dir / --state-dir)") from None
+        loop = build_loop(cfg, feeder)
+    except ConfigError as e:
+        click.echo(f"dl2d: {e}", err=True)
+        sys.exit(2)
+    if cfg.metrics.enabled:
+        try:
+            port = loop.metrics.serve(cfg.metrics.port, cfg.metrics.bind)
+        except OSError as e:
+            click.echo(f"dl2d: cannot serve metrics on {cfg.metrics.bind}:{cfg.metrics.port}: {e.strerror}", err=True)
+            sys.exit(2)
+        loop.info["metrics_url"] = f"http://{cfg.metrics.bind}:{port}/metrics"
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics.bind, port)
+
+    def on_signal(signum, _frame):
+        log.info("%s received: finishing the current slot, then stopping", signal.Signals(signum).name)
+        loop.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("dl2d starting: backend %s, policy %s, slot %gs, database %s, state dir %s", cfg.backend,
+             cfg.policy.name, cfg.slot_seconds, _safe_url(cfg.database_url), cfg.state_dir)
+    loop.notifier.ready(f"backend {cfg.backend}, policy {cfg.policy.name}")
+    try:
+        n = loop.run(max_slots=cfg.max_slots,
+                     until_idle=(lambda: feeder.exhausted() and loop.idle()) if feeder else None)
+    finally:
+        loop.notifier.stopping()
+        loop.metrics.close()
+    log.info("dl2d stopped after %d slot(s)", n)
+    if feeder is not None:
+        print_report(demo_report(loop, cfg, feeder, compare))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

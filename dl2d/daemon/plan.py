@@ -1,0 +1,220 @@
+"""The slot loop's logic, as pure functions: no database, no backend, no clock.
+
+* :func:`build_view` — the policy's input (a simulator ``SlotView``) from the DB's jobs and the backend's nodes;
+* :func:`guard` — guardrails on the policy's output: NaN / out-of-range / over-capacity / starvation fall
+  back to a heuristic, with the reason;
+* :func:`plan_targets` — the allocation as per-job backend ``Target``s, only where the size changes,
+  shrinks before grows;
+* :func:`slot_reward` — DL2's reward (eq. 1): sum over jobs of epochs trained in the slot / total epochs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dl2d.daemon.backend import JobStatus, NodeInfo, Target
+from dl2d.db.models import IntentKind
+from dl2d.sim.engine import Allocation, CapacityError, SlotView, place
+from dl2d.sim.jobtypes import type_index
+
+MAX_WORKERS = 16
+MAX_PS = 16
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """What the planner needs of one active (not terminal) DB job."""
+
+    id: int
+    job_type: str
+    total_epochs: float
+    epochs_done: float = 0.0
+    workers: int = 0
+    ps: int = 0
+    slots_run: int = 0  # slots this job has been in the system (allocation rows so far)
+    max_workers: int = MAX_WORKERS
+    max_ps: int = MAX_PS
+    name: str = ""
+    spec: Mapping[str, Any] = field(default_factory=dict)
+
+
+def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
+               max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS) -> SlotView:
+    """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
+
+    The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived)."""
+    jobs = sorted(jobs, key=lambda j: j.id)
+    cap = np.array([[n.gpus, n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
+    usable = np.array([n.usable for n in nodes], dtype=bool)
+    free = cap * usable[:, None]
+    slots_run = np.array([j.slots_run for j in jobs], int)
+    return SlotView(
+        slot=slot, jobs=np.array([j.id for j in jobs], int),
+        type_idx=np.array([type_index(j.job_type) for j in jobs], int),
+        arrival_slot=slot - slots_run, slots_run=slots_run,
+        epochs_done=np.array([j.epochs_done for j in jobs], float),
+        est_epochs=np.array([j.total_epochs for j in jobs], float),
+        prev_workers=np.array([j.workers for j in jobs], int), prev_ps=np.array([j.ps for j in jobs], int),
+        free=free, capacity=cap, max_workers=max_workers, max_ps=max_ps,
+    )
+
+
+def view_digest_input(view: SlotView) -> dict[str, Any]:
+    """The policy input as plain JSON (hashed into decisions.state_digest)."""
+    return {"slot": int(view.slot), "jobs": view.jobs.tolist(), "type": view.type_idx.tolist(),
+            "slots_run": view.slots_run.tolist(), "epochs_done": np.round(view.epochs_done, 6).tolist(),
+            "est": view.est_epochs.tolist(), "prev": [view.prev_workers.tolist(), view.prev_ps.tolist()],
+            "free": view.free.tolist()}
+
+
+def empty_allocation(n: int) -> Allocation:
+    z = np.zeros(n, int)
+    return Allocation(z, z.copy(), tuple(() for _ in range(n)), tuple(() for _ in range(n)))
+
+
+# ------------------------------------------------------------------------------------------ guardrails
+
+def check_allocation(view: SlotView, alloc: Any) -> str | None:
+    """Why an allocation cannot be carried out, or None. Never raises."""
+    n = len(view)
+    try:
+        w = np.asarray(alloc.workers, dtype=float)
+        p = np.asarray(alloc.ps, dtype=float)
+    except (TypeError, ValueError, AttributeError) as e:
+        return f"malformed output ({type(e).__name__})"
+    if w.shape != (n,) or p.shape != (n,):
+        return f"output for {w.shape}/{p.shape} jobs, the view has {n}"
+    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(p))):
+        return "NaN or infinite output"
+    if np.any(w != np.round(w)) or np.any(p != np.round(p)):
+        return "non-integer task counts"
+    if np.any(w < 0) or np.any(p < 0) or np.any(w > view.max_workers) or np.any(p > view.max_ps):
+        return f"task counts outside [0, {view.max_workers}] workers / [0, {view.max_ps}] PS"
+    ws, ps_ = alloc.worker_servers, alloc.ps_servers
+    if ws is not None or ps_ is not None:
+        if ws is None or ps_ is None or len(ws) != n or len(ps_) != n:
+            return "placement does not cover every job"
+        servers = len(view.free)
+        for j in range(n):
+            if len(ws[j]) != w[j] or len(ps_[j]) != p[j]:
+                return f"job {int(view.jobs[j])}: placement has {len(ws[j])}/{len(ps_[j])} tasks, counts {int(w[j])}/{int(p[j])}"
+            if any(not 0 <= s < servers for s in (*ws[j], *ps_[j])):
+                return f"job {int(view.jobs[j])}: placement on a server that does not exist"
+    fixed = Allocation(w.astype(int), p.astype(int), ws, ps_)
+    try:
+        _, pw, pp = place(view, fixed)
+    except CapacityError as e:
+        return f"over capacity: {e}"
+    if np.any(pw != fixed.workers) or np.any(pp != fixed.ps):
+        return "over capacity: some tasks fit on no server"
+    return None
+
+
+def starving(view: SlotView, alloc: Allocation, starved: Mapping[int, int], limit: int) -> list[int]:
+    """Jobs that would reach ``limit`` consecutive slots without a worker with this allocation."""
+    return [int(j) for j, w in zip(view.jobs, alloc.workers) if w == 0 and starved.get(int(j), 0) + 1 >= limit]
+
+
+def update_starved(view: SlotView, alloc: Allocation, starved: Mapping[int, int]) -> dict[int, int]:
+    """Consecutive slots without a worker, per active job (jobs that left are dropped)."""
+    return {int(j): (starved.get(int(j), 0) + 1 if w == 0 else 0) for j, w in zip(view.jobs, alloc.workers)}
+
+
+@dataclass(frozen=True)
+class Guarded:
+    allocation: Allocation
+    source: str  # "policy" | "fallback"
+    reason: str | None = None
+
+
+def guard(view: SlotView, policy: Callable[[SlotView], Allocation] | None, fallback: Callable[[SlotView], Allocation],
+          starved: Mapping[int, int], starve_limit: int) -> Guarded:
+    """Run the policy and keep its allocation unless a guardrail trips; then the fallback's (checked too).
+
+    A policy that raises, returns NaN / out-of-range / over-capacity output, or would leave a job without
+    a worker for ``starve_limit`` slots in a row while the fallback would run that job, is overridden."""
+    if len(view) == 0:
+        return Guarded(empty_allocation(0), "policy")
+    reason = None
+    alloc = None
+    if policy is None:
+        reason = "no policy"
+    else:
+        try:
+            alloc = policy(view)
+        except Exception as e:  # any policy failure is a fallback, never a daemon crash
+            reason = f"policy raised {type(e).__name__}: {e}"
+    if reason is None:
+        reason = check_allocation(view, alloc)
+    fb: Allocation | None = None
+    if reason is None:
+        starved_jobs = starving(view, alloc, starved, starve_limit)
+        if starved_jobs:
+            fb = fallback(view)
+            rescued = [j for j in starved_jobs if fb.workers[list(view.jobs).index(j)] > 0]
+            if rescued:
+                reason = (f"policy starves job(s) {', '.join(map(str, rescued[:10]))} for {starve_limit} slots")
+    if reason is None:
+        return Guarded(alloc, "policy")
+    fb = fb if fb is not None else fallback(view)
+    problem = check_allocation(view, fb)
+    if problem is not None:  # a heuristic bug: run nothing new rather than overflow the cluster
+        return Guarded(empty_allocation(len(view)), "fallback", f"{reason}; fallback invalid too ({problem})")
+    return Guarded(fb, "fallback", reason)
+
+
+# ------------------------------------------------------------------------------------------ targets
+
+@dataclass(frozen=True)
+class PlannedTarget:
+    job_id: int
+    kind: IntentKind
+    target: Target
+    prev: tuple[int, int]
+
+
+def target_to_json(t: Target) -> dict[str, Any]:
+    return {"workers": t.workers, "ps": t.ps, "worker_nodes": list(t.worker_nodes), "ps_nodes": list(t.ps_nodes)}
+
+
+def target_from_json(d: Mapping[str, Any]) -> Target:
+    return Target(int(d["workers"]), int(d["ps"]), tuple(d.get("worker_nodes") or ()), tuple(d.get("ps_nodes") or ()))
+
+
+def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
+                 job_limits: Mapping[int, tuple[int, int]] | None = None) -> tuple[list[PlannedTarget], dict[int, tuple[int, int]]]:
+    """(targets for jobs whose size changes, shrinks/stops first; the final (workers, ps) of every job).
+
+    Per-job limits from the submission (max_workers, max_ps) cap the policy's counts (extra tasks dropped)."""
+    limits = job_limits or {}
+    planned: list[PlannedTarget] = []
+    sizes: dict[int, tuple[int, int]] = {}
+    for j, job_id in enumerate(int(x) for x in view.jobs):
+        mw, mp = limits.get(job_id, (view.max_workers, view.max_ps))
+        w, p = min(int(alloc.workers[j]), mw), min(int(alloc.ps[j]), mp)
+        sizes[job_id] = (w, p)
+        prev = (int(view.prev_workers[j]), int(view.prev_ps[j]))
+        if (w, p) == prev:
+            continue
+        wn = tuple(node_names[s] for s in alloc.worker_servers[j][:w]) if alloc.worker_servers is not None else ()
+        pn = tuple(node_names[s] for s in alloc.ps_servers[j][:p]) if alloc.ps_servers is not None else ()
+        kind = IntentKind.SUBMIT if prev == (0, 0) else IntentKind.RESIZE
+        planned.append(PlannedTarget(job_id, kind, Target(w, p, wn, pn), prev))
+    planned.sort(key=lambda t: (0 if t.target.workers <= t.prev[0] and t.target.ps <= t.prev[1] else 1, t.job_id))
+    return planned, sizes
+
+
+# ------------------------------------------------------------------------------------------ reward
+
+def slot_reward(before: Mapping[int, float], after: Mapping[int, JobStatus], total_epochs: Mapping[int, float]) -> float:
+    """DL2 eq. 1: sum over jobs of (epochs trained this slot) / (the job's total epochs)."""
+    r = 0.0
+    for job_id, done_before in before.items():
+        st = after.get(job_id)
+        total = total_epochs.get(job_id, 0.0)
+        if st is None or total <= 0:
+            continue
+        r += max(st.epochs_done - done_before, 0.0) / total
+    return r

@@ -1,0 +1,247 @@
+"""The simulated cluster backend: the daemon's embedded default.
+
+The daemon drives it exactly as it drives Slurm (``observe`` / ``apply`` / ``cancel`` / ``drain`` /
+``resume``), and :meth:`SimBackend.end_slot` trains every running job for one slot with the simulator's
+speed model (``dl2d.sim.engine.epochs_per_slot``: measured speed table x the job's hidden interference
+factor x a per-slot noise drawn as the simulator draws it). Time is virtual: :meth:`SimBackend.now` is the
+start time plus ``slot`` x ``slot_seconds``, so the daemon's timestamps (and the DB's JCTs) are simulated time.
+
+The cluster outlives the daemon like a real one: with ``state_file`` set, the whole state (jobs, sizes,
+placements, drained nodes, virtual clock, the noise generator and a log of every apply) is written
+atomically after each change, and a new SimBackend on the same file continues where the last one stopped.
+That is what lets the crash tests kill the daemon with SIGKILL and check that nothing was applied twice.
+
+Placement: targets carry per-task node names as hints; they are recorded (``JobStatus.nodes``) but, as
+with Slurm, where tasks really run is the backend's business: a job whose size does not change keeps its
+tasks where they are, so per-node hints of different slots need not add up. ``end_slot`` checks that the
+running jobs fit the cluster in total (a plan applied job by job may pass through states that do not fit,
+as on a real cluster between two resizes; the state that runs must fit).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from dl2d.daemon.backend import (
+    FAILED, FINISHED, HOT, NOOP, PENDING, RUNNING, SHRINK, START, STOP,
+    ApplyResult, BackendError, JobRequest, JobStatus, NodeInfo, Target,
+)
+from dl2d.sim.cluster import ClusterSpec
+from dl2d.sim.engine import BATCHES_PER_EPOCH, PS_DEMAND, WORKER_DEMAND
+from dl2d.sim.jobtypes import TYPE_NAMES, type_index
+from dl2d.sim.speed import lookup, speed_table
+
+STATE_FORMAT = "dl2d-sim-cluster"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """What the scheduler is not told about a simulated job (from a trace): true epochs, interference."""
+
+    true_epochs: float
+    speed_factor: float = 1.0
+
+
+def node_names(n: int) -> list[str]:
+    width = max(3, len(str(n)))
+    return [f"sim{i + 1:0{width}d}" for i in range(n)]
+
+
+class SimBackend:
+    """See the module docstring. ``hidden`` maps job *names* to :class:`Hidden` (demo traces)."""
+
+    name = "sim"
+
+    def __init__(self, cluster: ClusterSpec = ClusterSpec(40), slot_seconds: float = 1200.0, noise: float = 0.1,
+                 seed: int = 0, speed_model: str = "measured", state_file: str | Path | None = None,
+                 hidden: Mapping[str, Hidden] | None = None, start_time: float | None = None):
+        if slot_seconds <= 0:
+            raise ValueError("slot_seconds must be > 0")
+        if not 0 <= noise < 1:
+            raise ValueError("noise must be in [0, 1)")
+        self.cluster = cluster
+        self.slot_seconds = float(slot_seconds)
+        self.noise = float(noise)
+        self.table = speed_table(speed_model)
+        self.hidden = dict(hidden or {})
+        self.state_file = Path(state_file) if state_file else None
+        self._names = node_names(cluster.num_servers)
+        self._index = {n: i for i, n in enumerate(self._names)}
+        if self.state_file is not None and self.state_file.exists():
+            self._load()
+        else:
+            self.slot = 0
+            self.origin = time.time() if start_time is None else float(start_time)
+            self.jobs: dict[int, dict[str, Any]] = {}
+            self.drained: dict[str, str] = {}
+            self.rng = np.random.default_rng(seed)
+            self.log: list[dict[str, Any]] = []
+            self._save()
+
+    # ------------------------------------------------------------------ persistence
+
+    def _doc(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT, "version": STATE_VERSION, "servers": self.cluster.num_servers,
+            "slot": self.slot, "origin": self.origin, "jobs": {str(k): v for k, v in self.jobs.items()},
+            "drained": self.drained, "rng": self.rng.bit_generator.state, "log": self.log,
+        }
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self._doc(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_file)
+
+    def _load(self) -> None:
+        try:
+            doc = json.loads(self.state_file.read_text())
+        except (OSError, ValueError) as e:
+            raise BackendError(f"{self.state_file}: cannot read the simulated cluster's state ({e})") from None
+        if doc.get("format") != STATE_FORMAT or doc.get("version") != STATE_VERSION:
+            raise BackendError(f"{self.state_file}: not a dl2d simulated-cluster state file (v{STATE_VERSION})")
+        if doc["servers"] != self.cluster.num_servers:
+            raise BackendError(f"{self.state_file}: the saved cluster has {doc['servers']} servers, the config "
+                               f"{self.cluster.num_servers}; remove the file to start a new simulated cluster")
+        self.slot, self.origin = int(doc["slot"]), float(doc["origin"])
+        self.jobs = {int(k): v for k, v in doc["jobs"].items()}
+        self.drained = dict(doc["drained"])
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = doc["rng"]
+        self.log = list(doc["log"])
+
+    # ------------------------------------------------------------------ the ClusterBackend interface
+
+    def now(self) -> datetime:
+        """Virtual time: start + slot x slot_seconds."""
+        return datetime.fromtimestamp(self.origin + self.slot * self.slot_seconds, timezone.utc)
+
+    def nodes(self) -> list[NodeInfo]:
+        c = self.cluster
+        return [NodeInfo(n, int(c.gpus), int(c.cpus), float(c.mem_gb), usable=n not in self.drained,
+                         reason=self.drained.get(n, "")) for n in self._names]
+
+    def _status(self, job_id: int, j: dict[str, Any]) -> JobStatus:
+        fin = j.get("finished_at")
+        return JobStatus(
+            job_id=job_id, state=j["state"], workers=j["workers"], ps=j["ps"], epochs_done=j["epochs_done"],
+            nodes=tuple(sorted(set(j["worker_nodes"]) | set(j["ps_nodes"]))), backend_ref=f"sim-{job_id}",
+            hot_scaling=True, message=j.get("message", ""),
+            finished_at=datetime.fromtimestamp(fin, timezone.utc) if fin is not None else None,
+        )
+
+    def observe(self) -> dict[int, JobStatus]:
+        return {jid: self._status(jid, j) for jid, j in self.jobs.items()}
+
+    def _check_target(self, job: JobRequest, target: Target) -> None:
+        if target.workers < 0 or target.ps < 0:
+            raise BackendError(f"job {job.job_id}: negative target {target.workers}/{target.ps}")
+        for role, want, nodes in (("worker", target.workers, target.worker_nodes), ("ps", target.ps, target.ps_nodes)):
+            if nodes and len(nodes) != want:
+                raise BackendError(f"job {job.job_id}: {want} {role}(s) but {len(nodes)} node(s) given")
+            unknown = [n for n in nodes if n not in self._index]
+            if unknown:
+                raise BackendError(f"job {job.job_id}: unknown node(s) {', '.join(sorted(set(unknown)))}")
+
+    def apply(self, job: JobRequest, target: Target) -> ApplyResult:
+        self._check_target(job, target)
+        ref = f"sim-{job.job_id}"
+        j = self.jobs.get(job.job_id)
+        if j is not None and j["state"] in (FINISHED, FAILED):
+            return ApplyResult(job.job_id, NOOP, ref)
+        w_nodes, p_nodes = list(target.worker_nodes), list(target.ps_nodes)
+        if j is None:
+            if target.workers == 0 and target.ps == 0:
+                return ApplyResult(job.job_id, NOOP, ref)
+            try:
+                t = type_index(job.job_type)
+            except ValueError as e:
+                raise BackendError(f"job {job.job_id}: {e}") from None
+            hid = self.hidden.get(str(job.spec.get("name", "")), Hidden(job.total_epochs))
+            j = {"type": t, "est": float(job.total_epochs), "true": float(hid.true_epochs),
+                 "factor": float(hid.speed_factor), "epochs_done": 0.0, "workers": 0, "ps": 0,
+                 "worker_nodes": [], "ps_nodes": [], "state": PENDING, "finished_at": None}
+            self.jobs[job.job_id] = j
+        same = (j["workers"], j["ps"]) == (target.workers, target.ps) and \
+            (not w_nodes or w_nodes == j["worker_nodes"]) and (not p_nodes or p_nodes == j["ps_nodes"])
+        if same:
+            return ApplyResult(job.job_id, NOOP, ref)
+        if target.workers == 0 and target.ps == 0:
+            method = STOP
+        elif j["workers"] == 0 and j["ps"] == 0:
+            method = START
+        elif target.workers <= j["workers"] and target.ps <= j["ps"]:
+            method = SHRINK
+        else:
+            method = HOT  # simulated jobs scale in place
+        j.update(workers=target.workers, ps=target.ps, worker_nodes=w_nodes, ps_nodes=p_nodes,
+                 state=RUNNING if target.workers > 0 else PENDING)
+        self.log.append({"slot": self.slot, "job": job.job_id, "workers": target.workers, "ps": target.ps,
+                         "method": method})
+        self._save()
+        return ApplyResult(job.job_id, method, ref)
+
+    def cancel(self, job_id: int) -> None:
+        j = self.jobs.get(job_id)
+        if j is None or j["state"] in (FINISHED, FAILED):
+            return
+        j.update(state=FAILED, workers=0, ps=0, worker_nodes=[], ps_nodes=[], message="cancelled")
+        self.log.append({"slot": self.slot, "job": job_id, "workers": 0, "ps": 0, "method": "cancel"})
+        self._save()
+
+    def drain(self, node: str, reason: str) -> None:
+        if node not in self._index:
+            raise BackendError(f"unknown node {node!r}")
+        if self.drained.get(node) != reason:
+            self.drained[node] = reason
+            self._save()
+
+    def resume(self, node: str) -> None:
+        if self.drained.pop(node, None) is not None:
+            self._save()
+
+    def _check_capacity(self, running: list[tuple[int, dict[str, Any]]]) -> None:
+        total = np.zeros(3)
+        for _, j in running:
+            total += j["workers"] * WORKER_DEMAND[j["type"]] + j["ps"] * PS_DEMAND[j["type"]]
+        cap = self.cluster.server_capacity * len(self._names)
+        if np.any(total > cap + 1e-6):
+            raise BackendError(f"running jobs need {total.tolist()} (GPUs, CPUs, GB), the cluster has {cap.tolist()}")
+
+    def end_slot(self, seconds: float) -> None:
+        """Train every running job for one slot (``seconds`` is ignored: a slot is ``slot_seconds``)."""
+        active = sorted((jid, j) for jid, j in self.jobs.items() if j["state"] in (PENDING, RUNNING))
+        self._check_capacity(active)
+        noise = 1 + self.noise * self.rng.uniform(-1, 1, len(active))
+        start = self.origin + self.slot * self.slot_seconds
+        for (jid, j), nz in zip(active, noise):
+            if j["workers"] == 0:
+                continue
+            t = np.array([j["type"]])
+            ep = float(lookup(self.table, t, np.array([j["ps"]]), np.array([j["workers"]]))[0]
+                       * (j["factor"] * nz) * self.slot_seconds / BATCHES_PER_EPOCH[j["type"]])
+            left = j["true"] - j["epochs_done"]
+            if ep >= left - 1e-12:
+                frac = min(max(left / ep, 0.0), 1.0) if ep > 0 else 1.0
+                j.update(epochs_done=j["true"], state=FINISHED, finished_at=start + frac * self.slot_seconds,
+                         workers=0, ps=0, worker_nodes=[], ps_nodes=[])
+            else:
+                j["epochs_done"] += ep
+        self.slot += 1
+        self._save()
+
+
+def job_type_name(idx: int) -> str:
+    return TYPE_NAMES[idx]
