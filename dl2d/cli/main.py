@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "queue": "dl2d.cli.jobs:queue",
     "show": "dl2d.cli.jobs:show",
     "cancel": "dl2d.cli.jobs:cancel",
+    "daemon": "dl2d.cli.daemon:daemon",
 }
 
 
