@@ -27,6 +27,8 @@ class PolicyConfig:
     replay_size: int = 8192
     minibatch: int = 256
     updates_per_slot: int = 1
+    n_step: int = 1  # critic target: n-step discounted return of the slot rewards + gamma^n V(state n slots on)
+    normalize_advantage: bool = True  # advantages standardised per minibatch
     # feature scaling
     slots_scale: float = 100.0
     epochs_scale: float = 300.0

@@ -49,7 +49,8 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
             tw[: sl.stop - start] = targets[0][sl]
             tu[: sl.stop - start] = targets[1][sl]
         key, sub = jax.random.split(key)
-        out = run_window(cfg, params, sub, win, mode=mode, epsilon=epsilon, target_w=tw, target_u=tu, record=True)
+        out = run_window(cfg, params, sub, win, mode=mode, epsilon=epsilon, target_w=tw, target_u=tu,
+                         record=record)
         out = jax.device_get(out)
         steps = int(out.n_steps)
         acts = out.actions[:steps]

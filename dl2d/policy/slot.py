@@ -6,7 +6,9 @@ least-loaded server that fits (the simulator's `Placer` rule) and updates w, u, 
 It stops on the void action, which is the only one left once nothing fits. Action k means job k // 3 and
 kind k % 3 (0 worker, 1 PS, 2 worker + PS); action 3J is void.
 
-Every step's (state, mask, action) is recorded for training. The first layer of the policy network is
+Every step's action and the servers it used are always recorded (the caller needs them to build the
+allocation); the step's state and mask, which training needs and which dominate memory (T x state_dim, about
+1.7 GB at J = 1000), only with `record=True`. The first layer of the policy network is
 updated incrementally: only the acting job's features change in a step, so h = x W + b is patched with that
 job's rows of W instead of recomputed.
 """
@@ -165,7 +167,8 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
     from dl2d.policy.nets import masked_logits
 
     J, F, A = cfg.max_jobs, cfg.features_per_job, cfg.num_actions
-    T = cfg.max_steps if record else 1
+    T = cfg.max_steps
+    TS = T if record else 1  # rows of the state / mask records
     pol = params["policy"]
     W1, b1 = pol["in"]["kernel"], pol["in"]["bias"]
     W1_jobs = W1.reshape(J, F, -1)
@@ -183,7 +186,7 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
     feats = job_features(cfg, win, w, u)
     h1 = feats.reshape(-1) @ W1 + b1
 
-    rec = (jnp.zeros((T, cfg.state_dim)), jnp.zeros((T, A), bool), jnp.zeros(T, jnp.int32),
+    rec = (jnp.zeros((TS, cfg.state_dim)), jnp.zeros((TS, A), bool), jnp.zeros(T, jnp.int32),
            jnp.full(T, -1, jnp.int32), jnp.full(T, -1, jnp.int32), jnp.zeros(T, bool))
 
     def cond(c):
@@ -215,10 +218,8 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
         states, masks, acts, sws, sps, exps = c["rec"]
         i = jnp.minimum(c["t"], T - 1)
         if record:
-            rec = (states.at[i].set(c["feats"].reshape(-1)), masks.at[i].set(mask),
-                   acts.at[i].set(a), sws.at[i].set(sw), sps.at[i].set(sp), exps.at[i].set(explored))
-        else:
-            rec = c["rec"]
+            states, masks = states.at[i].set(c["feats"].reshape(-1)), masks.at[i].set(mask)
+        rec = (states, masks, acts.at[i].set(a), sws.at[i].set(sw), sps.at[i].set(sp), exps.at[i].set(explored))
         return {"t": c["t"] + 1, "key": key, "w": w2, "u": u2, "free": free2, "feats": feats, "h1": h1,
                 "done": a == A - 1, "rec": rec}
 

@@ -5,6 +5,7 @@ replay buffer are a thin NumPy shell around the simulator and the jitted slot lo
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -33,12 +34,18 @@ def sl_loss(cfg: PolicyConfig, params, states, masks, actions):
 
 
 def rl_loss(cfg: PolicyConfig, params, batch):
-    """Advantage actor-critic: -log pi(a|s) (y - V(s)) - beta H(pi) + c (y - V(s))^2, y = r + gamma V(s')."""
-    states, masks, actions, rewards, next_states, dones = batch
+    """Advantage actor-critic: -log pi(a|s) A - beta H(pi) + c (y - V(s))^2 with y = R + disc V(s'), A = y - V(s).
+
+    R is the discounted return of the next n slots' rewards and disc = gamma^n (0 where the episode ended
+    within them), so n = 1 is the one-step TD target r + gamma V(s'). With `cfg.normalize_advantage` the
+    advantages are standardised over the minibatch (the policy step then does not depend on the reward scale)."""
+    states, masks, actions, returns, next_states, discounts = batch
     logp = jax.nn.log_softmax(masked_logits(policy_logits(cfg, params, states), masks))
     v = value(cfg, params, states)
-    y = rewards + cfg.gamma * jax.lax.stop_gradient(value(cfg, params, next_states)) * (1.0 - dones)
+    y = returns + discounts * jax.lax.stop_gradient(value(cfg, params, next_states))
     adv = jax.lax.stop_gradient(y - v)
+    if cfg.normalize_advantage:
+        adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-6)
     pg = -jnp.mean(jnp.take_along_axis(logp, actions[:, None], axis=1)[:, 0] * adv)
     p = jnp.exp(logp)
     entropy = -jnp.mean(jnp.sum(jnp.where(masks, p * logp, 0.0), axis=1))
@@ -118,26 +125,32 @@ def imitation_accuracy(cfg: PolicyConfig, params, data) -> float:
 
 
 class Replay:
-    """A ring buffer of (s, mask, a, r, s', done); samples uniformly."""
+    """A ring buffer of (s, mask, a, R, s', disc): the critic's target is R + disc V(s'); samples uniformly."""
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         n, d, a = cfg.replay_size, cfg.state_dim, cfg.num_actions
         self.s, self.m = np.zeros((n, d), np.float32), np.zeros((n, a), bool)
         self.a, self.r = np.zeros(n, np.int32), np.zeros(n, np.float32)
-        self.s2, self.done = np.zeros((n, d), np.float32), np.zeros(n, np.float32)
+        self.s2, self.disc = np.zeros((n, d), np.float32), np.zeros(n, np.float32)
         self.n, self.i, self.size = n, 0, 0
         self.rng = np.random.default_rng(seed)
 
-    def add(self, s, m, a, r, s2, done):
-        for k in range(len(a)):
-            j = self.i
-            self.s[j], self.m[j], self.a[j], self.r[j], self.s2[j], self.done[j] = s[k], m[k], a[k], r, s2, done
-            self.i = (self.i + 1) % self.n
-            self.size = min(self.size + 1, self.n)
+    def add(self, s, m, a, r, s2, disc):
+        """Samples s[k], m[k], a[k] sharing the return r, bootstrap state s2 and discount disc."""
+        k = len(a)
+        if k == 0:
+            return
+        if k > self.n:  # only the last n fit
+            s, m, a, k = s[-self.n:], m[-self.n:], a[-self.n:], self.n
+        idx = (self.i + np.arange(k)) % self.n
+        self.s[idx], self.m[idx], self.a[idx] = s, m, a
+        self.r[idx], self.s2[idx], self.disc[idx] = r, s2, disc
+        self.i = int((self.i + k) % self.n)
+        self.size = min(self.size + k, self.n)
 
     def sample(self, k: int):
         idx = self.rng.integers(0, self.size, min(k, self.size))
-        return tuple(jnp.asarray(x[idx]) for x in (self.s, self.m, self.a, self.r, self.s2, self.done))
+        return tuple(jnp.asarray(x[idx]) for x in (self.s, self.m, self.a, self.r, self.s2, self.disc))
 
 
 @dataclass
@@ -150,22 +163,25 @@ class RLState:
 
 def rl_episode(cfg: PolicyConfig, st: RLState, trace: Trace, sim: E.SimConfig, seed: int,
                max_slots: int | None = None, on_slot: Callable | None = None) -> float:
-    """Run one trace with the sampling policy, learning after every slot. Returns the episode's total reward."""
+    """Run one trace with the sampling policy, learning after every slot. Returns the episode's total reward.
+
+    A slot's samples enter the replay once the `cfg.n_step` following slot rewards are known (or the episode
+    ends), with their discounted sum as return and the first state of the slot n on as bootstrap."""
     opt = make_optimizer(cfg.rl_lr)
     rng = np.random.default_rng(seed)
     key = jax.random.PRNGKey(seed)
     state = E.replace(E.SimState.initial(len(trace)), slot=int(trace.arrival_slot.min()))
-    pending = None  # (records, reward) of the previous slot, waiting for its next state
+    pending: deque = deque()  # (records, reward) of the last slots, oldest first, waiting for their returns
     total, n = 0.0, 0
     while not state.done() and (max_slots is None or n < max_slots):
         view = E.view_of(trace, state, sim)
         key, sub = jax.random.split(key)
         d = decide(cfg, st.params, sub, view, mode=SAMPLE, epsilon=cfg.epsilon, record=True)
         first = d.records[0].states[0] if d.records and len(d.records[0].actions) else np.zeros(cfg.state_dim)
-        if pending is not None:
-            _push(st.replay, pending, first, 0.0)
+        if len(pending) >= cfg.n_step:
+            _push(st.replay, pending, first, cfg.gamma, terminal=False)
         state, reward, _ = E.step(trace, state, d.allocation, sim, rng)
-        pending = (d.records, reward)
+        pending.append((d.records, reward))
         total += reward
         n += 1
         if st.replay.size >= cfg.minibatch:
@@ -175,15 +191,23 @@ def rl_episode(cfg: PolicyConfig, st: RLState, trace: Trace, sim: E.SimConfig, s
                 st.steps += 1
         if on_slot:
             on_slot(n, reward)
-    if pending is not None:
-        _push(st.replay, pending, np.zeros(cfg.state_dim), 1.0)
+    while pending:
+        _push(st.replay, pending, np.zeros(cfg.state_dim), cfg.gamma, terminal=True)
     return total
 
 
-def _push(replay: Replay, pending, next_state, done):
-    records, reward = pending
+def nstep_return(rewards, gamma: float) -> float:
+    return float(sum(r * gamma ** k for k, r in enumerate(rewards)))
+
+
+def _push(replay: Replay, pending: deque, next_state, gamma: float, terminal: bool):
+    """Store the oldest pending slot's samples: return over all pending rewards, bootstrap `next_state`."""
+    rewards = [r for _, r in pending]
+    ret = nstep_return(rewards, gamma)
+    disc = 0.0 if terminal else gamma ** len(rewards)
+    records, _ = pending.popleft()
     for r in records:
-        replay.add(r.states, r.masks, r.actions, reward, next_state, done)
+        replay.add(r.states, r.masks, r.actions, ret, next_state, disc)
 
 
 def validate(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, seed: int = 0) -> E.SimResult:

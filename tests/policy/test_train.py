@@ -72,7 +72,7 @@ def test_one_rl_update_changes_parameters_and_is_finite(cfg, params):
     actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks], np.int32)
     batch = (rng.random((n, cfg.state_dim), dtype=np.float32), masks, actions,
              rng.random(n).astype(np.float32), rng.random((n, cfg.state_dim), dtype=np.float32),
-             (rng.random(n) < 0.1).astype(np.float32))
+             np.where(rng.random(n) < 0.1, 0.0, 0.9).astype(np.float32))
     opt = make_optimizer(cfg.rl_lr)
     opt_state = opt.init(params)
     new, new_opt, loss, aux = T.rl_update(cfg, opt, params, opt_state, batch)
