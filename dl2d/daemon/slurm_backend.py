@@ -553,8 +553,7 @@ class SlurmBackend:
         applied = record.get("applied") or {}
         cur = Current(
             slurm_state=live.state if live is not None else None,
-            allocation=(Allocation(live.num_nodes, live.gpus_per_node) if live is not None
-                        and live.num_nodes else None),
+            allocation=self._allocation(live, record),
             applied=(int(applied.get("workers", 0)), int(applied.get("ps", 0))),
             finished=progress_state(progress) == "done" or record.get("final") == FINISHED,
         )
@@ -599,6 +598,7 @@ class SlurmBackend:
                 with self._slurm(f"shrinking job {live.job_id} to {needed.nodes} nodes"):
                     self.driver.shrink(live.job_id, needed.nodes)
                 record["applied"] = record["target"]
+                record["allocation"] = {"nodes": needed.nodes, "gpus_per_node": live.gpus_per_node}
                 self._save(job.job_id, record)
                 return ApplyResult(job.job_id, SHRINK, live.job_id)
         # RESTART: checkpoint, then requeue at the new size or submit anew.
@@ -650,6 +650,18 @@ class SlurmBackend:
         if shape is None:
             raise BackendError("no usable Slurm node (all down or drained)", retryable=True)
         return shape
+
+    @staticmethod
+    def _allocation(live: SlurmJob | None, record: Mapping[str, Any]) -> Allocation | None:
+        """A running job's allocation as Slurm reports it; a pending one's as we requested
+        it (Slurm 22.05 keeps showing a requeued job's old node count after ``scontrol update
+        NumNodes`` until it starts, at the new count)."""
+        if live is None:
+            return None
+        asked = record.get("allocation") or {}
+        if live.state != "RUNNING" and asked.get("nodes"):
+            return Allocation(int(asked["nodes"]), int(asked.get("gpus_per_node", 0)))
+        return Allocation(live.num_nodes, live.gpus_per_node) if live.num_nodes else None
 
     def _adopt(self, job_id: int, record: dict[str, Any], live: SlurmJob) -> dict[str, Any]:
         log.warning("job %s: adopting Slurm job %s (not in the record)", job_id, live.job_id)

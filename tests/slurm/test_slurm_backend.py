@@ -213,6 +213,7 @@ class FakeSlurm:
         self.next_id = 100
         self.down = False
         self.ignore_signals = False
+        self.requeued_nodes: dict[str, int] = {}
 
     def _check(self) -> None:
         if self.down:
@@ -224,8 +225,10 @@ class FakeSlurm:
     def run(self) -> None:
         for j in list(self.jobs_.values()):
             if j.state == "PENDING":
-                nodes = tuple(f"node{i}" for i in range(1, j.num_nodes + 1))
-                self._set(j.job_id, state="RUNNING", nodes=nodes, batch_host=nodes[0])
+                n = self.requeued_nodes.pop(j.job_id, j.num_nodes)
+                nodes = tuple(f"node{i}" for i in range(1, n + 1))
+                self._set(j.job_id, state="RUNNING", nodes=nodes, num_nodes=n,
+                          batch_host=nodes[0])
 
     def submit(self, spec: JobSpec) -> str:
         self._check()
@@ -265,8 +268,10 @@ class FakeSlurm:
     def requeue(self, job_id, num_nodes=None):
         self._check()
         self.calls.append(("requeue", job_id, num_nodes))
-        self._set(job_id, state="PENDING", nodes=(), num_nodes=num_nodes or 1,
-                  restarts=self.jobs_[job_id].restarts + 1)
+        # As seen on 22.05: a requeued job keeps showing its old node count until it runs.
+        if num_nodes:
+            self.requeued_nodes[job_id] = num_nodes
+        self._set(job_id, state="PENDING", nodes=(), restarts=self.jobs_[job_id].restarts + 1)
 
     def cancel(self, job_id):
         self._check()
@@ -376,6 +381,7 @@ def test_restart_by_requeue_keeps_the_slurm_job(tmp_path):
     assert (st.state, st.workers) == (PENDING, 8)
     assert b.apply(req(), Target(8, 1)).method == NOOP  # pending at 2 nodes x 4
     fake.run()
+    assert len(b.observe()[1].nodes) == 2
     # 2 x 4 -> 3 nodes x 3 GPUs: requeue cannot change GPUs per node, so it resubmits.
     r = b.apply(req(), Target(9, 1))
     assert (r.method, r.backend_ref) == (RESTART, "102")

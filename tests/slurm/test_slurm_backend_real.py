@@ -1,0 +1,182 @@
+"""SlurmBackend against the real local Slurm (4 nodes x 4 fake GPUs, see conftest), running the
+demo training job that reports epochs and checkpoints on SIGUSR1."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dl2d.daemon.backend import (
+    FAILED, FINISHED, NOOP, PENDING, RESTART, RUNNING, SHRINK, START, STOP,
+    BackendError, JobRequest, Target,
+)
+from dl2d.daemon.slurm_backend import SlurmBackend, SlurmBackendConfig
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_request(job_id: int, epochs: int, seconds_per_epoch: float = 0.5) -> JobRequest:
+    # The backend's batch script exports DL2D_CHECKPOINT_DIR / DL2D_PROGRESS_FILE.
+    command = (f"exec {sys.executable} -m dl2d.slurm.demo_job --epochs {epochs}"
+               ' --checkpoint "$DL2D_CHECKPOINT_DIR/ckpt.json" --progress "$DL2D_PROGRESS_FILE"'
+               f" --seconds-per-epoch {seconds_per_epoch}")
+    return JobRequest(job_id=job_id, job_type="resnet-50", total_epochs=epochs,
+                      spec={"command": command, "time_limit_min": 10, "worker": {"gpus": 1}})
+
+
+def backend(slurm, state_dir: Path, **kw) -> SlurmBackend:
+    config = SlurmBackendConfig(state_dir=state_dir, workdir=str(REPO),
+                                checkpoint_timeout_s=20, **kw)
+    return SlurmBackend(slurm.driver(), config)
+
+
+def status_when(b: SlurmBackend, job_id: int, wait_for, timeout: float, what: str, **want):
+    """The job's status once all ``want`` fields match (``epochs_min`` for epochs_done >=)."""
+    epochs_min = want.pop("epochs_min", None)
+
+    def check():
+        st = b.observe().get(job_id)
+        if st is None or any(getattr(st, k) != v for k, v in want.items()):
+            return None
+        if epochs_min is not None and st.epochs_done < epochs_min:
+            return None
+        return st
+    return wait_for(check, timeout, what)
+
+
+def progress(b: SlurmBackend, job_id: int) -> dict:
+    try:
+        return json.loads((b.job_dir(job_id) / "progress.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def test_lifecycle_start_shrink_grow_stop_start_and_daemon_restart(slurm, wait_for, tmp_path):
+    b = backend(slurm, tmp_path / "state")
+    job = demo_request(301, epochs=60)
+
+    r = b.apply(job, Target(6, 1))  # 6 workers x 1 GPU: 2 nodes x 3 GPUs
+    assert r.method == START
+    st = status_when(b, 301, wait_for, 30, "the job running with an epoch done",
+                     state=RUNNING, epochs_min=1)
+    assert (st.workers, st.ps, len(st.nodes), st.backend_ref) == (6, 1, 2, r.backend_ref)
+    assert b.apply(job, Target(6, 1)).method == NOOP
+
+    # A restarted daemon (new backend instance, same state dir) sees the same job and does
+    # not resize it again.
+    b2 = backend(slurm, tmp_path / "state")
+    seen = b2.observe()[301]
+    assert (seen.state, seen.workers, seen.nodes, seen.backend_ref) == (
+        RUNNING, 6, st.nodes, st.backend_ref)
+    assert b2.apply(job, Target(6, 1)).method == NOOP
+    slurm_job = next(j for j in slurm.driver().jobs() if j.job_id == r.backend_ref)
+    assert (slurm_job.state, slurm_job.num_nodes, slurm_job.restarts) == ("RUNNING", 2, 0)
+
+    # Shrink in place: 2 workers fit on one of its nodes.
+    assert b2.apply(job, Target(2, 1)).method == SHRINK
+    st = status_when(b2, 301, wait_for, 15, "the job on one node", state=RUNNING, workers=2)
+    assert len(st.nodes) == 1 and st.backend_ref == r.backend_ref
+    assert b.apply(job, Target(2, 1)).method == NOOP  # the first instance agrees
+
+    # Grow beyond the allocation: checkpoint, resubmit at 2 nodes x 4 GPUs, resume.
+    r2 = b.apply(job, Target(8, 1))
+    assert r2.method == RESTART and r2.backend_ref != r.backend_ref
+    saved = json.loads((b.job_dir(301) / "checkpoint" / "ckpt.json").read_text())["epoch"]
+    assert saved >= 1
+    st = status_when(b, 301, wait_for, 30, "the relaunched job running", state=RUNNING,
+                     backend_ref=r2.backend_ref)
+    assert len(st.nodes) == 2 and st.workers == 8
+    wait_for(lambda: progress(b, 301).get("runs") == 2, 15, "the second run's progress")
+    p = progress(b, 301)
+    assert p["resumed_from"] == saved and p["slurm_job_id"] == r2.backend_ref
+    assert b.observe()[301].epochs_done >= saved
+    assert b2.apply(job, Target(8, 1)).method == NOOP
+
+    # Stop (checkpoint, the Slurm job ends, the checkpoint stays), then start again.
+    wait_for(lambda: progress(b, 301).get("epoch", 0) > saved, 15, "an epoch after resuming")
+    assert b.apply(job, Target(0, 0)).method == STOP
+    st = b.observe()[301]
+    assert (st.state, st.workers, st.ps) == (PENDING, 0, 0) and "stopped" in st.message
+    stopped_at = json.loads((b.job_dir(301) / "checkpoint" / "ckpt.json").read_text())["epoch"]
+    assert stopped_at > saved and st.epochs_done == stopped_at
+    assert not any(j.active for j in slurm.driver().jobs() if j.comment == "dl2d:301")
+    assert b2.apply(job, Target(0, 0)).method == NOOP
+
+    r3 = b2.apply(job, Target(1, 1))
+    assert r3.method == START
+    status_when(b2, 301, wait_for, 30, "the restarted job running", state=RUNNING,
+                backend_ref=r3.backend_ref)
+    wait_for(lambda: progress(b2, 301).get("runs") == 3, 15, "the third run's progress")
+    assert progress(b2, 301)["resumed_from"] == stopped_at
+
+    b2.cancel(301)
+    st = status_when(b, 301, wait_for, 15, "the cancelled job", state=FAILED)
+    assert st.message == "cancelled by dl2d"
+    with pytest.raises(BackendError, match="cancelled"):
+        b.apply(job, Target(1, 1))
+
+
+def test_grow_by_requeue_resumes_from_the_checkpoint(slurm, wait_for, tmp_path):
+    b = backend(slurm, tmp_path / "state", restart_method="requeue")
+    job = demo_request(302, epochs=60)
+    r = b.apply(job, Target(4, 1))  # 1 node x 4 GPUs
+    assert r.method == START
+    status_when(b, 302, wait_for, 30, "the job running", state=RUNNING, epochs_min=1)
+
+    t0 = time.monotonic()
+    r2 = b.apply(job, Target(8, 1))  # 2 nodes x 4 GPUs: same GPUs per node, so requeue
+    assert (r2.method, r2.backend_ref) == (RESTART, r.backend_ref)
+    saved = json.loads((b.job_dir(302) / "checkpoint" / "ckpt.json").read_text())["epoch"]
+    assert b.observe()[302].state == PENDING
+    assert b.apply(job, Target(8, 1)).method == NOOP  # pending at the new size
+    # Slurm holds a requeued job for cred_expire (10 s in the local Slurm).
+    st = status_when(b, 302, wait_for, 40, "the requeued job running", state=RUNNING)
+    print(f"requeue restart: {time.monotonic() - t0:.1f}s from apply to RUNNING")
+    assert len(st.nodes) == 2 and st.backend_ref == r.backend_ref
+    job_now = next(j for j in slurm.driver().jobs() if j.job_id == r.backend_ref)
+    assert job_now.restarts == 1
+    wait_for(lambda: progress(b, 302).get("runs") == 2, 15, "the requeued run's progress")
+    assert progress(b, 302)["resumed_from"] == saved
+
+
+def test_finished_and_failed_jobs(slurm, wait_for, tmp_path):
+    b = backend(slurm, tmp_path / "state")
+    done = demo_request(303, epochs=2, seconds_per_epoch=0.2)
+    bad = JobRequest(job_id=304, job_type="vgg-16", total_epochs=3, spec={
+        "command": 'echo \'{"epoch": 1, "status": "running"}\' > "$DL2D_PROGRESS_FILE"; '
+                   "echo training diverged >&2; exit 3"})
+    assert b.apply(done, Target(1, 1)).method == START
+    assert b.apply(bad, Target(1, 1)).method == START
+    st = status_when(b, 303, wait_for, 30, "the short job finished", state=FINISHED)
+    assert st.epochs_done == 2.0
+    st = status_when(b, 304, wait_for, 30, "the bad job failed", state=FAILED)
+    assert st.epochs_done == 1.0 and "FAILED" in st.message, st
+    out = (b.job_dir(304) / f"slurm-{st.backend_ref}.out").read_text()
+    assert "training diverged" in out
+    with pytest.raises(BackendError, match="failed") as e:
+        b.apply(bad, Target(1, 1))
+    assert not e.value.retryable
+    assert b.apply(done, Target(1, 1)).method == NOOP  # done: nothing to start
+
+
+def test_drain_and_resume_a_node(slurm, wait_for, tmp_path):
+    b = backend(slurm, tmp_path / "state")
+    nodes = {n.name: n for n in b.nodes()}
+    assert sorted(nodes) == ["node1", "node2", "node3", "node4"]
+    assert all(n.usable and (n.gpus, n.cpus) == (4, 16) and n.mem_gb > 15 for n in nodes.values())
+    b.drain("node3", "dl2d: agent stale")
+    n3 = next(n for n in b.nodes() if n.name == "node3")
+    assert not n3.usable and n3.reason == "dl2d: agent stale"
+    b.resume("node3")
+    # slurmctld may ping the node again first (idle+NOT_RESPONDING for a moment).
+    wait_for(lambda: next(n for n in b.nodes() if n.name == "node3").usable, 30,
+             "node3 usable after resume")
+    with pytest.raises(BackendError) as e:
+        b.drain("node99", "no such node")
+    assert not e.value.retryable
