@@ -47,9 +47,19 @@ def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
               help="Window size J of the policy [default: 40, or the --init checkpoint's].")
 @click.option("--hidden", type=click.IntRange(min=1), default=None,
               help="Hidden units per layer [default: 256, or the --init checkpoint's].")
+@click.option("--n-step", type=click.IntRange(min=1), default=None,
+              help="RL: slots of rewards in the critic's target before bootstrapping [default: config's, 1].")
+@click.option("--entropy-weight", type=click.FloatRange(min=0), default=None,
+              help="RL: entropy regularisation beta [default: config's, 0.1].")
+@click.option("--epsilon", type=click.FloatRange(0, 1), default=None,
+              help="RL: job-aware exploration probability in a poor state [default: config's, 0.2].")
+@click.option("--updates-per-slot", type=click.IntRange(min=1), default=None,
+              help="RL: minibatch updates after each simulated slot [default: config's, 1].")
+@click.option("--rl-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="RL: Adam learning rate [default: config's, 1e-4].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
-          init_path, max_jobs, hidden, as_json) -> None:
+          init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr, as_json) -> None:
     """Train a DL2 policy: imitate TEACHER, then learn online in the simulator, and save a checkpoint."""
     if val_seed is None:
         val_seed = seed + 10_000
@@ -93,6 +103,11 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
     else:
         cfg = PolicyConfig(max_jobs=max_jobs or 40, hidden=hidden or 256)
         params = init_params(cfg, jax.random.PRNGKey(seed))
+    rl_overrides = {k: v for k, v in (("n_step", n_step), ("entropy_weight", entropy_weight), ("epsilon", epsilon),
+                                      ("updates_per_slot", updates_per_slot), ("rl_lr", rl_lr)) if v is not None}
+    if rl_overrides:  # RL hyper-parameters only: they change no shape, so a checkpoint's parameters still fit
+        from dataclasses import replace as _replace
+        cfg = _replace(cfg, **rl_overrides)
     spec = ClusterSpec(servers) if servers else preset(cluster)
     sim = E.SimConfig(cluster=spec, max_workers=cfg.max_workers, max_ps=cfg.max_ps)
     tcfg = TraceConfig(num_jobs=jobs)

@@ -39,10 +39,14 @@ def test_train_sl_then_rl_writes_checkpoint(trained):
 def test_resume_from_checkpoint_with_table(trained, tmp_path):
     init, _ = trained
     out = tmp_path / "q.ckpt"
-    r = invoke(*TINY, "--init", str(init), "--rl-steps", "3", "--out", str(out), "--teacher", "fifo")
+    r = invoke(*TINY, "--init", str(init), "--rl-steps", "3", "--out", str(out), "--teacher", "fifo",
+               "--n-step", "3", "--entropy-weight", "0.01", "--updates-per-slot", "2")
     assert r.exit_code == 0, r.output
     assert "avg JCT" in r.output and "fifo (teacher)" in r.output and "init" in r.output and "rl" in r.output
-    assert load(out).meta["sl_epochs"] == 2  # carried over from the initial checkpoint
+    ck = load(out)
+    assert ck.meta["sl_epochs"] == 2  # carried over from the initial checkpoint
+    assert (ck.config.n_step, ck.config.entropy_weight, ck.config.updates_per_slot) == (3, 0.01, 2)
+    assert ck.config.max_jobs == 8 and ck.config.hidden == 32
 
 
 @pytest.mark.parametrize("args,message", [
@@ -52,6 +56,7 @@ def test_resume_from_checkpoint_with_table(trained, tmp_path):
     (["--sl-epochs", "-1"], "--sl-epochs"),
     (["--sl-epochs", "0"], "nothing to train"),
     (["--jobs", "0"], "--jobs"),
+    (["--n-step", "0"], "--n-step"),
     (["--servers", "0"], "--servers"),
     (["--cluster", "huge"], "'huge' is not one of"),
     (["--out", "no/such/dir/p.ckpt"], "does not exist"),
