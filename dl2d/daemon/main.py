@@ -92,11 +92,12 @@ def make_poller(cfg: DaemonConfig):
 class DemoFeeder:
     """Submits the jobs of a generated trace as they arrive (slot k of the daemon = trace slot first + k)."""
 
-    def __init__(self, num_jobs: int, seed: int):
+    def __init__(self, num_jobs: int, seed: int, job_types: tuple[str, ...] | None = None):
         from dl2d.daemon.sim_backend import Hidden
         from dl2d.sim.trace import TraceConfig, generate
 
-        self.trace = generate(TraceConfig(num_jobs=num_jobs), seed=seed)
+        tc = TraceConfig(num_jobs=num_jobs, **({"job_types": tuple(job_types)} if job_types else {}))
+        self.trace = generate(tc, seed=seed)
         self.first = int(self.trace.arrival_slot.min())
         self.names = [f"demo-{i:04d}" for i in range(len(self.trace))]
         self.hidden = {n: Hidden(float(self.trace.true_epochs[i]), float(self.trace.speed_factor[i]))

@@ -99,10 +99,8 @@ class SimBackend:
         if self.state_file is None:
             return
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(self._doc(), f)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, "w") as f:  # no fsync: a killed process loses nothing the kernel has; power loss
+            json.dump(self._doc(), f)  # is not what this simulated cluster models
         os.replace(tmp, self.state_file)
 
     def _load(self) -> None:
