@@ -85,13 +85,16 @@ def test_lifecycle_start_shrink_grow_stop_start_and_daemon_restart(slurm, wait_f
     assert b.apply(job, Target(2, 1)).method == NOOP  # the first instance agrees
 
     # Grow beyond the allocation: checkpoint, resubmit at 2 nodes x 4 GPUs, resume.
+    t0 = time.monotonic()
     r2 = b.apply(job, Target(8, 1))
+    t_apply = time.monotonic() - t0
     assert r2.method == RESTART and r2.backend_ref != r.backend_ref
     saved = json.loads((b.job_dir(301) / "checkpoint" / "ckpt.json").read_text())["epoch"]
     assert saved >= 1
     st = status_when(b, 301, wait_for, 30, "the relaunched job running", state=RUNNING,
                      backend_ref=r2.backend_ref)
     assert len(st.nodes) == 2 and st.workers == 8
+    print(f"resubmit restart: apply {t_apply:.1f}s, {time.monotonic() - t0:.1f}s to RUNNING")
     wait_for(lambda: progress(b, 301).get("runs") == 2, 15, "the second run's progress")
     p = progress(b, 301)
     assert p["resumed_from"] == saved and p["slurm_job_id"] == r2.backend_ref
@@ -180,3 +183,32 @@ def test_drain_and_resume_a_node(slurm, wait_for, tmp_path):
     with pytest.raises(BackendError) as e:
         b.drain("node99", "no such node")
     assert not e.value.retryable
+
+
+def test_elastic_job_is_scaled_hot_inside_its_allocation(slurm, wait_for, tmp_path):
+    """dl2-run inside the allocation: more workers and PS fit on the held node, so the backend
+    scales the running job through its coordinator (HOT) instead of relaunching it."""
+    b = backend(slurm, tmp_path / "state", hot_scale_timeout_s=20)
+    command = (f"exec {sys.executable} -m dl2d.elastic.launcher --workers $DL2D_WORKERS"
+               " --ps $DL2D_PS --epochs 200 --checkpoint-dir \"$DL2D_CHECKPOINT_DIR\""
+               " --progress-file \"$DL2D_PROGRESS_FILE\" --progress-interval 0.2 --quiet")
+    job = JobRequest(job_id=305, job_type="resnet-50", total_epochs=200,
+                     spec={"command": command, "time_limit_min": 10, "worker": {"gpus": 1}})
+    r = b.apply(job, Target(2, 1))  # 1 node x 2 GPUs
+    assert r.method == START and b.observe()[305].hot_scaling
+    wait_for(lambda: progress(b, 305).get("state") == "running"
+             and progress(b, 305).get("workers") == 2, 60, "dl2-run training with 2 workers")
+    # 1 more worker needs a 3rd GPU per node: not in the allocation -> would restart; 2 -> 1
+    # worker and 1 -> 2 PS fits (PS need no GPU): hot.
+    t0 = time.monotonic()
+    r2 = b.apply(job, Target(1, 2))
+    print(f"hot scaling: apply {time.monotonic() - t0:.2f}s")
+    assert (r2.method, r2.backend_ref) == ("hot", r.backend_ref)
+    wait_for(lambda: (p := progress(b, 305)).get("workers") == 1 and p.get("ps") == 2, 30,
+             "the job's own report of 1 worker and 2 PS")
+    st = b.observe()[305]
+    assert (st.state, st.workers, st.ps, st.backend_ref) == (RUNNING, 1, 2, r.backend_ref)
+    resize = progress(b, 305).get("last_resize") or {}
+    assert resize.get("method") == "hot", resize
+    print(f"hot {resize.get('kind')}: suspension {resize.get('suspension_s')} s, total {resize.get('t_total')} s")
+    assert b.apply(job, Target(1, 2)).method == NOOP
