@@ -77,7 +77,11 @@ def main():
     ap.add_argument("--out", default="docs/bench")
     ap.add_argument("--name", default=None, help="result file stem (default chic_<cluster>)")
     ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="only combine result files of separate runs (same traces) into <out>/<name>.json")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -125,6 +129,26 @@ def main():
     path = out / f"{args.name or 'chic_' + args.cluster}.json"
     path.write_text(json.dumps(res, indent=1, default=float))
     log(f"wrote {path}")
+    table(res)
+
+
+def merge(args):
+    docs = [json.loads(Path(f).read_text()) for f in args.merge]
+    seeds = {tuple(d["test_seeds"]) for d in docs}
+    if len(seeds) != 1 or len({json.dumps(d["trace_config"], sort_keys=True) for d in docs}) != 1:
+        raise SystemExit("the result files were not measured on the same test traces")
+    res = {"runs": [d["args"] for d in docs], "trace_config": docs[0]["trace_config"], "cluster": docs[0]["cluster"],
+           "test_seeds": docs[0]["test_seeds"], "policies": {}, "training": {}}
+    for d in docs:
+        res["policies"].update(d["policies"])
+        res["training"].update(d["training"])
+    path = Path(args.out) / f"{args.name or 'chic_' + args.cluster}.json"
+    path.write_text(json.dumps(res, indent=1, default=float))
+    print(f"wrote {path}")
+    table(res)
+
+
+def table(res):
     print("\n| policy | held-out avg JCT (slots) | avg JCT (h) | makespan (slots) | GPU util |")
     print("|---|---|---|---|---|")
     for name, r in res["policies"].items():
