@@ -242,10 +242,11 @@ def print_report(out: dict[str, Any]) -> None:
                                            "print the results and exit.")
 @click.option("--demo-jobs", type=int, default=20, show_default=True, help="Jobs in the demo trace.")
 @click.option("--demo-seed", type=int, default=0, show_default=True, help="Seed of the demo trace.")
+@click.option("--demo-types", metavar="T1,T2", help="Demo: only these job types (default: the 8 DL2 models).")
 @click.option("--compare/--no-compare", default=True, show_default=True,
               help="Demo: also run the bare simulator with the same policy and trace, for reference.")
 def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, checkpoint, online_rl,
-         metrics_port, no_metrics, max_slots, log_level, demo, demo_jobs, demo_seed, compare) -> None:
+         metrics_port, no_metrics, max_slots, log_level, demo, demo_jobs, demo_seed, demo_types, compare) -> None:
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
     if demo and state_dir is None and not db_url:
         state_dir = tempfile.mkdtemp(prefix="dl2d-demo-")
@@ -260,7 +261,11 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
     try:
         cfg = load_config(config_path, overrides=overrides)
         setup_logging(cfg.log_level)
-        feeder = DemoFeeder(demo_jobs, demo_seed) if demo else None
+        types = tuple(t.strip() for t in demo_types.split(",") if t.strip()) if demo_types else None
+        try:
+            feeder = DemoFeeder(demo_jobs, demo_seed, types) if demo else None
+        except ValueError as e:
+            raise ConfigError(f"--demo-types: {e}") from None
         try:
             Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
         except OSError as e:
