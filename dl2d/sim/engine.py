@@ -6,10 +6,12 @@ from scratch as in DL2. `step` places the tasks, trains every job for one slot a
 give on the measured speed table, times its hidden interference factor and a per-slot noise, and returns the
 next state and DL2's reward (eq. 1): the sum over jobs of epochs trained this slot / the job's epoch estimate.
 
-How this vectorises: `SimState` is a handful of arrays over all jobs of the trace and `advance` is pure
-element-wise math, so it runs unchanged under `jax.numpy` (and `jax.vmap` over many clusters). The only
-sequential part is placement (least-loaded first, task by task); a JAX rollout uses the policy's own
-in-loop placement (dl2d.policy) and passes it in, or replaces it with aggregate capacity accounting.
+How this vectorises: `SimState` is a handful of arrays over all jobs of the trace and `advance` is
+element-wise math plus a table lookup. A JAX port (not written yet, see docs/simulator.md) replaces the
+in-place writes with `.at[].set/add`, `np.clip` with `jnp.clip` and the active-job selection with masks;
+then `jax.vmap` runs many clusters at once. The only sequential part is placement (least-loaded first,
+task by task); a JAX rollout uses the policy's own in-loop placement (dl2d.policy) and passes it in, or
+replaces it with aggregate capacity accounting.
 """
 from __future__ import annotations
 
