@@ -5,6 +5,7 @@ Trains on traces with seeds 1.., validates on a held-out trace (another seed), a
 curves, and prints a Markdown table. The budget (episodes) is a flag: say what was run when quoting.
 
     python bench/bench_dl2.py --episodes 6 --out docs/bench
+    python bench/bench_dl2.py --teacher optimus --n-step 10 --entropy-weight 0.01 --out docs/bench
 """
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def main():
     ap.add_argument("--sl-slots", type=int, default=120, help="slots of each teacher trace used for SL")
     ap.add_argument("--sl-epochs", type=int, default=20)
     ap.add_argument("--episodes", type=int, default=6, help="RL episodes (one training trace each)")
+    ap.add_argument("--rl-only-episodes", type=int, default=None,
+                    help="episodes of the RL-only curve [default: --episodes]; 0 skips it")
+    ap.add_argument("--n-step", type=int, default=PolicyConfig.n_step, help="RL: n-step return of the critic target")
+    ap.add_argument("--entropy-weight", type=float, default=PolicyConfig.entropy_weight)
+    ap.add_argument("--updates-per-slot", type=int, default=PolicyConfig.updates_per_slot)
     ap.add_argument("--val-seed", type=int, default=10_000)
     ap.add_argument("--out", default="docs/bench")
     args = ap.parse_args()
@@ -56,7 +62,7 @@ def main():
     def log(msg):
         print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
 
-    cfg = PolicyConfig()
+    cfg = PolicyConfig(n_step=args.n_step, entropy_weight=args.entropy_weight, updates_per_slot=args.updates_per_slot)
     sim = E.SimConfig(cluster=C.preset(args.cluster))
     tc = T.TraceConfig(num_jobs=args.jobs)
     val = T.generate(tc, seed=args.val_seed)
@@ -81,7 +87,8 @@ def main():
     sl_params, _ = TR.supervised(cfg, init, data, args.sl_epochs, on_epoch=on_epoch)
     res["sl"] = {"curve": sl_curve, "accuracy": TR.imitation_accuracy(cfg, sl_params, data)}
     slrl_params, slrl = curve(cfg, sl_params, sim, tc, val, args.episodes, 1000, "SL+RL", log)
-    _, rl_only = curve(cfg, init, sim, tc, val, args.episodes, 1000, "RL only", log)
+    rl_eps = args.episodes if args.rl_only_episodes is None else args.rl_only_episodes
+    rl_only = curve(cfg, init, sim, tc, val, rl_eps, 1000, "RL only", log)[1] if rl_eps > 0 else []
     res["sl_rl_curve"], res["rl_only_curve"] = slrl, rl_only
     final = TR.validate(cfg, slrl_params, val, sim)
     res["dl2"] = final.summary()
@@ -94,11 +101,12 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([s for s, _ in slrl], [j for _, j in slrl], "-o", label="SL + RL")
-    ax.plot([s for s, _ in rl_only], [j for _, j in rl_only], "-o", label="RL only")
+    if rl_only:
+        ax.plot([s for s, _ in rl_only], [j for _, j in rl_only], "-o", label="RL only")
     ax.axhline(sl_curve[-1][2], color="C2", ls="--", label=f"SL only ({args.teacher})")
     for name, c in (("drf", "C3"), ("optimus", "C4")):
         ax.axhline(res["baselines"][name]["avg_jct_slots"], color=c, ls=":", label=name.upper() if name == "drf" else "Optimus")
-    ax.set_xlabel("RL updates (one per slot)")
+    ax.set_xlabel(f"RL updates ({args.updates_per_slot} per slot)")
     ax.set_ylabel("avg JCT on validation trace (slots)")
     ax.set_title(f"Learning curves, {args.cluster} cluster, {args.jobs} jobs")
     ax.legend()
