@@ -405,6 +405,9 @@ class SlurmBackendConfig:
     time_limit_min: int | None = None  # default when the spec gives none
     workdir: str | None = None
     hot_scale_timeout_s: float = 120.0
+    #: apply() reuses the job/node lists of the last observe()/apply() this long (any change
+    #: made through the backend drops them), so a slot costs one squeue + one sinfo.
+    cache_ttl_s: float = 5.0
     backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(max_attempts=4, cap=5.0))
 
     def __post_init__(self) -> None:
@@ -445,6 +448,7 @@ class SlurmBackend:
         self.scaler = scaler or _default_scaler
         self.sleep = sleep
         self.clock = clock
+        self._cache: dict[str, tuple[float, Any]] = {}
         (config.state_dir / "jobs").mkdir(parents=True, exist_ok=True)
 
     # -- files ------------------------------------------------------------------------------
@@ -474,17 +478,32 @@ class SlurmBackend:
 
     # -- Slurm access -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _slurm(self, what: str) -> Iterator[None]:
+    def _slurm(self, what: str, mutates: bool = True) -> Iterator[None]:
         try:
             yield
         except SlurmUnavailable as e:
             raise BackendError(f"Slurm unavailable while {what}: {e}", retryable=True) from e
         except SlurmError as e:
             raise BackendError(f"Slurm refused {what}: {e}", retryable=False) from e
+        finally:
+            if mutates:
+                self._cache.clear()
 
-    def _jobs(self) -> list[SlurmJob]:
-        with self._slurm("listing jobs"):
-            return self.driver.jobs()
+    def _cached(self, key: str, fetch: Callable[[], Any], fresh: bool) -> Any:
+        """``fetch()``, reused for ``cache_ttl_s`` unless ``fresh`` or Slurm was changed since
+        (so one slot's observe + applies cost one ``squeue`` and one ``sinfo``)."""
+        hit = self._cache.get(key)
+        if not fresh and hit is not None and self.clock() - hit[0] < self.config.cache_ttl_s:
+            return hit[1]
+        value = fetch()
+        self._cache[key] = (self.clock(), value)
+        return value
+
+    def _jobs(self, fresh: bool = False) -> list[SlurmJob]:
+        def fetch() -> list[SlurmJob]:
+            with self._slurm("listing jobs", mutates=False):
+                return self.driver.jobs()
+        return self._cached("jobs", fetch, fresh)
 
     def _live_job(self, job_id: int, record: Mapping[str, Any],
                   jobs: list[SlurmJob]) -> tuple[SlurmJob | None, SlurmJob | None]:
@@ -507,12 +526,16 @@ class SlurmBackend:
 
     # -- ClusterBackend -----------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:
-        with self._slurm("listing nodes"):
-            found = self.driver.nodes()
-        return [node_info(n) for n in found]
+        return [node_info(n) for n in self._slurm_nodes(fresh=True)]
+
+    def _slurm_nodes(self, fresh: bool = False) -> list[SlurmNode]:
+        def fetch() -> list[SlurmNode]:
+            with self._slurm("listing nodes", mutates=False):
+                return self.driver.nodes()
+        return self._cached("nodes", fetch, fresh)
 
     def observe(self) -> dict[int, JobStatus]:
-        jobs = self._jobs()
+        jobs = self._jobs(fresh=True)
         out: dict[int, JobStatus] = {}
         for job_id in self._known_ids():
             record = self._record(job_id)
@@ -534,30 +557,35 @@ class SlurmBackend:
         record = self._record(job.job_id)
         if record.get("cancelled"):
             raise BackendError(f"job {job.job_id} was cancelled; it cannot be started again")
-        jobs = self._jobs()
-        live, latest = self._live_job(job.job_id, record, jobs)
-        if live is not None and str(record.get("slurm_job_id")) != live.job_id:
-            record = self._adopt(job.job_id, record, live)
         elastic = is_elastic(spec)
-        needed = None
-        if (target.workers, target.ps) != (0, 0):
-            try:
-                needed = allocation_for(target.workers, target.ps, demand_from_spec(spec),
-                                        self._shape())
-            except ValueError as e:
-                raise BackendError(f"job {job.job_id}: {e}") from e
-        progress = self._progress(job.job_id)
-        if live is None and record.get("final") == FAILED:
+        # First from the lists of this slot's observe() (cheap); a decision to change anything
+        # is re-made on fresh lists, so only NOOPs ever rest on a cached view.
+        for fresh in (False, True):
+            live, _ = self._live_job(job.job_id, record, self._jobs(fresh=fresh))
+            if live is not None and str(record.get("slurm_job_id")) != live.job_id:
+                record = self._adopt(job.job_id, record, live)
+            needed = None
+            if (target.workers, target.ps) != (0, 0):
+                try:
+                    needed = allocation_for(target.workers, target.ps, demand_from_spec(spec),
+                                            self._shape(fresh=fresh))
+                except ValueError as e:
+                    raise BackendError(f"job {job.job_id}: {e}") from e
+            progress = self._progress(job.job_id)
+            applied = record.get("applied") or {}
+            cur = Current(
+                slurm_state=live.state if live is not None else None,
+                allocation=self._allocation(live, record),
+                applied=(int(applied.get("workers", 0)), int(applied.get("ps", 0))),
+                finished=progress_state(progress) == "done" or record.get("final") == FINISHED,
+            )
+            failed = live is None and record.get("final") == FAILED
+            method = plan_apply(cur, target, needed, elastic)
+            if method == NOOP and not failed:
+                break
+        if failed and (target.workers, target.ps) != (0, 0):
             raise BackendError(f"job {job.job_id} failed ({record.get('message')}); "
                                "it is not restarted", retryable=False)
-        applied = record.get("applied") or {}
-        cur = Current(
-            slurm_state=live.state if live is not None else None,
-            allocation=self._allocation(live, record),
-            applied=(int(applied.get("workers", 0)), int(applied.get("ps", 0))),
-            finished=progress_state(progress) == "done" or record.get("final") == FINISHED,
-        )
-        method = plan_apply(cur, target, needed, elastic)
         log.info("job %s: %s -> %s/%s: %s", job.job_id, cur, target.workers, target.ps, method)
         record = {**record, "job_id": job.job_id, "elastic": elastic,
                   "target": {"workers": target.workers, "ps": target.ps}}
@@ -626,7 +654,7 @@ class SlurmBackend:
             return
         record["cancelled"] = True
         self._save(job_id, record)
-        live, _ = self._live_job(job_id, {**record, "cancelled": False}, self._jobs())
+        live, _ = self._live_job(job_id, {**record, "cancelled": False}, self._jobs(fresh=True))
         if live is not None:
             with self._slurm(f"cancelling job {live.job_id}"):
                 self.driver.cancel(live.job_id)
@@ -643,10 +671,10 @@ class SlurmBackend:
         return None  # real time passes by itself
 
     # -- helpers ------------------------------------------------------------------------------
-    def _shape(self) -> NodeShape:
+    def _shape(self, fresh: bool = False) -> NodeShape:
         if self.config.node_shape is not None:
             return self.config.node_shape
-        shape = node_shape(self.nodes())
+        shape = node_shape([node_info(n) for n in self._slurm_nodes(fresh=fresh)])
         if shape is None:
             raise BackendError("no usable Slurm node (all down or drained)", retryable=True)
         return shape
@@ -729,7 +757,7 @@ class SlurmBackend:
     def _wait_ended(self, slurm_id: str, timeout: float) -> bool:
         deadline = self.clock() + timeout
         while True:
-            job = next((j for j in self._jobs() if j.job_id == slurm_id), None)
+            job = next((j for j in self._jobs(fresh=True) if j.job_id == slurm_id), None)
             if job is None or not job.active:
                 return True
             if self.clock() >= deadline:
@@ -740,8 +768,14 @@ class SlurmBackend:
         """Signal the job to checkpoint and exit; cancel it when it does not end in time
         (scancel sends SIGTERM first, which the job runtimes also treat as "checkpoint")."""
         if live.state == "RUNNING":
-            with self._slurm(f"signalling job {live.job_id}"):
-                self.driver.signal(live.job_id, self.config.checkpoint_signal)
+            try:
+                with self._slurm(f"signalling job {live.job_id}"):
+                    self.driver.signal(live.job_id, self.config.checkpoint_signal)
+            except BackendError as e:
+                # It may have ended since it was listed (e.g. on its own time-limit signal).
+                if e.retryable or not self._wait_ended(live.job_id, 0):
+                    raise
+                return
             if self._wait_ended(live.job_id, self.config.checkpoint_timeout_s):
                 return
             log.warning("Slurm job %s did not end %gs after %s; cancelling it", live.job_id,

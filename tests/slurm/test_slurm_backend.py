@@ -578,7 +578,7 @@ def test_targets_that_cannot_fit_are_clear_errors(tmp_path):
     with pytest.raises(BackendError, match="no command or script"):
         b.apply(JobRequest(2, "vgg-16", 3, spec={}), Target(1, 1))
     for n in list(fake.node_list):
-        fake.drain_node(n.name, "all gone")
+        b.drain(n.name, "all gone")
     with pytest.raises(BackendError, match="no usable") as e:
         b.apply(req(), Target(1, 1))
     assert e.value.retryable
@@ -589,3 +589,65 @@ def test_config_validation(tmp_path):
         SlurmBackendConfig(state_dir=tmp_path, restart_method="magic")
     with pytest.raises(ValueError, match="checkpoint_timeout_s"):
         SlurmBackendConfig(state_dir=tmp_path, checkpoint_timeout_s=0)
+
+
+class CountingSlurm(FakeSlurm):
+    def __init__(self):
+        super().__init__()
+        self.reads = {"jobs": 0, "nodes": 0}
+
+    def jobs(self):
+        self.reads["jobs"] += 1
+        return super().jobs()
+
+    def nodes(self):
+        self.reads["nodes"] += 1
+        return super().nodes()
+
+
+def test_a_slot_of_noop_applies_costs_one_squeue_and_one_sinfo(tmp_path):
+    fake = CountingSlurm()
+    b = make_backend(tmp_path, fake)
+    for i in range(1, 21):
+        b.apply(req(i), Target(1, 1))
+    fake.run()
+    fake.reads = {"jobs": 0, "nodes": 0}
+    b.observe()
+    for i in range(1, 21):
+        assert b.apply(req(i), Target(1, 1)).method == NOOP
+    assert fake.reads == {"jobs": 1, "nodes": 1}
+    # A change made through the backend drops the cached lists.
+    assert b.apply(req(1), Target(0, 0)).method == STOP
+    assert b.apply(req(1), Target(1, 1)).method == START
+    assert b.apply(req(2), Target(1, 1)).method == NOOP
+    assert fake.reads["jobs"] > 1
+
+
+def test_a_job_that_ended_before_its_checkpoint_signal_is_not_an_error(tmp_path):
+    fake = FakeSlurm()
+    b = make_backend(tmp_path, fake)
+    b.apply(req(), Target(1, 1))
+    fake.run()
+
+    def signal(job_id, sig):  # it checkpointed on its own just before the signal came
+        fake._set("101", state="COMPLETED")
+        raise SlurmError("scancel failed", command=("scancel",), returncode=1,
+                         stderr="Job/step already completing or completed")
+    fake.signal = signal
+    write_progress(b, 1, epoch=2, epochs=5, status="checkpointed")
+    r = b.apply(req(), Target(5, 1))
+    assert (r.method, r.backend_ref) == (RESTART, "102")
+
+
+def test_changes_are_decided_on_fresh_lists_not_on_the_cached_ones(tmp_path):
+    """Instance a's lists are stale after instance b shrank the job: a must not shrink again."""
+    fake = FakeSlurm()
+    a = make_backend(tmp_path, fake)
+    a.apply(req(), Target(6, 1))
+    fake.run()
+    a.observe()  # a caches: 2 nodes
+    b = make_backend(tmp_path, fake)
+    assert b.apply(req(), Target(2, 1)).method == SHRINK
+    n = len(fake.calls)
+    assert a.apply(req(), Target(2, 1)).method == NOOP
+    assert len(fake.calls) == n
