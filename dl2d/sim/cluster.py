@@ -117,6 +117,10 @@ class Placer:
             self._move(s, -1.0, demand)
         return s
 
+    def add_at(self, server: int, demand) -> None:
+        """Place one task on a chosen server (the caller checked that it fits)."""
+        self._move(server, -1.0, demand)
+
     def remove(self, server: int, demand) -> None:
         self._move(server, 1.0, demand)
 

@@ -14,6 +14,12 @@ The paper's method, per job (its section 3, Eq. 1-3, Algorithm 1):
 Ties: the paper picks a random one among equal best nodes; we take the lowest node index, so placement
 is deterministic (reproducible runs).
 
+Interleaving: by default a job's tasks are placed worker, PS, worker, PS, ... (the order of the engine's
+default placement and of the baselines' bundles), each PS scored by Eq. 2 against the job's workers
+placed so far, so that DLTAP changes only where a PS goes and re-placing a full allocation fails about
+as rarely as the default placement. `workers_first=True` is the paper's literal two steps (all workers,
+then all PS); on a packed cluster it leaves more tasks without room.
+
 `pack_workers=True` is our extension, not the paper's: workers are scored with the same aggregation
 bonus, (this job's tasks already on the node) / (this job's tasks placed so far), so a job's tasks land
 on as few servers as fit. Jobs are placed in the view's order (arrival). A task that fits nowhere is
@@ -62,25 +68,43 @@ def _best(free, capacity, demand, scores) -> int:
 
 
 def place_job(free: np.ndarray, capacity: np.ndarray, worker_demand, ps_demand, workers: int, ps: int,
-              weight: float = 1.0, pack_workers: bool = False):
+              weight: float = 1.0, pack_workers: bool = False, workers_first: bool = False):
     """DLTAP for one job on `free` (updated in place): (worker servers, PS servers), maybe shorter than asked."""
     w_srv: list[int] = []
     p_srv: list[int] = []
-    for _ in range(int(workers)):
+    worker_demand, ps_demand = np.asarray(worker_demand, float), np.asarray(ps_demand, float)
+
+    def add_worker() -> bool:
         scores = default_scores(free, capacity)
-        if pack_workers and w_srv:
-            scores = scores + weight * aggregation_degree(w_srv, len(free))
+        if pack_workers and (w_srv or p_srv):
+            scores = scores + weight * aggregation_degree(w_srv + p_srv, len(free))
         s = _best(free, capacity, worker_demand, scores)
-        if s < 0:
-            break
-        free[s] -= worker_demand
-        w_srv.append(s)
-    for _ in range(int(ps)):
+        if s >= 0:
+            free[s] -= worker_demand
+            w_srv.append(s)
+        return s >= 0
+
+    def add_ps() -> bool:
         s = _best(free, capacity, ps_demand, dltap_scores(free, capacity, w_srv, len(w_srv), weight))
-        if s < 0:
-            break
-        free[s] -= ps_demand
-        p_srv.append(s)
+        if s >= 0:
+            free[s] -= ps_demand
+            p_srv.append(s)
+        return s >= 0
+
+    if workers_first:
+        for _ in range(int(workers)):
+            if not add_worker():
+                break
+        for _ in range(int(ps)):
+            if not add_ps():
+                break
+    else:
+        w_ok = p_ok = True
+        for k in range(max(int(workers), int(ps))):
+            if w_ok and k < workers:
+                w_ok = add_worker()
+            if p_ok and k < ps:
+                p_ok = add_ps()
     if not w_srv or not p_srv:  # cannot train: give everything back
         for s in w_srv:
             free[s] += worker_demand
@@ -91,7 +115,7 @@ def place_job(free: np.ndarray, capacity: np.ndarray, worker_demand, ps_demand, 
 
 
 def dltap_allocation(view: SlotView, workers, ps, weight: float = 1.0, pack_workers: bool = False,
-                     order: Sequence[int] | None = None) -> Allocation:
+                     order: Sequence[int] | None = None, workers_first: bool = False) -> Allocation:
     """Place `workers`/`ps` per job of the view with DLTAP. The Allocation keeps the asked counts, so
     the engine reports tasks that did not fit as unplaced; the servers never exceed any capacity."""
     free = np.array(view.free, float)
@@ -102,7 +126,7 @@ def dltap_allocation(view: SlotView, workers, ps, weight: float = 1.0, pack_work
     for j in (range(n) if order is None else order):
         if workers[j] > 0 and ps[j] > 0:
             a, b = place_job(free, cap, view.worker_demand[j], view.ps_demand[j], workers[j], ps[j],
-                             weight, pack_workers)
+                             weight, pack_workers, workers_first)
             w_srv[j], p_srv[j] = tuple(a), tuple(b)
     return Allocation(np.asarray(workers, int).copy(), np.asarray(ps, int).copy(), tuple(w_srv), tuple(p_srv))
 
@@ -110,20 +134,23 @@ def dltap_allocation(view: SlotView, workers, ps, weight: float = 1.0, pack_work
 class DLTAP:
     """Wrap any scheduler: keep its (workers, PS) per job, re-place every task with DLTAP."""
 
-    def __init__(self, inner: Callable[[SlotView], Allocation], weight: float = 1.0, pack_workers: bool = False):
+    def __init__(self, inner: Callable[[SlotView], Allocation], weight: float = 1.0, pack_workers: bool = False,
+                 workers_first: bool = False):
         self.inner = inner
         self.weight = weight
         self.pack_workers = pack_workers
-        suffix = "dltap-pack" if pack_workers else "dltap"
+        self.workers_first = workers_first
+        suffix = "dltap-pack" if pack_workers else ("lb" if weight == 0 else "dltap")
         self.name = f"{getattr(inner, 'name', type(inner).__name__)}+{suffix}"
 
     def __call__(self, view: SlotView) -> Allocation:
         a = self.inner(view)
-        return dltap_allocation(view, a.workers, a.ps, self.weight, self.pack_workers)
+        return dltap_allocation(view, a.workers, a.ps, self.weight, self.pack_workers, workers_first=self.workers_first)
 
 
-def with_dltap(scheduler, weight: float = 1.0, pack_workers: bool = False) -> DLTAP:
-    return DLTAP(scheduler, weight, pack_workers)
+def with_dltap(scheduler, weight: float = 1.0, pack_workers: bool = False, workers_first: bool = False) -> DLTAP:
+    """`scheduler` with its tasks re-placed by DLTAP (weight 0: plain load balancing, the control)."""
+    return DLTAP(scheduler, weight, pack_workers, workers_first)
 
 
 # ---------------------------------------------------------------- Slurm node selection

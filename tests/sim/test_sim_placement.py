@@ -176,16 +176,27 @@ def test_dltap_place_job_by_hand():
     # 1/2 + 2/8 + 8/48 = 0.9167 (score 0.6944) plus aggregation 1/3: PS 1 -> server 0 (tie);
     # server 0 then scores 1 - (0.5 + 0.5 + 0.25)/3 + 1/3 = 0.9167 < 1.0278, so PS 2 -> server 1.
     free = SPEC3.empty()
-    w, p = P.place_job(free, SPEC3.empty(), W_DEM, P_DEM, 3, 2)
+    w, p = P.place_job(free, SPEC3.empty(), W_DEM, P_DEM, 3, 2, workers_first=True)
     assert (w, p) == ([0, 1, 2], [0, 1])
     assert network.cross_pairs(w, p) == (4, 6)  # DLTAP's "ideal" scenario
     assert free[0] == pytest.approx([1.0, 4.0, 36.0])
     # our packing extension: worker 2 joins worker 1 (score 0.694 + 1 > 1.0), worker 3 finds no GPU there;
     # PS 1: server 0 scores 1 - 1.8333/3 + 2/3 = 1.0556 > server 1's 1.0278; PS 2: server 0 drops to
     # 0.9444, server 1 stays 1.0278.
-    w, p = P.place_job(SPEC3.empty(), SPEC3.empty(), W_DEM, P_DEM, 3, 2, pack_workers=True)
+    w, p = P.place_job(SPEC3.empty(), SPEC3.empty(), W_DEM, P_DEM, 3, 2, pack_workers=True, workers_first=True)
     assert (w, p) == ([0, 0, 1], [0, 1])
     assert network.cross_pairs(w, p) == (3, 6)
+
+
+def test_dltap_interleaved_by_hand():
+    # default order worker, PS, worker, PS, worker: PS 1 joins worker 1 on server 0 (0.694 + 1/1 > 1.0);
+    # worker 2 -> server 1 (least loaded); PS 2: server 0 scores 1 - 1.25/3 + 1/2 = 1.083, server 1
+    # 1 - 0.9167/3 + 1/2 = 1.194 -> server 1; worker 3 -> server 2.
+    w, p = P.place_job(SPEC3.empty(), SPEC3.empty(), W_DEM, P_DEM, 3, 2)
+    assert (w, p) == ([0, 1, 2], [0, 1])
+    # weight 0 is plain load balancing: PS 1 avoids the loaded server 0
+    w, p = P.place_job(SPEC3.empty(), SPEC3.empty(), W_DEM, P_DEM, 1, 1, weight=0.0)
+    assert (w, p) == ([0], [1])
 
 
 def test_dltap_job_that_cannot_train_gives_back():
@@ -202,8 +213,8 @@ JOBS = st.lists(st.tuples(st.sampled_from(range(len(JOB_TYPES))), st.integers(0,
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(servers=st.integers(1, 6), jobs=JOBS, used=st.lists(st.floats(0, 1), min_size=6, max_size=6),
-       weight=st.sampled_from([0.0, 1.0, 5.0]), pack=st.booleans())
-def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack):
+       weight=st.sampled_from([0.0, 1.0, 5.0]), pack=st.booleans(), first=st.booleans())
+def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack, first):
     spec = ClusterSpec(servers)
     cap = spec.empty()
     free = cap * (1 - np.array(used[:servers]))[:, None]
@@ -211,7 +222,7 @@ def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack):
     view = E.SlotView(0, np.arange(n), np.array([j[0] for j in jobs]), np.zeros(n, int), np.zeros(n, int),
                       np.zeros(n), np.ones(n), np.zeros(n, int), np.zeros(n, int), free, cap, 16, 16)
     want_w, want_p = np.array([j[1] for j in jobs]), np.array([j[2] for j in jobs])
-    a = P.dltap_allocation(view, want_w, want_p, weight, pack)
+    a = P.dltap_allocation(view, want_w, want_p, weight, pack, workers_first=first)
     usage, w, p = E.place(view, a)  # CapacityError on any overflow
     assert np.all(usage <= free + 1e-6)
     assert np.all(w <= want_w) and np.all(p <= want_p)
