@@ -28,11 +28,13 @@ class Notifier:
         return bool(self.address)
 
     def send(self, *lines: str) -> bool:
-        """Send one datagram (lines joined by newlines); False when not under systemd or on error."""
+        """Send one datagram (lines joined by newlines); False when not under systemd, on error, or when the
+        receiver's queue is full (the message is dropped: a stalled systemd must not stall scheduling)."""
         if not self.address:
             return False
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                s.setblocking(False)  # a full receiver queue drops the message, never stalls the slot loop
                 s.connect(self.address)
                 s.sendall("\n".join(lines).encode())
             return True
