@@ -95,7 +95,7 @@ def main():
     train = [T.generate(tc, seed=s) for s in range(1, args.train_traces + 1)]
     val = [T.generate(tc, seed=5000 + s) for s in range(args.val_traces)]
     test = [T.generate(tc, seed=10_000 + s) for s in range(args.test_traces)]
-    res = {"args": vars(args), "trace_config": {k: v for k, v in vars(tc).items()}, "cluster": vars(sim.cluster),
+    res = {"args": {k: v for k, v in vars(args).items() if k not in ("out", "merge")}, "trace_config": {k: v for k, v in vars(tc).items()}, "cluster": vars(sim.cluster),
            "test_seeds": [10_000 + s for s in range(args.test_traces)], "policies": {}, "training": {}}
 
     def score(name, make):
@@ -137,7 +137,8 @@ def merge(args):
     seeds = {tuple(d["test_seeds"]) for d in docs}
     if len(seeds) != 1 or len({json.dumps(d["trace_config"], sort_keys=True) for d in docs}) != 1:
         raise SystemExit("the result files were not measured on the same test traces")
-    res = {"runs": [d["args"] for d in docs], "trace_config": docs[0]["trace_config"], "cluster": docs[0]["cluster"],
+    drop = ("out", "merge")  # local paths stay out of committed results
+    res = {"runs": [{k: v for k, v in d["args"].items() if k not in drop} for d in docs], "trace_config": docs[0]["trace_config"], "cluster": docs[0]["cluster"],
            "test_seeds": docs[0]["test_seeds"], "policies": {}, "training": {}}
     for d in docs:
         res["policies"].update(d["policies"])
