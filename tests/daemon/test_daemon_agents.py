@@ -1,0 +1,88 @@
+"""Agents wired into the daemon: two real `dl2-agent --fake-gpus` processes polled every slot; samples land
+in node_samples; a killed agent's node is drained in the backend after K silent polls, and the policy
+places nothing there."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+from sqlalchemy import func, select
+
+from dl2d.daemon.config import build_config
+from dl2d.daemon.main import build_loop
+from dl2d.db import store
+from dl2d.db.engine import session_scope
+from dl2d.db.models import Event, EventKind, NodeSample
+
+TOKEN = "daemon-test-token-77"
+
+
+def start_agent(token_file, node):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "dl2d.agents.main", "--bind", "127.0.0.1", "--port", str(port),
+                          "--token-file", token_file, "--node-name", node, "--fake-gpus", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    line = p.stdout.readline()
+    m = re.search(r"listening on (http://\S+)", line)
+    assert m, (line, p.stderr.read())
+    return p, m.group(1)
+
+
+def test_samples_stored_and_silent_node_drained(tmp_path):
+    tok = tmp_path / "agent.token"
+    tok.write_text(TOKEN + "\n")
+    tok.chmod(0o600)
+    procs = []
+    try:
+        for node in ("sim001", "sim002"):
+            procs.append(start_agent(str(tok), node))
+        cfg = build_config({"state_dir": str(tmp_path), "sim": {"cluster": "tiny"}, "metrics": {"enabled": False},
+                            "agents": {"nodes": {"sim001": procs[0][1], "sim002": procs[1][1]},
+                                       "token_file": str(tok), "stale_after": 2, "timeout": 2.0}}, {})
+        loop = build_loop(cfg)
+        with session_scope(loop.engine) as s:
+            store.submit_job(s, {"name": "big", "owner": "bob", "job_type": "resnet-50", "total_epochs": 9000,
+                                 "command": "python t.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
+                                 "ps": {"cpus": 2, "mem_gb": 4}})
+        loop.run(max_slots=2)
+        with session_scope(loop.engine) as s:
+            rows = list(s.scalars(select(NodeSample)))
+        assert {r.node for r in rows} == {"sim001", "sim002"} and len(rows) == 4
+        assert all(r.gpu_count == 2 and r.gpu_mem_total_bytes > 0 for r in rows)
+
+        procs[1][0].terminate()
+        procs[1][0].wait(10)
+        loop.run(max_slots=1)  # one silent poll: not yet stale
+        assert all(n.usable for n in loop.backend.nodes())
+        loop.run(max_slots=1)  # second silent poll (K = 2): drained before the slot decides
+        drained = {n.name: n.reason for n in loop.backend.nodes() if not n.usable}
+        assert list(drained) == ["sim002"] and "silent for 2 polls" in drained["sim002"]
+        with session_scope(loop.engine) as s:
+            ev = s.scalars(select(Event).where(Event.kind == EventKind.NODE_STALE)).one()
+            assert ev.detail["node"] == "sim002"
+            assert s.scalar(select(func.count()).select_from(NodeSample).where(NodeSample.node == "sim002")) == 2
+        # still stale while silent; polling goes on for the others
+        loop.run(max_slots=1)
+        assert loop.poller.stale_nodes == {"sim002"}
+        with session_scope(loop.engine) as s:
+            assert s.scalar(select(func.count()).select_from(NodeSample).where(NodeSample.node == "sim001")) == 5
+        # the agent comes back: the node is resumed
+        procs[1] = start_agent(str(tok), "sim002")
+        loop.poller.set_targets([("sim001", procs[0][1]), ("sim002", procs[1][1])])
+        loop.run(max_slots=1)
+        assert all(n.usable for n in loop.backend.nodes())
+        with session_scope(loop.engine) as s:
+            assert s.scalar(select(func.count()).select_from(Event).where(Event.kind == EventKind.NODE_RECOVERED)) == 1
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
+            p.stdout.close()
+            p.stderr.close()
