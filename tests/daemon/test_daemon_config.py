@@ -81,3 +81,11 @@ def test_agent_file(tmp_path):
     f.write_text("gpu01 http://a:1\ngpu01 http://b:1\n")
     with pytest.raises(ConfigError, match="listed twice"):
         read_agent_file(f)
+
+
+def test_shipped_example_config_is_valid():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "systemd" / "dl2d.toml.example"
+    c = load_config(str(example), env={})
+    assert c.backend == "slurm" and c.policy.name == "dl2" and c.policy.online_rl
