@@ -8,13 +8,18 @@ the per-slot GPU utilisation) as pure JSON on stdout, with the progress bar off.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from pathlib import Path
 
 import click
 
 BASELINE_NAMES = ("drf", "tetris", "optimus", "fifo", "srtf")
-POLICIES = (*BASELINE_NAMES, "dl2")
+#: Learned policies: name -> (module with load_scheduler(path), the command that trains one).
+LEARNED = {"dl2": ("dl2d.policy.scheduler", "dl2ctl train"),
+           "chic": ("dl2d.policy.chic", "bench/bench_chic.py"),
+           "chic-pair": ("dl2d.policy.chic", "bench/bench_chic.py")}
+POLICIES = (*BASELINE_NAMES, *LEARNED)
 CLUSTERS = ("dl2", "testbed", "small", "tiny")
 #: Options that only shape a generated trace: rejected together with --trace.
 GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estimate_error", "interference")
@@ -38,20 +43,41 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
+def parse_checkpoints(values, names: list[str]) -> dict[str, Path]:
+    """`--checkpoint PATH` (one learned policy) or `--checkpoint NAME=PATH` (several) -> {name: path}."""
+    learned = [n for n in names if n in LEARNED]
+    out: dict[str, Path] = {}
+    for v in values:
+        name, sep, path = v.partition("=")
+        if not sep or name not in LEARNED:
+            if len(learned) != 1:
+                raise click.UsageError("with several learned policies give --checkpoint NAME=PATH for each "
+                                       f"({', '.join(learned) or 'none selected'})")
+            name, path = learned[0], v
+        if name not in learned:
+            raise click.UsageError(f"--checkpoint {v}: {name} is not among the policies to run")
+        out[name] = Path(path)
+    for n in learned:
+        if n not in out:
+            raise click.UsageError(f"--policy {n} needs --checkpoint PATH (trained with {LEARNED[n][1]})")
+    return out
+
+
 def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None):
-    """A scheduler callable for `name`. The DL2 policy is imported lazily (it needs JAX and a checkpoint)."""
-    if name == "dl2":
+    """A scheduler callable for `name`. Learned policies are imported lazily (JAX, a checkpoint)."""
+    if name in LEARNED:
+        module, trainer = LEARNED[name]
         if checkpoint is None:
-            raise click.UsageError("--policy dl2 needs --checkpoint PATH (a policy trained with `dl2ctl train`)")
+            raise click.UsageError(f"--policy {name} needs --checkpoint PATH (trained with {trainer})")
         try:
-            from dl2d.policy.scheduler import load_scheduler
+            load_scheduler = importlib.import_module(module).load_scheduler
         except ModuleNotFoundError as e:
-            raise click.ClickException(f"the DL2 policy is not available in this installation ({e}); "
+            raise click.ClickException(f"the {name} policy is not available in this installation ({e}); "
                                        f"use one of the baselines: {', '.join(BASELINE_NAMES)}") from None
         try:
-            return load_scheduler(str(checkpoint))
-        except Exception as e:  # CheckpointError, or an unreadable file: report it, never a traceback
-            raise click.ClickException(f"cannot load DL2 checkpoint {checkpoint}: {e}") from None
+            return load_scheduler(str(checkpoint)) if name == "dl2" else load_scheduler(str(checkpoint), name=name)
+        except Exception as e:  # a checkpoint error or an unreadable file: report it, never a traceback
+            raise click.ClickException(f"cannot load {name} checkpoint {checkpoint}: {e}") from None
     from dl2d.sim import baselines as B
 
     if name == "tetris" and tetris_threshold is not None:
@@ -74,9 +100,10 @@ def sparkline(values, width: int = 24) -> str:
 
 @click.command()
 @click.option("--policy", type=click.Choice(POLICIES, case_sensitive=False), default=None,
-              help="Scheduling policy to simulate [default: drf]. 'dl2' needs --checkpoint.")
-@click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="DL2 policy checkpoint (from `dl2ctl train`), for --policy dl2 or dl2 in --compare.")
+              help="Scheduling policy to simulate [default: drf]. dl2, chic and chic-pair need --checkpoint.")
+@click.option("--checkpoint", "checkpoints", metavar="[NAME=]PATH", multiple=True,
+              help="Checkpoint of a learned policy (dl2 from `dl2ctl train`, chic/chic-pair from "
+                   "bench/bench_chic.py); NAME=PATH, repeated, when several learned policies run.")
 @click.option("--compare", "compare", metavar="A,B,...", default=None,
               help="Run several policies on the same trace and cluster and print one table, e.g. "
                    "drf,tetris,optimus,fifo,srtf ('all' = those five).")
@@ -115,7 +142,7 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the results as JSON on stdout (no table, no progress bar).")
 @click.pass_context
-def sim(ctx, policy, checkpoint, compare, trace_path, jobs, seed, arrivals, max_arrivals, epochs_model,
+def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max_arrivals, epochs_model,
         estimate_error, interference, cluster, servers, slot_seconds, speed_model, slot_noise, tetris_threshold,
         save_trace, per_type, as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
@@ -135,8 +162,9 @@ def sim(ctx, policy, checkpoint, compare, trace_path, jobs, seed, arrivals, max_
     if compare is not None and policy is not None:
         raise click.UsageError("give either --policy or --compare, not both")
     names = parse_policies(compare) if compare is not None else [(policy or "drf").lower()]
-    if checkpoint is not None and "dl2" not in names:
-        raise click.UsageError("--checkpoint only applies to the dl2 policy")
+    if checkpoints and not any(n in LEARNED for n in names):
+        raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
+    checkpoint = parse_checkpoints(checkpoints, names)
     if trace_path is not None:
         given = [n for n in GENERATION_OPTIONS
                  if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
@@ -176,7 +204,7 @@ def sim(ctx, policy, checkpoint, compare, trace_path, jobs, seed, arrivals, max_
             raise click.BadParameter(f"cannot write {save_trace}: {e.strerror}", param_hint="--save-trace") from None
 
     spec = ClusterSpec(servers) if servers else preset(cluster)
-    schedulers = [make_policy(n, checkpoint, tetris_threshold) for n in names]
+    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
         cfg = getattr(s, "cfg", None)

@@ -403,11 +403,31 @@ class ChicScheduler:
                         b.placer.remove(srv[1], view.ps_demand[j])
                         m[j] = True
             else:
-                m[2 * j] = b.within_limits(j, "worker") and b.placer.fits(view.worker_demand[j])
-                m[2 * j + 1] = b.within_limits(j, "ps") and b.placer.fits(view.ps_demand[j])
+                m[2 * j] = b.within_limits(j, "worker") and self._fits_keeping_complements(view, b, n, j, "worker")
+                m[2 * j + 1] = b.within_limits(j, "ps") and self._fits_keeping_complements(view, b, n, j, "ps")
         # starvation guard (ours): no void while no job would train and something still fits
         m[cfg.void] = not m[:-1].any() or any(b.workers(j) and b.ps(j) for j in range(n))
         return m
+
+    @staticmethod
+    def _fits_keeping_complements(view: SlotView, b: AllocationBuilder, n: int, j: int, kind: str) -> bool:
+        """Whether one more `kind` task of job j fits while every job holding only workers can still get a PS
+        and every job holding only PSs a worker (ours). Without this reservation Chic can fill the cluster
+        with tasks no job can train with, and since it reuses a schedule until its jobs change, starve forever."""
+        demand = view.worker_demand if kind == "worker" else view.ps_demand
+        tasks = [demand[j]]
+        for k in range(n):
+            w, p = b.workers(k) + (k == j and kind == "worker"), b.ps(k) + (k == j and kind == "ps")
+            if w and not p:
+                tasks.append(view.ps_demand[k])
+            elif p and not w:
+                tasks.append(view.worker_demand[k])
+        placed = b.placer.add_bundle(*tasks)
+        if placed is None:
+            return False
+        for srv, d in zip(placed, tasks):
+            b.placer.remove(srv, d)
+        return True
 
     def _choose(self, state: np.ndarray, allowed: np.ndarray) -> int:
         if self.mode == UNIFORM:

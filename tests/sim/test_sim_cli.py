@@ -95,7 +95,10 @@ def test_trace_file_gives_the_same_result_as_the_generated_trace(tmp_path):
     (["--compare", ","], "comma-separated list"),
     (["--policy", "sjf"], "'sjf' is not one of"),
     (["--policy", "dl2"], "--policy dl2 needs --checkpoint"),
-    (["--policy", "drf", "--checkpoint", "x.ckpt"], "--checkpoint only applies to the dl2 policy"),
+    (["--policy", "drf", "--checkpoint", "x.ckpt"], "--checkpoint only applies to the learned policies"),
+    (["--policy", "chic"], "--policy chic needs --checkpoint"),
+    (["--compare", "dl2,chic", "--checkpoint", "x.ckpt"], "give --checkpoint NAME=PATH for each"),
+    (["--compare", "drf,chic", "--checkpoint", "dl2=x.ckpt"], "dl2 is not among the policies"),
     (["--jobs", "0"], "0 is not in the range x>=1"),
     (["--estimate-error", "1.5"], "--estimate-error"),
     (["--cluster", "huge"], "'huge' is not one of"),
@@ -126,4 +129,20 @@ def test_dl2_policy_with_a_bad_checkpoint_is_a_clear_error(tmp_path):
     ckpt = tmp_path / "p.ckpt"
     ckpt.write_text("not a checkpoint")
     r = invoke(*SMALL, "--policy", "dl2", "--checkpoint", str(ckpt))
-    assert r.exit_code == 1 and "cannot load DL2 checkpoint" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "cannot load dl2 checkpoint" in r.output and "Traceback" not in r.output
+
+
+def test_chic_checkpoints_run_side_by_side_by_name(tmp_path):
+    from dl2d.policy import chic as CH
+
+    paths = {}
+    for name, pair in (("chic", False), ("chic-pair", True)):
+        cfg = CH.ChicConfig(pair=pair)
+        paths[name] = tmp_path / f"{name}.npz"
+        CH.save_checkpoint(paths[name], cfg, CH.init_params(cfg, 0))
+    r = invoke(*SMALL, "--compare", "drf,chic,chic-pair", "--checkpoint", f"chic={paths['chic']}",
+               "--checkpoint", f"chic-pair={paths['chic-pair']}", "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)["results"]
+    assert [row["policy"] for row in res] == ["drf", "chic", "chic-pair"]
+    assert all(row["jobs"] == 4 and row["avg_jct_slots"] > 0 for row in res)
