@@ -57,9 +57,13 @@ def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
               help="RL: minibatch updates after each simulated slot [default: config's, 1].")
 @click.option("--rl-lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help="RL: Adam learning rate [default: config's, 1e-4].")
+@click.option("--advantage", type=click.Choice(("critic", "greedy")), default=None,
+              help="RL: advantage from the value network (DL2) or over the greedy policy's reward on the same "
+                   "simulated slot [default: config's, critic].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
-          init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr, as_json) -> None:
+          init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr, advantage,
+          as_json) -> None:
     """Train a DL2 policy: imitate TEACHER, then learn online in the simulator, and save a checkpoint."""
     if val_seed is None:
         val_seed = seed + 10_000
@@ -104,7 +108,8 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
         cfg = PolicyConfig(max_jobs=max_jobs or 40, hidden=hidden or 256)
         params = init_params(cfg, jax.random.PRNGKey(seed))
     rl_overrides = {k: v for k, v in (("n_step", n_step), ("entropy_weight", entropy_weight), ("epsilon", epsilon),
-                                      ("updates_per_slot", updates_per_slot), ("rl_lr", rl_lr)) if v is not None}
+                                      ("updates_per_slot", updates_per_slot), ("rl_lr", rl_lr),
+                                      ("advantage", advantage)) if v is not None}
     if rl_overrides:  # RL hyper-parameters only: they change no shape, so a checkpoint's parameters still fit
         from dataclasses import replace as _replace
         cfg = _replace(cfg, **rl_overrides)

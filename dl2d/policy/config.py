@@ -29,6 +29,10 @@ class PolicyConfig:
     updates_per_slot: int = 1
     n_step: int = 1  # critic target: n-step discounted return of the slot rewards + gamma^n V(state n slots on)
     normalize_advantage: bool = True  # advantages standardised per minibatch
+    # "critic": A = n-step return - V(s) (DL2's actor-critic). "greedy": A = this slot's reward - the reward the
+    # greedy policy gets from the same slot state and noise in the simulator (a self-critical baseline; needs a
+    # simulator, so training only, not DL2's own design)
+    advantage: str = "critic"
     # feature scaling
     slots_scale: float = 100.0
     epochs_scale: float = 300.0
@@ -49,6 +53,10 @@ class PolicyConfig:
     def max_steps(self) -> int:
         """Upper bound on inferences in one window: each non-void action adds at least one task."""
         return self.max_jobs * (self.max_workers + self.max_ps) + 1
+
+    def __post_init__(self):
+        if self.advantage not in ("critic", "greedy"):
+            raise ValueError(f"advantage must be 'critic' or 'greedy', not {self.advantage!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,6 +5,7 @@ replay buffer are a thin NumPy shell around the simulator and the jitted slot lo
 """
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -43,9 +44,12 @@ def rl_loss(cfg: PolicyConfig, params, batch):
     logp = jax.nn.log_softmax(masked_logits(policy_logits(cfg, params, states), masks))
     v = value(cfg, params, states)
     y = returns + discounts * jax.lax.stop_gradient(value(cfg, params, next_states))
-    adv = jax.lax.stop_gradient(y - v)
-    if cfg.normalize_advantage:
-        adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-6)
+    if cfg.advantage == "greedy":  # `returns` already are advantages over the greedy policy: keep their sign
+        adv = returns / (jnp.std(returns) + 1e-6) if cfg.normalize_advantage else returns
+    else:
+        adv = jax.lax.stop_gradient(y - v)
+        if cfg.normalize_advantage:
+            adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-6)
     pg = -jnp.mean(jnp.take_along_axis(logp, actions[:, None], axis=1)[:, 0] * adv)
     p = jnp.exp(logp)
     entropy = -jnp.mean(jnp.sum(jnp.where(masks, p * logp, 0.0), axis=1))
@@ -166,7 +170,11 @@ def rl_episode(cfg: PolicyConfig, st: RLState, trace: Trace, sim: E.SimConfig, s
     """Run one trace with the sampling policy, learning after every slot. Returns the episode's total reward.
 
     A slot's samples enter the replay once the `cfg.n_step` following slot rewards are known (or the episode
-    ends), with their discounted sum as return and the first state of the slot n on as bootstrap."""
+    ends), with their discounted sum as return and the first state of the slot n on as bootstrap.
+
+    With `cfg.advantage == "greedy"` each slot is also decided greedily and simulated from the same state with
+    the same noise (a copy of the generator); the slot's samples enter the replay at once with the reward
+    difference as their advantage (a self-critical, myopic baseline: gamma and n_step are not used)."""
     opt = make_optimizer(cfg.rl_lr)
     rng = np.random.default_rng(seed)
     key = jax.random.PRNGKey(seed)
@@ -178,10 +186,18 @@ def rl_episode(cfg: PolicyConfig, st: RLState, trace: Trace, sim: E.SimConfig, s
         key, sub = jax.random.split(key)
         d = decide(cfg, st.params, sub, view, mode=SAMPLE, epsilon=cfg.epsilon, record=True)
         first = d.records[0].states[0] if d.records and len(d.records[0].actions) else np.zeros(cfg.state_dim)
-        if len(pending) >= cfg.n_step:
+        if cfg.advantage == "greedy":
+            key, sub = jax.random.split(key)
+            g = decide(cfg, st.params, sub, view, mode=GREEDY)
+            _, base, _ = E.step(trace, state, g.allocation, sim, copy.deepcopy(rng))
+        elif len(pending) >= cfg.n_step:
             _push(st.replay, pending, first, cfg.gamma, terminal=False)
         state, reward, _ = E.step(trace, state, d.allocation, sim, rng)
-        pending.append((d.records, reward))
+        if cfg.advantage == "greedy":
+            for r in d.records:
+                st.replay.add(r.states, r.masks, r.actions, reward - base, np.zeros(cfg.state_dim), 0.0)
+        else:
+            pending.append((d.records, reward))
         total += reward
         n += 1
         if st.replay.size >= cfg.minibatch:

@@ -106,3 +106,38 @@ def test_nstep_episode_stores_every_sample_with_valid_discounts(cfg, sim, params
     assert np.all(np.isclose(disc, 0.0) | np.isclose(disc, c.gamma ** 3))
     assert np.any(disc == 0.0) and np.any(disc > 0)  # the last three slots end the episode
     assert np.all(st.replay.r[: st.replay.size] >= 0)
+
+
+def test_greedy_advantage_is_the_reward_difference_over_the_greedy_slot(cfg, sim, params):
+    """advantage="greedy": a slot's samples carry reward(sampled) - reward(greedy on the same state and noise),
+    and a greedy-only policy (epsilon 0, all its mass on one action) would get exactly zero."""
+    c = replace(cfg, advantage="greedy", epsilon=0.0)
+    trace = tiny_trace(8, seed=2, max_epochs=20)
+    st = T.RLState(params, make_optimizer(c.rl_lr).init(params), T.Replay(c, seed=0))
+    rewards = []
+    T.rl_episode(c, st, trace, sim, seed=0, max_slots=6, on_slot=lambda n, r: rewards.append(r))
+    adv = st.replay.r[: st.replay.size]
+    assert np.all(st.replay.disc[: st.replay.size] == 0.0)
+    assert np.all(np.abs(adv) <= max(rewards) + 1e-6) and np.any(adv != 0)
+    # the same slot twice: greedy vs greedy gives zero
+    view = E.view_of(trace, E.replace(E.SimState.initial(len(trace)), slot=0), sim)
+    state = E.replace(E.SimState.initial(len(trace)), slot=0)
+    g = decide(c, params, jax.random.PRNGKey(0), view, mode=GREEDY).allocation
+    rng = np.random.default_rng(0)
+    _, r1, _ = E.step(trace, state, g, sim, __import__("copy").deepcopy(rng))
+    _, r2, _ = E.step(trace, state, g, sim, rng)
+    assert r1 == r2
+
+
+def test_greedy_advantage_keeps_its_sign(cfg, params):
+    c = replace(cfg, advantage="greedy")
+    n = 16
+    masks = np.ones((n, c.num_actions), bool)
+    actions = np.zeros(n, np.int32)
+    s = np.zeros((n, c.state_dim), np.float32)
+    up = jax.grad(lambda p: T.rl_loss(c, p, (s, masks, actions, np.full(n, 0.5, np.float32), s,
+                                             np.zeros(n, np.float32)))[0])(params)
+    # a positive advantage on action 0 everywhere: the gradient step raises action 0's logit bias
+    assert float(up["policy"]["out"]["bias"][0]) < 0
+    with pytest.raises(ValueError, match="advantage"):
+        replace(cfg, advantage="bogus")
