@@ -34,6 +34,22 @@ from .clock import retry_clock, scaling_clock
 from .model import TrainConfig, init_params
 
 
+class _Stall:
+    """Detects a wait that makes no progress: ``stuck(state)`` is true once ``state``
+    has not changed for ``limit`` seconds."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self._state: object = None
+        self._since = time.monotonic()
+
+    def stuck(self, state) -> bool:
+        now = time.monotonic()
+        if state != self._state:
+            self._state, self._since = state, now
+        return now - self._since > self.limit
+
+
 class Coordinator:
     def __init__(self, cfg: TrainConfig, n_ps: int, n_workers: int, job_id: str = "job",
                  host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
@@ -94,6 +110,11 @@ class Coordinator:
                 if not meta.get("finished"):
                     self._resumed_meta = meta
         self.version = self.start_version
+        # PREPARE attempts are numbered; a SUSPENDED of an older (cancelled) attempt is ignored
+        self._pause_attempt = 0
+        # a pause (waiting for the clock, then for every worker to suspend) fails when
+        # nothing progresses for this long (or 20 step times, if longer)
+        self.pause_stall_timeout = 60.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="coordinator")
 
@@ -195,8 +216,10 @@ class Coordinator:
             return {}
         if op == "SUSPENDED":
             with self.cv:
-                self.suspended[int(h["worker"])] = time.time()
-                self.cv.notify_all()
+                att = h.get("attempt")
+                if att is None or int(att) == self._pause_attempt:
+                    self.suspended[int(h["worker"])] = time.time()
+                    self.cv.notify_all()
             return {}
         if op == "RESUMED":
             with self.cv:
@@ -415,15 +438,21 @@ class Coordinator:
             clock = min(clock, max(total, vmax))
         rec["version_at_prepare"] = vmax
         for _attempt in range(50):
+            with self.cv:
+                # SUSPENDED messages of a cancelled attempt may still be in flight
+                self._pause_attempt += 1
+                attempt = self._pause_attempt
+                self.suspended.clear()
             late, latest = False, vmax
             for addr in w_addrs + ps_addrs:
-                h, _ = self._c(addr).call("PREPARE", clock=clock)
+                h, _ = self._c(addr).call("PREPARE", clock=clock, attempt=attempt)
                 if h.get("late"):
                     late, latest = True, max(latest, int(h["version"]))
                     break
             if not late:
                 break
-            for addr in w_addrs + ps_addrs:
+            # PSs first: a worker released from the void clock must find them unfrozen
+            for addr in ps_addrs + w_addrs:
                 self._c(addr).call("CANCEL")
             clock = retry_clock(latest, clock)
             if self.cfg.sync:
@@ -435,10 +464,13 @@ class Coordinator:
         rec["t_step2_assignment"] = time.perf_counter() - rec["_t1"]
         t = time.perf_counter()
         reached: set[str] = set()
+        ps_versions: dict[str, int] = {}
+        stall = _Stall(max(self.pause_stall_timeout, 20 * (self.iter_time or 0.0)))
         while len(reached) < len(ps_addrs):
             for addr in ps_addrs:
                 if addr not in reached:
                     h, _ = self._c(addr).call("WAIT_CLOCK", timeout=0.05)
+                    ps_versions[addr] = int(h["version"])
                     if h["reached"]:
                         reached.add(addr)
             if not self.cfg.sync:
@@ -450,12 +482,24 @@ class Coordinator:
                             self._c(addr).call("FREEZE")
             if self._stop.is_set():
                 raise RuntimeError("stopped")
+            with self.cv:
+                susp = sorted(self.suspended)
+            if stall.stuck((sorted(ps_versions.items()), len(reached), susp)):
+                raise RuntimeError(
+                    f"scaling clock {clock} not reached: no progress in {stall.limit:.0f}s "
+                    f"(PS versions {sorted(ps_versions.values())}, {len(reached)}/{len(ps_addrs)} PSs "
+                    f"frozen, suspended workers {susp} of {sorted(self.workers)})")
         # every worker must be parked before parameters move (a late pull would
         # otherwise see a half-migrated PS)
+        stall = _Stall(stall.limit)
         with self.cv:
             while not set(self.workers) <= set(self.suspended):
                 if self._stop.is_set():
                     raise RuntimeError("stopped")
+                if stall.stuck(sorted(self.suspended)):
+                    raise RuntimeError(
+                        f"workers {sorted(set(self.workers) - set(self.suspended))} did not suspend "
+                        f"at scaling clock {clock} within {stall.limit:.0f}s")
                 self.cv.wait(0.05)
         rec["t_wait_clock"] = time.perf_counter() - t
         return clock

@@ -3,9 +3,13 @@
 A worker registers with ``INC_WORKER`` and then waits for ``RESUME`` (which
 also starts it).  It runs a small control server for the coordinator:
 
-``PREPARE {clock}``
+``PREPARE {clock, attempt}``
     remember the scaling clock; answer ``late`` if the worker has already
-    started computing the step ``clock`` (synchronous mode).
+    started computing the step ``clock`` (synchronous mode).  ``SUSPENDED``
+    echoes ``attempt`` so the coordinator ignores a suspension at a void clock.
+``CANCEL``
+    forget the clock (a peer was late); a worker already suspended at it
+    goes on training with the same map.
 ``RESUME {ps: {addr: [blocks]}, workers: [ids], version, exit}``
     new parameter->PS map, member list (rank = position) and version; resume
     training (or exit when this worker was removed).
@@ -38,6 +42,9 @@ class Worker:
         self.cfg: TrainConfig | None = None
         self.lock = threading.Lock()
         self.clock: int | None = None
+        self.attempt: int | None = None  # PREPARE attempt of ``clock`` (echoed in SUSPENDED)
+        self.parked = False  # suspended at ``clock``, waiting for RESUME (or CANCEL)
+        self.cancelled = False  # the last wake-up was a CANCEL, not a RESUME
         self.passed = -1  # last step whose computation has started
         self.version = 0
         self.resume_evt = threading.Event()
@@ -81,10 +88,18 @@ class Worker:
                 if self.cfg.sync and clock <= self.passed:
                     return {"late": True, "version": self.passed + 1}
                 self.clock = clock
+                self.attempt = h.get("attempt")
                 return {"late": False, "version": self.version}
         if op == "CANCEL":
+            # Another peer was late: this clock is void.  A worker already parked
+            # at it must go on training (nothing changed), or the next step could
+            # never complete (synchronous mode) and no retried clock be reached.
             with self.lock:
                 self.clock = None
+                self.attempt = None
+                if self.parked:
+                    self.resume_msg = {"cancel": True}
+                    self.resume_evt.set()
             return {}
         if op == "RESUME":
             # Applied here, under the lock, so that a PREPARE for the next
@@ -96,6 +111,7 @@ class Worker:
                     self.version = int(h["version"])
                     self.passed = self.version - 1
                     self.clock = None
+                    self.attempt = None
                 self.resume_msg = h
                 self.resume_evt.set()
             return {}
@@ -118,6 +134,10 @@ class Worker:
         with self.lock:
             h = self.resume_msg
             self.resume_evt.clear()
+            self.parked = False
+        self.cancelled = bool(h.get("cancel"))
+        if self.cancelled:
+            return True
         if h.get("exit"):
             return False
         for addr in list(self._ps):
@@ -184,13 +204,23 @@ class Worker:
                 clock = self.clock
                 at_clock = clock is not None and (frozen or v >= clock)
                 finished = v >= total
-                if not at_clock and not finished:
+                # a PS still frozen at a clock being cancelled: its blocks were not sent
+                stale = frozen and not at_clock
+                if not at_clock and not finished and not stale:
                     self.passed = v if cfg.sync else self.passed + 1
+                self.parked = at_clock
+                attempt = self.attempt
+            if stale:
+                time.sleep(0.002)
+                continue
             if at_clock:
                 t_susp = time.perf_counter()
-                self._safe_coord("SUSPENDED", worker=self.worker_id, version=v)
+                self._safe_coord("SUSPENDED", worker=self.worker_id, version=v, clock=clock, attempt=attempt)
                 if not self._wait_resume():
                     return
+                if self.cancelled:  # the clock was cancelled: go on with the same map
+                    t_susp = None
+                    continue
                 if pending:  # async: gradients refused by a frozen PS go to the new owners
                     self._push_pending(pending)
                 report_resume = True

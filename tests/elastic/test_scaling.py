@@ -2,6 +2,7 @@
 import time
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import assert_matches_reference, full_loss, long_cfg
@@ -82,3 +83,53 @@ def test_async_training_with_scaling_keeps_all_parameters(make_cluster):
     from dl2d.elastic.model import init_params
     assert full_loss(cfg, p) < 0.5 * full_loss(cfg, init_params(cfg))
     assert all(r["method"] == "hot" for r in c.coord.records)
+
+
+def test_cancelled_clock_releases_a_worker_already_suspended_at_it(make_cluster):
+    """Regression: worker 0 accepts PREPARE(c) and suspends at c; worker 1 has already
+    started step c and answers late.  The CANCEL must release worker 0 (it used to stay
+    parked, step c never completed and the retried clock was never reached: a hang)."""
+    cfg = long_cfg(epochs=1, n_samples=1024)
+    c = make_cluster(cfg, 1, 2)
+    _wait_progress(c, 2)
+    coord = c.coord
+    coord.pause_stall_timeout = 5.0
+    w1 = next(w for w in c.spawner.workers if w.worker_id == 1)
+    orig = w1.server.handler
+    seen = []
+
+    def handler(h, a):
+        if h["op"] == "PREPARE" and not seen:
+            clock = int(h["clock"])
+            # hold worker 1's PREPARE until worker 0 suspended at the clock and worker 1
+            # started computing step `clock` (so that it really is late)
+            deadline = time.monotonic() + 10
+            while not (0 in coord.suspended and w1.passed >= clock) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            seen.append((clock, 0 in coord.suspended and w1.passed >= clock))
+        return orig(h, a)
+    w1.server.handler = handler
+    rec = coord.scale(2, 2, timeout=30)["records"][0]
+    assert seen and seen[0][1], "scenario not set up"
+    assert rec.get("retries", 0) >= 1 and rec["clock"] > seen[0][0]
+    assert c.wait(60) == "done", coord.errors
+    assert coord.errors == []
+    assert_matches_reference(cfg, coord.final_params)
+
+
+def test_pause_that_cannot_complete_fails_with_an_error(make_cluster):
+    """A worker that never suspends at the clock: the reconfiguration fails (bounded wait)
+    with the reason in ``errors`` instead of waiting forever."""
+    cfg = long_cfg(epochs=1, n_samples=1024)
+    c = make_cluster(cfg, 1, 2)
+    _wait_progress(c, 2)
+    c.coord.pause_stall_timeout = 1.0
+    w1 = next(w for w in c.spawner.workers if w.worker_id == 1)
+    orig = w1.server.handler
+    w1.server.handler = lambda h, a: {"late": False, "version": 0} if h["op"] == "PREPARE" else orig(h, a)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="finished during scaling"):
+        c.coord.scale(2, 2, timeout=30)
+    assert time.monotonic() - t0 < 15
+    assert c.coord.state == "failed"
+    assert any("did not suspend" in e and "[1]" in e for e in c.coord.errors), c.coord.errors
