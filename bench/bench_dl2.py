@@ -52,6 +52,10 @@ def main():
     ap.add_argument("--n-step", type=int, default=PolicyConfig.n_step, help="RL: n-step return of the critic target")
     ap.add_argument("--entropy-weight", type=float, default=PolicyConfig.entropy_weight)
     ap.add_argument("--updates-per-slot", type=int, default=PolicyConfig.updates_per_slot)
+    ap.add_argument("--epsilon", type=float, default=PolicyConfig.epsilon, help="RL: job-aware exploration")
+    ap.add_argument("--rl-lr", type=float, default=PolicyConfig.rl_lr)
+    ap.add_argument("--advantage", choices=("critic", "greedy"), default=PolicyConfig.advantage,
+                    help="RL: value-network advantage (DL2) or self-critical over the greedy policy's slot reward")
     ap.add_argument("--val-seed", type=int, default=10_000)
     ap.add_argument("--out", default="docs/bench")
     args = ap.parse_args()
@@ -62,7 +66,8 @@ def main():
     def log(msg):
         print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
 
-    cfg = PolicyConfig(n_step=args.n_step, entropy_weight=args.entropy_weight, updates_per_slot=args.updates_per_slot)
+    cfg = PolicyConfig(n_step=args.n_step, entropy_weight=args.entropy_weight, updates_per_slot=args.updates_per_slot,
+                       epsilon=args.epsilon, rl_lr=args.rl_lr, advantage=args.advantage)
     sim = E.SimConfig(cluster=C.preset(args.cluster))
     tc = T.TraceConfig(num_jobs=args.jobs)
     val = T.generate(tc, seed=args.val_seed)
