@@ -423,18 +423,39 @@ class SlotLoop:
         os.replace(tmp, p)
 
     def run(self, max_slots: int = 0, until_idle: Callable[[], bool] | None = None) -> int:
-        """Recover, then run slots until stopped, ``max_slots`` reached or ``until_idle()`` says so."""
-        self.recover()
-        self.write_status("running")
-        n = 0
+        """Recover, then run slots until stopped, ``max_slots`` reached or ``until_idle()`` says so.
+
+        A retryable :class:`BackendError` (e.g. slurmctld down through the driver's own retries) does not
+        stop the daemon: the slot is skipped (logged, ``dl2d_backend_errors_total``, status ``degraded``),
+        the loop waits 1, 2, 4 ... s (at most a slot) and recovers again (journal replay, closing a slot
+        left open) before the next slot. Other errors propagate (systemd restarts the daemon)."""
+        n, outage, recovered = 0, 0, False
         while not self.stop.is_set():
-            if max_slots and n >= max_slots:
-                break
-            if until_idle is not None and until_idle():
-                break
-            if self.run_slot() is None:
-                break
-            n += 1
+            try:
+                if not recovered:
+                    self.recover()
+                    recovered = True
+                    self.write_status("running")
+                    if outage:
+                        log.info("backend available again after %d failed attempt(s)", outage)
+                        outage = 0
+                if max_slots and n >= max_slots:
+                    break
+                if until_idle is not None and until_idle():
+                    break
+                if self.run_slot() is None:
+                    break
+                n += 1
+            except BackendError as e:
+                if not e.retryable:
+                    raise
+                outage, recovered = outage + 1, False
+                self.metrics.backend_errors.inc()
+                delay = min(self.slot_seconds, 2.0 ** min(outage - 1, 16))
+                log.warning("backend unavailable, slot skipped (attempt %d, retrying in %.0f s): %s", outage, delay, e)
+                self.write_status("degraded")
+                if not self.wait_slot_end(time.monotonic() + delay):
+                    break
         if self.learner is not None and self.checkpoint_path and self.learner.stats.updates:
             self.learner.save(self.checkpoint_path, {"final": True})
         self.write_status("stopped")

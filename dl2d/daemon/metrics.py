@@ -17,6 +17,8 @@ class Metrics:
         self.fallbacks = Counter("dl2d_fallbacks", "Guardrail fallbacks to the heuristic", registry=r)
         self.resizes = Counter("dl2d_resizes", "Backend actions carried out, by method", ["method"], registry=r)
         self.intent_failures = Counter("dl2d_intent_failures", "Intents the backend could not carry out", registry=r)
+        self.backend_errors = Counter("dl2d_backend_errors", "Slots skipped because the backend was unavailable",
+                                      registry=r)
         self.replayed = Counter("dl2d_intents_replayed", "Journal intents replayed at start", registry=r)
         self.jobs = Gauge("dl2d_jobs", "Jobs by state", ["state"], registry=r)
         self.slot = Gauge("dl2d_slot", "Number of the last slot", registry=r)
