@@ -40,13 +40,14 @@ def make_backend(cfg: DaemonConfig, hidden=None):
         return SimBackend(spec, cfg.slot_seconds, cfg.sim.noise, cfg.sim.seed, cfg.sim.speed_model,
                           state_file=cfg.sim_state_file, hidden=hidden)
     try:
-        from dl2d.daemon.slurm_backend import SlurmBackend
+        from dl2d.daemon.slurm_backend import backend_from_table
+        from dl2d.slurm.driver import SlurmError
     except ImportError as e:
         raise ConfigError(f"config error: backend: the Slurm backend is not available ({e})") from None
     try:
-        return SlurmBackend(**cfg.slurm)
-    except TypeError as e:
-        raise ConfigError(f"config error: slurm: {e}") from None
+        return backend_from_table(cfg.slurm, cfg.state_dir)
+    except (ValueError, SlurmError) as e:  # SlurmError: driver = "pyslurm" without a usable pyslurm
+        raise ConfigError(f"config error: {e}") from None
 
 
 def make_policy(cfg: DaemonConfig):

@@ -790,3 +790,86 @@ def node_info(n: SlurmNode) -> NodeInfo:
     reason = n.reason or ("" if n.usable else ",".join((n.state,) + n.flags))
     return NodeInfo(name=n.name, gpus=n.gpus, cpus=n.cpus, mem_gb=n.mem_mb / 1024.0,
                     usable=n.usable, reason=reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# From the daemon's config file
+# ---------------------------------------------------------------------------------------------
+
+#: Keys of the ``[slurm]`` table of dl2d.toml besides the SlurmBackendConfig fields.
+DRIVER_KEYS = ("driver", "slurm_conf", "command_timeout_s")
+_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "state_dir": (str,), "restart_method": (str,), "checkpoint_signal": (str,),
+    "checkpoint_timeout_s": (int, float), "poll_interval_s": (int, float),
+    "job_name_prefix": (str,), "partition": (str,), "time_limit_min": (int,), "workdir": (str,),
+    "hot_scale_timeout_s": (int, float), "cache_ttl_s": (int, float),
+    "node_shape": (dict,), "backoff": (dict,),
+}
+_BACKOFF_KEYS = ("base", "factor", "cap", "jitter", "max_attempts", "max_elapsed")
+
+
+def settings_from_table(table: Mapping[str, Any], default_state_dir: str | Path
+                        ) -> tuple[str, dict[str, Any], SlurmBackendConfig]:
+    """The ``[slurm]`` table of dl2d.toml -> (driver kind, driver options, backend config).
+    Pure; raises ValueError naming the key (``slurm.<key>: ...``). Keys: ``driver`` (cli |
+    pyslurm), ``slurm_conf`` (the CLI driver's ``SLURM_CONF``), ``command_timeout_s``, every
+    field of :class:`SlurmBackendConfig` (``state_dir`` defaults to ``<state_dir>/slurm``;
+    ``node_shape`` and ``backoff`` are tables)."""
+    from dataclasses import fields as dc_fields
+
+    known = set(DRIVER_KEYS) | set(_CONFIG_TYPES)
+    for key in table:
+        if key not in known:
+            raise ValueError(f"slurm.{key}: unknown key; known keys: {', '.join(sorted(known))}")
+    for key, value in table.items():
+        types = _CONFIG_TYPES.get(key, {"driver": (str,), "slurm_conf": (str,),
+                                        "command_timeout_s": (int, float)}.get(key))
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"slurm.{key}: wrong type {type(value).__name__} ({value!r})")
+    kind = table.get("driver", "cli")
+    from dl2d.slurm.driver import DRIVERS
+    if kind not in DRIVERS:
+        raise ValueError(f"slurm.driver: must be one of {', '.join(DRIVERS)}, got {kind!r}")
+    options: dict[str, Any] = {}
+    if kind == "cli":
+        if "command_timeout_s" in table:
+            if table["command_timeout_s"] <= 0:
+                raise ValueError("slurm.command_timeout_s: must be > 0")
+            options["timeout"] = float(table["command_timeout_s"])
+        if table.get("slurm_conf"):
+            options["env"] = {"SLURM_CONF": table["slurm_conf"]}
+    elif "slurm_conf" in table or "command_timeout_s" in table:
+        raise ValueError("slurm.slurm_conf / slurm.command_timeout_s: only for driver = \"cli\" "
+                         "(pyslurm reads SLURM_CONF from the environment)")
+    kw: dict[str, Any] = {k: v for k, v in table.items() if k in _CONFIG_TYPES}
+    kw["state_dir"] = Path(kw.get("state_dir") or Path(default_state_dir) / "slurm")
+    if "node_shape" in kw:
+        ns = kw["node_shape"]
+        if set(ns) != {"gpus", "cpus", "mem_gb"}:
+            raise ValueError("slurm.node_shape: needs exactly gpus, cpus and mem_gb")
+        kw["node_shape"] = NodeShape(int(ns["gpus"]), int(ns["cpus"]), float(ns["mem_gb"]))
+    if "backoff" in kw:
+        bad = set(kw["backoff"]) - set(_BACKOFF_KEYS)
+        if bad:
+            raise ValueError(f"slurm.backoff.{sorted(bad)[0]}: unknown key; known: {', '.join(_BACKOFF_KEYS)}")
+        try:
+            kw["backoff"] = BackoffPolicy(**kw["backoff"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"slurm.backoff: {e}") from None
+    for key in ("checkpoint_timeout_s", "poll_interval_s", "hot_scale_timeout_s"):
+        if key in kw and kw[key] <= 0:
+            raise ValueError(f"slurm.{key}: must be > 0, got {kw[key]}")
+    assert {f.name for f in dc_fields(SlurmBackendConfig)} >= set(kw)
+    try:
+        config = SlurmBackendConfig(**kw)
+    except ValueError as e:
+        raise ValueError(f"slurm: {e}") from None
+    return kind, options, config
+
+
+def backend_from_table(table: Mapping[str, Any], default_state_dir: str | Path) -> SlurmBackend:
+    """The daemon's SlurmBackend from the ``[slurm]`` table (see :func:`settings_from_table`)."""
+    from dl2d.slurm.driver import make_driver
+
+    kind, options, config = settings_from_table(table, default_state_dir)
+    return SlurmBackend(make_driver(kind, **options), config)
