@@ -48,6 +48,9 @@ def launch(ckdir: str, size: str, ps: int, args) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dl2d.elastic.launcher", "--local", "--quiet", "--checkpoint-dir", ckdir,
            "--model-size", size, "--workers", str(WORKERS), "--ps", str(ps), "--epochs", str(args.epochs),
            "--samples", str(args.samples), "--global-batch", str(args.global_batch),
+           # the output layer sums over the hidden units: scale the step down with the width,
+           # or the large MLP diverges (NaN) within a few hundred steps
+           "--lr", f"{0.01 * min(1.0, 1e5 / parse_size(size)):.6g}",
            "--progress-interval", "0.2", "--log-dir", os.path.join(ckdir, "logs")]
     log = open(os.path.join(ckdir, "dl2-run.log"), "ab")
     try:
