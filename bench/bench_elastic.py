@@ -18,7 +18,7 @@ Measured, per model size (synchronous training, 2 workers, starting from 1 PS):
   completed after the restart (both timestamped by the coordinators), with a breakdown.
   The job goes back to 1 PS by a second restart between values of k.
 
-    python bench/bench_elastic.py [--sizes 100k 2.5M] [--max-add 8] [--reps 3] [--json docs/bench/elastic_bench.json]
+    python bench/bench_elastic.py [--sizes 100k 2.5M] [--max-add 8] [--ckpt-add 1 4 8] [--reps 3] [--json docs/bench/elastic_bench.json]
 """
 from __future__ import annotations
 
