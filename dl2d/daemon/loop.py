@@ -7,7 +7,8 @@ One slot (docs/daemon.md has the full story):
    sizes and progress synced, cancelled or unknown jobs stopped in the backend);
 3. build the policy's view, decide, apply the guardrails (fallback to DRF with the reason);
 4. journal: the slot, its allocations and decision, and one intent per job whose size changes, in one
-   transaction; then per intent mark_issued -> ``backend.apply`` -> mark_done (or mark_failed);
+   transaction; then all marked issued (one transaction), ``backend.apply`` each in order (in the backend's
+   ``batch()`` when it has one), all marked done (or failed) in one transaction;
 5. wait for the slot to end (polling agents meanwhile), ``backend.end_slot``;
 6. close the slot: reward (DL2 eq. 1) from the backend's progress, reconcile, online RL update,
    policy checkpoint every N slots.
@@ -25,13 +26,14 @@ import os
 import signal
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from dl2d.daemon import plan as P
 from dl2d.daemon.backend import FAILED, FINISHED, BackendError, ClusterBackend, JobRequest, JobStatus
@@ -121,6 +123,7 @@ class SlotLoop:
         self.state = LoopState()
         self.stop = threading.Event()
         self._closed = 0
+        self._limits: dict[int, tuple[int, int]] = {}  # job id -> (max_workers, max_ps) from its spec
         self.started_at = time.time()
 
     # ------------------------------------------------------------------------------ agents
@@ -159,7 +162,7 @@ class SlotLoop:
 
     def reconcile(self, s: Session, statuses: dict[int, JobStatus], now: datetime) -> None:
         """Level-triggered sync of the DB's jobs with what the backend reports."""
-        jobs = {j.id: j for j in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)))}
+        jobs = {j.id: j for j in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)).options(defer(Job.spec)))}
         for job in jobs.values():
             st = statuses.get(job.id)
             if st is None:
@@ -205,6 +208,7 @@ class SlotLoop:
         n = 0
         with session_scope(self.engine) as s:
             pending = [it.id for it in store.pending_intents(s)]
+        replay: list[int] = []
         for intent_id in pending:
             with session_scope(self.engine) as s:
                 it = s.get_one(Intent, intent_id)
@@ -219,8 +223,9 @@ class SlotLoop:
                     store.mark_failed(s, it, f"job {job.id} is {job.state.value}; not replayed")
                     continue
                 store.mark_issued(s, it)
-            self._apply_intent(intent_id, replay=True)
-            n += 1
+            replay.append(intent_id)
+        self._apply_intents(replay, replay=True)
+        n += len(replay)
         self.metrics.replayed.inc(n)
         if n:
             log.info("replayed %d journal intent(s)", n)
@@ -233,49 +238,79 @@ class SlotLoop:
 
     # ------------------------------------------------------------------------------ one slot
 
-    def _apply_intent(self, intent_id: int, replay: bool = False) -> str | None:
-        """ISSUED intent -> backend.apply -> DONE/FAILED (each step committed). Returns the method."""
+    def _apply_intents(self, intent_ids: list[int], replay: bool = False) -> dict[str, int]:
+        """ISSUED intents, in order -> ``backend.apply`` each -> DONE/FAILED, all marked in one transaction
+        after the backend's batch ended (a backend with ``batch()``, like the simulated one, commits its own
+        state once there). A crash before that commit leaves them ISSUED: replayed at the next start, where
+        ``apply`` is a NOOP for a size already reached. Returns how many were carried out, by method."""
+        if not intent_ids:
+            return {}
         with session_scope(self.engine) as s:
-            it = s.get_one(Intent, intent_id)
-            job = s.get_one(Job, it.job_id)
-            req, target = _request(job), P.target_from_json(it.target)
-        self.crash("issued")
-        try:
-            res = self.backend.apply(req, target)
-        except BackendError as e:
-            with session_scope(self.engine) as s:
-                store.mark_failed(s, intent_id, str(e))
-            self.metrics.intent_failures.inc()
-            log.warning("job %d: %s -> %d/%d failed: %s", req.job_id, it.kind.value, target.workers, target.ps, e)
-            return None
-        self.crash("applied")
+            its = {it.id: it for it in s.scalars(select(Intent).where(Intent.id.in_(intent_ids)))}
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({it.job_id for it in its.values()})))}
+            work = [(iid, its[iid].kind, _request(jobs[its[iid].job_id]), P.target_from_json(its[iid].target))
+                    for iid in intent_ids]
+        results: list[tuple[int, JobRequest, Any, Any]] = []  # (intent, request, target, ApplyResult | error)
+        batch = getattr(self.backend, "batch", None)
+        with batch() if batch is not None else nullcontext():
+            for iid, kind, req, target in work:
+                self.crash("issued")
+                try:
+                    results.append((iid, req, target, self.backend.apply(req, target)))
+                except BackendError as e:
+                    results.append((iid, req, target, e))
+                    log.warning("job %d: %s -> %d/%d failed: %s", req.job_id, kind.value, target.workers,
+                                target.ps, e)
+        for r in results:
+            if not isinstance(r[3], BackendError):
+                self.crash("applied")
         now = self.clock()
+        applied: dict[str, int] = {}
         with session_scope(self.engine) as s:
-            store.mark_done(s, intent_id)
-            job = s.get_one(Job, req.job_id)
-            job.workers, job.ps = target.workers, target.ps
-            if res.backend_ref:
-                job.slurm_job_id = res.backend_ref
-            if target.workers > 0:
-                job.state = JobState.RUNNING
-                if job.started_at is None:
-                    job.started_at = now
-            elif not JobState(job.state).terminal:
-                job.state = JobState.PENDING
-            if res.method in METHOD_EVENT:
-                store.record_event(s, METHOD_EVENT[res.method], job,
+            done = [r for r in results if not isinstance(r[3], BackendError)]
+            store.transition_intents(s, [r[0] for r in done], IntentState.DONE)
+            for iid, _, _, err in results:
+                if isinstance(err, BackendError):
+                    store.mark_failed(s, iid, str(err))
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({r[1].job_id for r in done}))
+                                               .options(defer(Job.spec)))}
+            events = []
+            for _, req, target, res in done:
+                job = jobs[req.job_id]
+                job.workers, job.ps = target.workers, target.ps
+                if res.backend_ref:
+                    job.slurm_job_id = res.backend_ref
+                if target.workers > 0:
+                    job.state = JobState.RUNNING
+                    if job.started_at is None:
+                        job.started_at = now
+                elif not JobState(job.state).terminal:
+                    job.state = JobState.PENDING
+                if res.method in METHOD_EVENT:
+                    events.append((METHOD_EVENT[res.method], job.id,
                                    {"workers": target.workers, "ps": target.ps, "method": res.method,
-                                    **({"replayed": True} if replay else {})}, ts=now)
-        self.metrics.resizes.labels(res.method).inc()
-        return res.method
+                                    **({"replayed": True} if replay else {})}, now))
+                applied[res.method] = applied.get(res.method, 0) + 1
+            store.record_events(s, events)
+        for method, k in applied.items():
+            self.metrics.resizes.labels(method).inc(k)
+        self.metrics.intent_failures.inc(len(results) - len(done))
+        return applied
 
     def _job_rows(self, s: Session) -> list[P.JobRow]:
-        jobs = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)))
-        counts = dict(s.execute(select(AllocRow.job_id, func.count()).where(AllocRow.job_id.in_([j.id for j in jobs]))
+        jobs = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)
+                              .options(defer(Job.spec))))
+        ids = [j.id for j in jobs]
+        counts = dict(s.execute(select(AllocRow.job_id, func.count()).where(AllocRow.job_id.in_(ids))
                                 .group_by(AllocRow.job_id)).all()) if jobs else {}
+        missing = [i for i in ids if i not in self._limits]  # a spec never changes: read each job's once
+        for i in range(0, len(missing), 500):
+            for job_id, spec in s.execute(select(Job.id, Job.spec).where(Job.id.in_(missing[i:i + 500]))):
+                spec = spec or {}
+                self._limits[job_id] = (int(spec.get("max_workers") or P.MAX_WORKERS),
+                                        int(spec.get("max_ps") or P.MAX_PS))
         return [P.JobRow(j.id, j.job_type, float(j.total_epochs), float(j.epochs_done), int(j.workers), int(j.ps),
-                         int(counts.get(j.id, 0)), int((j.spec or {}).get("max_workers") or P.MAX_WORKERS),
-                         int((j.spec or {}).get("max_ps") or P.MAX_PS), j.name) for j in jobs]
+                         int(counts.get(j.id, 0)), *self._limits[j.id], j.name) for j in jobs]
 
     def tick(self) -> SlotOutcome:
         """Everything of a slot before the wait: poll, reconcile, decide, journal, apply."""
@@ -292,7 +327,6 @@ class SlotLoop:
                 self.feeder(s, number, now)
             self._cancel_intents(s)
             self.reconcile(s, self.backend.observe(), now)
-        with session_scope(self.engine) as s:
             rows = self._job_rows(s)
         view = P.build_view(number, rows, nodes)
         td = time.perf_counter()
@@ -312,7 +346,8 @@ class SlotLoop:
                 policy_version=version, latency_ms=decide_ms)
             slot = store.record_slot(s, number, now, allocs, decision, policy_version=version)
             slot_id = slot.id
-            intent_ids = [store.plan_intent(s, slot, t.job_id, t.kind, P.target_to_json(t.target)).id for t in planned]
+            intent_ids = [it.id for it in store.plan_intents(
+                s, slot, [(t.job_id, t.kind, P.target_to_json(t.target)) for t in planned])]
             if g.source == "fallback":
                 store.record_event(s, EventKind.FALLBACK, None, {"slot": number, "reason": g.reason}, ts=now)
         self.crash("planned")
@@ -320,13 +355,10 @@ class SlotLoop:
             self.state.fallbacks += 1
             self.metrics.fallbacks.inc()
             log.warning("slot %d: fallback to %s: %s", number, getattr(self.fallback, "name", "heuristic"), g.reason)
-        applied: dict[str, int] = {}
-        for iid in intent_ids:
+        if intent_ids:  # issued together, then carried out in order (shrinks first)
             with session_scope(self.engine) as s:
-                store.mark_issued(s, iid)
-            m = self._apply_intent(iid)
-            if m is not None:
-                applied[m] = applied.get(m, 0) + 1
+                store.transition_intents(s, intent_ids, IntentState.ISSUED)
+        applied = self._apply_intents(intent_ids)
         tick_ms = 1000 * (time.perf_counter() - t0)
         self.metrics.decisions.labels(g.source).inc()
         self.metrics.decide.observe(decide_ms / 1000)

@@ -10,6 +10,9 @@ The cluster outlives the daemon like a real one: with ``state_file`` set, the wh
 placements, drained nodes, virtual clock, the noise generator and a log of every apply) is written
 atomically after each change, and a new SimBackend on the same file continues where the last one stopped.
 That is what lets the crash tests kill the daemon with SIGKILL and check that nothing was applied twice.
+Inside :meth:`SimBackend.batch` the state is written once, when the batch ends (the daemon applies a slot's
+intents in one batch): a daemon killed inside a batch leaves the cluster as it was before the batch, as if
+those requests had never been sent, and replays them from its journal.
 
 Placement: targets carry per-task node names as hints; they are recorded (``JobStatus.nodes``) but, as
 with Slurm, where tasks really run is the backend's business: a job whose size does not change keeps its
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,6 +79,7 @@ class SimBackend:
         self.state_file = Path(state_file) if state_file else None
         self._names = node_names(cluster.num_servers)
         self._index = {n: i for i, n in enumerate(self._names)}
+        self._batch_depth, self._dirty = 0, False
         if self.state_file is not None and self.state_file.exists():
             self._load()
         else:
@@ -98,10 +103,25 @@ class SimBackend:
     def _save(self) -> None:
         if self.state_file is None:
             return
+        if self._batch_depth:
+            self._dirty = True
+            return
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
         with open(tmp, "w") as f:  # no fsync: a killed process loses nothing the kernel has; power loss
             json.dump(self._doc(), f)  # is not what this simulated cluster models
         os.replace(tmp, self.state_file)
+
+    @contextmanager
+    def batch(self):
+        """Write the state once at the end instead of after every change (also when the batch raises)."""
+        self._batch_depth += 1
+        try:
+            yield self
+        finally:
+            self._batch_depth -= 1
+            if not self._batch_depth and self._dirty:
+                self._dirty = False
+                self._save()
 
     def _load(self) -> None:
         try:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -259,6 +259,16 @@ def _id(obj: Any) -> int | None:
     return obj if obj is None or isinstance(obj, int) else obj.id
 
 
+def record_events(session: Session, events: Iterable[tuple[EventKind | str, Job | int | None,
+                                                           Mapping[str, Any] | None, datetime | None]]) -> int:
+    """Insert many (kind, job, detail, ts) events in one executemany; returns how many."""
+    rows = [{"job_id": _id(job), "kind": EventKind(kind), "detail": dict(detail) if detail else None,
+             "ts": ts or utcnow()} for kind, job, detail, ts in events]
+    if rows:
+        session.execute(insert(Event), rows)
+    return len(rows)
+
+
 def record_event(session: Session, kind: EventKind | str, job: Job | int | None = None,
                  detail: Mapping[str, Any] | None = None, ts: datetime | None = None) -> Event:
     ev = Event(job_id=_id(job), kind=EventKind(kind), detail=dict(detail) if detail else None, ts=ts or utcnow())
@@ -315,7 +325,6 @@ def record_slot(
             number=number, started_at=started_at, ended_at=ended_at, reward=reward,
             policy_version=policy_version, n_jobs=len(allocations), duration_ms=duration_ms,
         )
-        slot.allocations = [Allocation(**asdict(a)) for a in allocations]
         if decision is not None:
             d = asdict(decision)
             d["source"] = DecisionSource(d["source"])
@@ -323,6 +332,11 @@ def record_slot(
             slot.decision = Decision(**d)
         session.add(slot)
         session.flush()
+        if allocations:  # one executemany instead of an ORM object per job
+            session.execute(insert(Allocation), [{"slot_id": slot.id, "job_id": a.job_id, "workers": a.workers,
+                                                  "ps": a.ps, "prev_workers": a.prev_workers, "prev_ps": a.prev_ps}
+                                                 for a in allocations])
+            session.expire(slot, ["allocations"])  # loaded from the rows on first access
     return slot
 
 
@@ -371,6 +385,60 @@ def plan_intent(session: Session, slot: Slot | int | None, job: Job | int, kind:
     except IntegrityError:
         return session.scalars(select(Intent).where(Intent.idempotency_key == key)).one()
     return intent
+
+
+def plan_intents(session: Session, slot: Slot | int | None,
+                 items: Sequence[tuple[Job | int, IntentKind | str, Mapping[str, Any]]]) -> list[Intent]:
+    """:func:`plan_intent` for many (job, kind, target) at once, in order: one query for the keys already
+    journalled and one flush for the new intents."""
+    slot_id = _id(slot)
+    rows = []
+    for job, kind, target in items:
+        kind = IntentKind(kind)
+        target = json.loads(canonical_json(target))
+        rows.append((_id(job), kind, target, idempotency_key(slot_id, _id(job), kind, target)))
+    existing: dict[str, Intent] = {}
+    keys = [r[3] for r in rows]
+    for i in range(0, len(keys), 500):
+        existing.update((it.idempotency_key, it) for it in
+                        session.scalars(select(Intent).where(Intent.idempotency_key.in_(keys[i:i + 500]))))
+    out, new = [], []
+    for job_id, kind, target, key in rows:
+        it = existing.get(key)
+        if it is None:
+            it = existing[key] = Intent(slot_id=slot_id, job_id=job_id, kind=kind, target=target,
+                                        idempotency_key=key, state=IntentState.PLANNED)
+            new.append(it)
+        out.append(it)
+    if new:
+        with session.begin_nested():
+            session.add_all(new)
+            session.flush()
+    return out
+
+
+def transition_intents(session: Session, intent_ids: Sequence[int], to: IntentState,
+                       error: str | None = None) -> int:
+    """:func:`_transition` for many intents in one UPDATE (those already in ``to`` are left as they are);
+    raises InvalidTransition, changing nothing, if any of them may not move to ``to``. Returns the rows changed."""
+    ids = list(dict.fromkeys(intent_ids))
+    states: dict[int, IntentState] = {}
+    for i in range(0, len(ids), 500):
+        states.update(session.execute(select(Intent.id, Intent.state).where(Intent.id.in_(ids[i:i + 500]))).all())
+    missing = [i for i in ids if i not in states]
+    if missing:
+        raise InvalidTransition(f"no intent with id {missing[0]}")
+    bad = [(i, st) for i, st in states.items() if st != to and to not in _TRANSITIONS[IntentState(st)]]
+    if bad:
+        i, st = bad[0]
+        raise InvalidTransition(f"intent {i}: {IntentState(st).value} -> {to.value} is not allowed")
+    move = [i for i, st in states.items() if st != to]
+    values: dict[str, Any] = {"state": to, "updated_at": utcnow()}
+    if error is not None:
+        values["error"] = error
+    for i in range(0, len(move), 500):
+        session.execute(update(Intent).where(Intent.id.in_(move[i:i + 500])).values(**values))
+    return len(move)
 
 
 def _transition(session: Session, intent: Intent | int, to: IntentState, error: str | None = None) -> Intent:
