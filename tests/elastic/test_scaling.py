@@ -63,7 +63,13 @@ def test_random_scaling_sequences_equal_reference(seq, w0, p0):
         for w, p in seq:
             if c.coord.finished.is_set():
                 break
-            c.coord.scale(w, p)
+            try:
+                c.coord.scale(w, p)
+            except RuntimeError as e:
+                # a short job may end while a request waits (e.g. for a PS to register)
+                if "finished during scaling" not in str(e) or c.coord.exit_reason != "done":
+                    raise
+                break
         assert c.wait(60) == "done", c.coord.errors
         assert c.coord.errors == []
         assert_matches_reference(cfg, c.coord.final_params)
@@ -89,7 +95,7 @@ def test_cancelled_clock_releases_a_worker_already_suspended_at_it(make_cluster)
     """Regression: worker 0 accepts PREPARE(c) and suspends at c; worker 1 has already
     started step c and answers late.  The CANCEL must release worker 0 (it used to stay
     parked, step c never completed and the retried clock was never reached: a hang)."""
-    cfg = long_cfg(epochs=1, n_samples=1024)
+    cfg = long_cfg(epochs=4)  # long enough (512 steps) not to end before the pause
     c = make_cluster(cfg, 1, 2)
     _wait_progress(c, 2)
     coord = c.coord
@@ -120,7 +126,7 @@ def test_cancelled_clock_releases_a_worker_already_suspended_at_it(make_cluster)
 def test_pause_that_cannot_complete_fails_with_an_error(make_cluster):
     """A worker that never suspends at the clock: the reconfiguration fails (bounded wait)
     with the reason in ``errors`` instead of waiting forever."""
-    cfg = long_cfg(epochs=1, n_samples=1024)
+    cfg = long_cfg(epochs=4)  # long enough (512 steps) not to end before the pause
     c = make_cluster(cfg, 1, 2)
     _wait_progress(c, 2)
     c.coord.pause_stall_timeout = 1.0
