@@ -16,11 +16,13 @@ from typing import Any, Iterable
 
 from dl2d.slurm.driver import SlurmError, SlurmJob, SlurmNode, SlurmUnavailable
 
-# Messages of Slurm clients that mean "controller unreachable right now".
+# Messages of Slurm clients that mean "controller unreachable right now", or a transient refusal
+# (ESLURM_JOB_SETTING_DB_INX: "Job update not available right now, the DB index is being set, try
+# again in a bit" -- seen on `scontrol update NumNodes` just after a job started or was resized).
 _UNAVAILABLE_PATTERNS = re.compile(
     r"unable to contact slurm controller|connect failure|connection refused|socket timed out"
     r"|communication connection failure|zero bytes were transmitted|slurm backup controller"
-    r"|controller in standby|slurmctld.* is down|timed out",
+    r"|controller in standby|slurmctld.* is down|timed out|try again in a bit",
     re.IGNORECASE)
 
 

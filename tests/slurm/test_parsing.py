@@ -152,3 +152,6 @@ def test_small_helpers():
     assert is_unavailable_message("slurm_load_jobs error: Unable to contact slurm controller "
                                   "(connect failure)")
     assert not is_unavailable_message("sbatch: error: Invalid generic resource (gres) specification")
+    # transient: retried with backoff, not a refusal (seen on the local Slurm right after a shrink)
+    assert is_unavailable_message("scontrol: error: Job update not available right now, the DB index is being "
+                                  "set, try again in a bit for job 1")
