@@ -1,0 +1,302 @@
+"""The real `dl2d` daemon (a subprocess, `backend = "slurm"` from its TOML config) on the real local
+Slurm (4 nodes x 4 fake GPUs, see conftest), with jobs submitted through `dl2ctl submit` that run the
+demo training program (epochs, checkpoint on SIGUSR1, resume from the checkpoint).
+
+* a natural resize cycle under DRF: a job alone gets 3 workers (3 nodes), shrinks in place when two
+  more jobs arrive, is relaunched from its checkpoint at a larger size when they finish and resumes at
+  its saved epoch; all finish and `dl2ctl report` shows their JCT;
+* kill -9 of the daemon at journal points, restarted: one Slurm job per dl2d job, none lost, none
+  submitted twice, the journal replayed once;
+* slurmctld stopped for a while: the daemon skips slots and backs off, recovers when it is back, and
+  the jobs finish; malformed submissions are rejected and write nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from dl2d.db.engine import make_engine, session_scope
+from dl2d.db.models import Event, EventKind, Intent, IntentState, Job, JobState, Slot
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+SLOT_S = 2.0
+SECONDS_PER_EPOCH = 0.5
+APPLY_LINE = re.compile(r"job (\d+): Current\(.*\) -> (\d+)/(\d+): (\w+)$")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DL2D_", "SLURM_"))}
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
+
+
+def demo_command(epochs: int) -> str:
+    return (f"exec {sys.executable} -m dl2d.slurm.demo_job --epochs {epochs}"
+            ' --checkpoint "$DL2D_CHECKPOINT_DIR/ckpt.json" --progress "$DL2D_PROGRESS_FILE"'
+            f" --seconds-per-epoch {SECONDS_PER_EPOCH}")
+
+
+class Harness:
+    """One test's daemon state dir, DB, config, daemon processes and a squeue sampler."""
+
+    def __init__(self, slurm, tmp_path: Path, prefix: str):
+        self.slurm, self.dir, self.prefix = slurm, tmp_path, prefix
+        self.db = f"sqlite:///{tmp_path / 'dl2d.sqlite'}"
+        self.config = tmp_path / "dl2d.toml"
+        self.config.write_text(f"""
+state_dir = "{tmp_path}"
+backend = "slurm"
+slot_seconds = {SLOT_S}
+log_level = "info"
+[policy]
+name = "drf"
+[metrics]
+enabled = false
+[slurm]
+slurm_conf = "{slurm.conf}"
+workdir = "{REPO}"
+job_name_prefix = "{prefix}"
+checkpoint_timeout_s = 20
+time_limit_min = 10
+""")
+        self.engine = make_engine(self.db)
+        self.runs: list[tuple[subprocess.Popen, Path]] = []
+        # sampler: (time, dl2d id, slurm id, state, num_nodes) of this test's active Slurm jobs
+        self.samples: list[tuple[float, int, str, str, int]] = []
+        self.double: list[tuple[int, list[str]]] = []  # moments with two active Slurm jobs for one dl2d job
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    # -- dl2ctl ----------------------------------------------------------------------------------
+    def dl2ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        cp = subprocess.run([sys.executable, "-m", "dl2d.cli.main", *args], capture_output=True, text=True,
+                            timeout=60, env=clean_env(), cwd=REPO)
+        if check:
+            assert cp.returncode == 0, (args, cp.stdout, cp.stderr)
+        return cp
+
+    def submit_args(self, name: str, epochs: int, owner: str) -> list[str]:
+        # 4 GPUs per worker: one worker per node, so a job's workers are its node count in squeue.
+        return ["submit", "--db", self.db, "-J", name, "--type", "resnet-50", "--epochs", str(epochs),
+                "--wrap", demo_command(epochs), "--gpus-per-worker", "4", "--cpus-per-worker", "1",
+                "--mem-per-worker", "100M", "--cpus-per-ps", "1", "--mem-per-ps", "100M", "--owner", owner,
+                "-t", "10", "--json"]
+
+    def submit(self, name: str, epochs: int, owner: str) -> int:
+        return int(json.loads(self.dl2ctl(*self.submit_args(name, epochs, owner)).stdout)["id"])
+
+    def submit_together(self, *jobs: tuple[str, int, str]) -> list[int]:
+        """Several `dl2ctl submit` processes at once (so they likely arrive in the same slot)."""
+        procs = [subprocess.Popen([sys.executable, "-m", "dl2d.cli.main", *self.submit_args(*j)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                                  cwd=REPO) for j in jobs]
+        ids = []
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, (out, err)
+            ids.append(int(json.loads(out)["id"]))
+        return ids
+
+    # -- the daemon ------------------------------------------------------------------------------
+    def start_daemon(self, crash: str | None = None) -> subprocess.Popen:
+        log = self.dir / f"dl2d-{len(self.runs)}.log"
+        env = clean_env(**({"DL2D_DEBUG_CRASH": crash} if crash else {}))
+        p = subprocess.Popen([sys.executable, "-m", "dl2d.daemon.main", "--config", str(self.config)],
+                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=self.dir)
+        self.runs.append((p, log))
+        return p
+
+    def stop_daemon(self, p: subprocess.Popen) -> int:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        return p.wait(timeout=60)
+
+    def logs(self) -> str:
+        return "\n".join(log.read_text() for _, log in self.runs)
+
+    def applies(self) -> list[tuple[int, int, int, str]]:
+        """Every SlurmBackend.apply across all daemon runs: (job, workers, ps, method)."""
+        out = []
+        for line in self.logs().splitlines():
+            m = APPLY_LINE.search(line)
+            if m:
+                out.append((int(m[1]), int(m[2]), int(m[3]), m[4]))
+        return out
+
+    # -- Slurm -----------------------------------------------------------------------------------
+    def _sample(self) -> None:
+        driver = self.slurm.driver(timeout=5)
+        while not self._stop.is_set():
+            try:
+                jobs = driver.jobs()
+            except Exception:  # noqa: BLE001 - the controller may be down on purpose
+                self._stop.wait(0.3)
+                continue
+            now = time.monotonic()
+            active: dict[int, list[str]] = defaultdict(list)
+            for j in jobs:
+                if j.active and j.name.startswith(self.prefix) and j.dl2d_job_id:
+                    self.samples.append((now, int(j.dl2d_job_id), j.job_id, j.state, j.num_nodes))
+                    active[int(j.dl2d_job_id)].append(j.job_id)
+            self.double.extend((k, v) for k, v in active.items() if len(v) > 1)
+            self._stop.wait(0.25)
+
+    def slurm_history(self, job_id: int) -> list[tuple[str, str, int]]:
+        """(slurm id, state, nodes) as seen by squeue, consecutive duplicates dropped."""
+        out: list[tuple[str, str, int]] = []
+        for _, jid, sid, state, nodes in list(self.samples):
+            if jid == job_id and (not out or out[-1] != (sid, state, nodes)):
+                out.append((sid, state, nodes))
+        return out
+
+    def running_nodes(self, job_id: int) -> int | None:
+        for _, jid, _, state, nodes in reversed(list(self.samples)):
+            if jid == job_id:
+                return nodes if state == "RUNNING" else None
+        return None
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.dir / "slurm" / "jobs" / str(job_id)
+
+    def record(self, job_id: int) -> dict:
+        return json.loads((self.job_dir(job_id) / "record.json").read_text())
+
+    def progress(self, job_id: int) -> dict:
+        try:
+            return json.loads((self.job_dir(job_id) / "progress.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # -- DB --------------------------------------------------------------------------------------
+    def jobs(self) -> dict[int, Job]:
+        with session_scope(self.engine) as s:
+            jobs = list(s.scalars(select(Job)))
+            s.expunge_all()
+        return {j.id: j for j in jobs}
+
+    def all_completed(self, n: int) -> bool:
+        jobs = self.jobs()
+        return len(jobs) == n and all(j.state == JobState.COMPLETED for j in jobs.values())
+
+    def events(self, job_id: int | None = None) -> list[tuple[str, dict]]:
+        with session_scope(self.engine) as s:
+            q = select(Event).order_by(Event.id)
+            if job_id is not None:
+                q = q.where(Event.job_id == job_id)
+            return [(EventKind(e.kind).value, dict(e.detail or {})) for e in s.scalars(q)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sampler.join(timeout=10)
+        for p, _ in self.runs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        self.engine.dispose()
+
+
+@pytest.fixture
+def harness(slurm, tmp_path, request):
+    h = Harness(slurm, tmp_path, prefix=f"t{abs(hash(request.node.name)) % 10000}-")
+    yield h
+    h.close()
+    print(f"--- dl2d logs (tail) ---\n{h.logs()[-6000:]}")  # shown by pytest when the test failed
+
+
+def wait_alive(h: Harness, p: subprocess.Popen, wait_for, pred, timeout: float, what: str):
+    """wait_for(pred) but fail at once, with the daemon's log, if the daemon died."""
+    def check():
+        assert p.poll() is None, f"dl2d exited {p.returncode} while waiting for {what}:\n{h.logs()[-4000:]}"
+        return pred()
+    return wait_for(check, timeout, what, interval=0.25)
+
+
+def out_files(h: Harness, job_id: int) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(h.job_dir(job_id).glob("slurm-*.out"))}
+
+
+def test_daemon_resizes_relaunches_from_checkpoint_and_reports_jct(harness, wait_for):
+    h = harness
+    t0 = time.monotonic()
+    a = h.submit("long-a", epochs=50, owner="alice")
+    daemon = h.start_daemon()
+
+    # Alone, DRF gives the job 3 workers; a worker wants 4 GPUs: 3 nodes x 4 GPUs.
+    wait_alive(h, daemon, wait_for, lambda: h.running_nodes(a) == 3, 45, "job a RUNNING on 3 nodes")
+    first_sid = h.record(a)["slurm_job_id"]
+    wait_alive(h, daemon, wait_for, lambda: h.progress(a).get("epoch", 0) >= 2, 20, "job a past epoch 2")
+
+    # Two more arrive: DRF shares the cluster, job a shrinks in place (same Slurm job, fewer nodes).
+    b, c = h.submit_together(("short-b", 12, "bob"), ("short-c", 16, "carol"))
+    wait_alive(h, daemon, wait_for, lambda: (h.running_nodes(a) or 3) < 3 and h.running_nodes(b)
+               and h.running_nodes(c), 45, "a shrunk, b and c running")
+    assert h.record(a)["slurm_job_id"] == first_sid
+
+    # b and c finish; a grows back beyond its nodes: checkpoint, relaunch, resume.
+    wait_alive(h, daemon, wait_for, lambda: h.all_completed(3), 150, "all 3 jobs COMPLETED")
+    assert h.stop_daemon(daemon) == 0
+    elapsed = time.monotonic() - t0
+
+    # squeue: a's first Slurm job ran at 3 nodes, then on fewer (shrunk in place); the relaunches
+    # ran on more nodes than it had shrunk to.
+    hist = h.slurm_history(a)
+    running = [(sid, n) for sid, st, n in hist if st == "RUNNING"]
+    first = [n for sid, n in running if sid == first_sid]
+    assert first[0] == 3 and min(first) < 3 and first == sorted(first, reverse=True), hist
+    relaunched = [(sid, n) for sid, n in running if sid != first_sid]
+    assert relaunched and all(n > min(first) for _, n in relaunched), hist
+    rec = h.record(a)
+    assert rec["slurm_job_ids"][0] == first_sid and len(rec["slurm_job_ids"]) == 1 + len({s for s, _ in relaunched})
+    for job in (b, c):  # one Slurm job each, on one node
+        assert {(n, len(h.record(job)["slurm_job_ids"])) for _, st, n in h.slurm_history(job) if st == "RUNNING"} \
+            == {(1, 1)}
+
+    # The DB's events: start, an in-place shrink, relaunch(es), finish.
+    ev = h.events(a)
+    kinds = [k for k, _ in ev]
+    assert kinds[:2] == ["submit", "start"] and kinds[-1] == "finish", ev
+    assert ("resize", "shrink") in [(k, d.get("method")) for k, d in ev], ev
+    assert ("relaunch", "restart") in [(k, d.get("method")) for k, d in ev], ev
+    assert kinds.index("resize") < kinds.index("relaunch")
+
+    # Every relaunch resumed at the epoch its predecessor checkpointed, never from 0.
+    outs = out_files(h, a)
+    chain = [(int(m[1]) if (m := re.search(r"checkpointed at epoch (\d+)", t)) else None,
+              int(m2[1]) if (m2 := re.search(r"resumed from (\d+)\)", t)) else None)
+             for t in (outs[f"slurm-{sid}.out"] for sid in rec["slurm_job_ids"])]
+    assert chain[0][0] and chain[0][0] > 0, (chain, outs)
+    for (saved, _), (_, resumed) in zip(chain, chain[1:]):
+        assert saved is not None and resumed is None or resumed == saved, chain
+    p = h.progress(a)
+    assert p["status"] == "done" and p["epoch"] == 50 and p["runs"] == len(rec["slurm_job_ids"]) >= 2
+    assert p["resumed_from"] and p["resumed_from"] > 0
+    for job in (b, c):
+        assert h.progress(job)["runs"] == 1 and h.progress(job)["status"] == "done"
+
+    # dl2ctl report: one job per owner here, so the per-owner JCT is each job's.
+    jobs = h.jobs()
+    rep = json.loads(h.dl2ctl("report", "--db", h.db, "--json").stdout)
+    by_owner = {r["owner"]: r for r in rep["jct_by_owner"]}
+    for j in jobs.values():
+        jct = (j.finished_at - j.submitted_at).total_seconds()
+        assert by_owner[j.owner]["n_jobs"] == 1 and by_owner[j.owner]["avg_jct_s"] == pytest.approx(jct, abs=1)
+        assert 0 < jct < elapsed
+    assert rep["resizes_per_job"][0]["job_id"] == a and rep["resizes_per_job"][0]["n_relaunch"] >= 1
+    assert not h.double, h.double
+    print(f"\nresize cycle: {elapsed:.0f}s; a's Slurm jobs {rec['slurm_job_ids']}, squeue {hist}; "
+          f"JCT s: { {j.name: round((j.finished_at - j.submitted_at).total_seconds(), 1) for j in jobs.values()} }")
