@@ -53,7 +53,7 @@ def demo_command(epochs: int) -> str:
 class Harness:
     """One test's daemon state dir, DB, config, daemon processes and a squeue sampler."""
 
-    def __init__(self, slurm, tmp_path: Path, prefix: str):
+    def __init__(self, slurm, tmp_path: Path, prefix: str, slurm_extra: str = ""):
         self.slurm, self.dir, self.prefix = slurm, tmp_path, prefix
         self.db = f"sqlite:///{tmp_path / 'dl2d.sqlite'}"
         self.config = tmp_path / "dl2d.toml"
@@ -72,6 +72,7 @@ workdir = "{REPO}"
 job_name_prefix = "{prefix}"
 checkpoint_timeout_s = 20
 time_limit_min = 10
+{slurm_extra}
 """)
         self.engine = make_engine(self.db)
         self.runs: list[tuple[subprocess.Popen, Path]] = []
@@ -200,6 +201,14 @@ time_limit_min = 10
                 q = q.where(Event.job_id == job_id)
             return [(EventKind(e.kind).value, dict(e.detail or {})) for e in s.scalars(q)]
 
+    def open_slots(self) -> list[int]:
+        with session_scope(self.engine) as s:
+            return list(s.scalars(select(Slot.number).where(Slot.ended_at.is_(None))))
+
+    def last_slot(self) -> int:
+        with session_scope(self.engine) as s:
+            return s.scalar(select(func.max(Slot.number)))
+
     def close(self) -> None:
         self._stop.set()
         self._sampler.join(timeout=10)
@@ -212,7 +221,10 @@ time_limit_min = 10
 
 @pytest.fixture
 def harness(slurm, tmp_path, request):
-    h = Harness(slurm, tmp_path, prefix=f"t{abs(hash(request.node.name)) % 10000}-")
+    # The outage test: a failing squeue takes ~4 s here (MessageTimeout); 2 tries per backend call keep
+    # a skipped slot at ~10 s instead of the default ~20 s.
+    extra = "backoff = { base = 0.2, max_attempts = 2 }" if "outage" in request.node.name else ""
+    h = Harness(slurm, tmp_path, prefix=f"t{abs(hash(request.node.name)) % 10000}-", slurm_extra=extra)
     yield h
     h.close()
     print(f"--- dl2d logs (tail) ---\n{h.logs()[-6000:]}")  # shown by pytest when the test failed
@@ -300,3 +312,124 @@ def test_daemon_resizes_relaunches_from_checkpoint_and_reports_jct(harness, wait
     assert not h.double, h.double
     print(f"\nresize cycle: {elapsed:.0f}s; a's Slurm jobs {rec['slurm_job_ids']}, squeue {hist}; "
           f"JCT s: { {j.name: round((j.finished_at - j.submitted_at).total_seconds(), 1) for j in jobs.values()} }")
+
+
+def test_kill_9_mid_slot_and_restart_loses_and_duplicates_nothing(harness, wait_for):
+    h = harness
+    a, b = h.submit("crash-a", 30, "alice"), h.submit("crash-b", 10, "bob")
+
+    def issued() -> list[int]:
+        with session_scope(h.engine) as s:
+            return list(s.scalars(select(Intent.job_id).where(Intent.state == IntentState.ISSUED)))
+
+    # 1: killed after the slot's sbatch calls (a: 2 nodes, b: 1), before the journal marks them done.
+    p = h.start_daemon(crash="applied:1")
+    assert p.wait(timeout=60) == -9, h.logs()[-3000:]
+    assert [len(h.record(j)["slurm_job_ids"]) for j in (a, b)] == [1, 1] and sorted(issued()) == [a, b]
+    # 2: replays both (NOOPs: their Slurm jobs are there), runs slots until b finishes and a is to
+    #    grow; killed after journalling that intent as issued, before it reaches Slurm.
+    p = h.start_daemon(crash="issued:3")
+    assert p.wait(timeout=90) == -9, h.logs()[-3000:]
+    assert "replayed 2 journal intent(s)" in h.runs[1][1].read_text()
+    assert issued() == [a]
+    # 3: replays a's growth for real (checkpoint, relaunch); killed by a plain SIGKILL mid-slot.
+    p = h.start_daemon()
+    wait_alive(h, p, wait_for, lambda: len(h.record(a)["slurm_job_ids"]) == 2 and h.running_nodes(a), 45,
+               "a relaunched and running")
+    assert "replayed 1 journal intent(s)" in h.runs[2][1].read_text()
+    time.sleep(SLOT_S * 1.3)
+    p.kill()
+    assert p.wait(timeout=30) == -9
+    # 4: runs until both finish.
+    p = h.start_daemon()
+    wait_alive(h, p, wait_for, lambda: h.all_completed(2), 120, "both jobs COMPLETED")
+    assert h.stop_daemon(p) == 0
+
+    jobs = h.jobs()
+    assert sorted(j.name for j in jobs.values()) == ["crash-a", "crash-b"]  # none lost, none doubled
+    with session_scope(h.engine) as s:
+        intents = [(i.job_id, IntentState(i.state)) for i in s.scalars(select(Intent))]
+    assert all(st in (IntentState.DONE, IntentState.FAILED) for _, st in intents), intents
+    assert h.open_slots() in ([], [h.last_slot()])  # only the slot SIGTERM interrupted (closed at next start)
+    # Slurm: never two live Slurm jobs for one dl2d job; every Slurm job of ours is in a record.
+    assert not h.double, h.double
+    seen: dict[int, set[str]] = defaultdict(set)
+    for _, jid, sid, _, _ in h.samples:
+        seen[jid].add(sid)
+    assert set(seen) == {a, b}
+    applies = h.applies()
+    for job in (a, b):
+        ids = h.record(job)["slurm_job_ids"]
+        assert len(ids) == len(set(ids)) and seen[job] == set(ids), (job, ids, seen[job])
+        # each submission was issued once: the backend's start/restart actions are its Slurm jobs
+        assert len([m for j, _, _, m in applies if j == job and m in ("start", "restart")]) == len(ids), applies
+    # every intent reached the backend once, plus run 2's replays of the two that had (NOOPs: sizes in place)
+    replays = sum(int(m) for m in re.findall(r"replayed (\d+) journal intent", h.logs()))
+    assert replays == 3 and len(applies) == len(intents) + 2, (applies, intents)
+    run2 = [APPLY_LINE.search(x) for x in h.runs[1][1].read_text().splitlines() if APPLY_LINE.search(x)]
+    assert [(int(m[1]), m[4]) for m in run2[:2]] == [(a, "noop"), (b, "noop")]
+    run3 = [APPLY_LINE.search(x) for x in h.runs[2][1].read_text().splitlines() if APPLY_LINE.search(x)]
+    assert (int(run3[0][1]), run3[0][4]) == (a, "restart")
+    print(f"\ncrash test: Slurm jobs {dict(seen)}, {len(intents)} intents, {replays} replayed, {len(applies)} applies")
+
+
+def test_controller_outage_daemon_backs_off_and_recovers_bad_submissions_write_nothing(harness, slurm, wait_for):
+    h = harness
+    a, b = h.submit_together(("outage-a", 60, "alice"), ("outage-b", 40, "bob"))
+    p = h.start_daemon()
+    wait_alive(h, p, wait_for, lambda: h.running_nodes(a) and h.running_nodes(b), 45, "a and b running")
+    with session_scope(h.engine) as s:
+        slots_before = s.scalar(select(func.count()).select_from(Slot))
+
+    def counts():
+        with session_scope(h.engine) as s:
+            return tuple(s.scalar(select(func.count()).select_from(t)) for t in (Job, Event, Intent))
+
+    # slurmctld goes away (SIGTERM, like `systemctl stop slurmctld`); running jobs go on under slurmd.
+    slurm.stop_controller()
+    t_down = time.monotonic()
+    # Meanwhile: malformed submissions are rejected, nothing is written.
+    before = counts()
+    bad_spec = h.dir / "bad.toml"
+    bad_spec.write_text('name = "x"\njob_type = "resnet-50"\ntotal_epochs = [\n')
+    good = h.submit_args("ok", 5, "alice")
+    bad = [
+        [x for i, x in enumerate(good) if x != "--epochs" and (i == 0 or good[i - 1] != "--epochs")],
+        [("resnet-51" if x == "resnet-50" else x) for x in good],
+        [("-1" if good[i - 1] == "--gpus-per-worker" else x) for i, x in enumerate(good)],
+        [("12Q" if good[i - 1] == "--mem-per-worker" else x) for i, x in enumerate(good)],
+        ["submit", "--db", h.db, str(bad_spec)],
+    ]
+    procs = [subprocess.Popen([sys.executable, "-m", "dl2d.cli.main", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO) for args in bad]
+    results = [(pr.wait(timeout=60), pr.stderr.read()) for pr in procs]
+    assert all(rc != 0 for rc, _ in results), results
+    for needle, (_, err) in zip(["epochs", "resnet-51", "gpus", "12Q", "invalid TOML"], results):
+        assert needle in err, (needle, err)
+    assert counts() == before
+
+    wait_alive(h, p, wait_for, lambda: "backend unavailable, slot skipped" in h.logs(), 60,
+               "the daemon to log the outage")
+    assert json.loads((h.dir / "dl2d.status.json").read_text())["state"] == "degraded"
+    remaining = 20 - (time.monotonic() - t_down)
+    if remaining > 0:
+        time.sleep(remaining)  # several slots' worth of outage
+    assert p.poll() is None, h.logs()[-3000:]
+    t_up = time.monotonic()
+    slurm.start()
+    wait_alive(h, p, wait_for, lambda: "backend available again" in h.logs(), 60, "the daemon to recover")
+    recovered_s = time.monotonic() - t_up
+    wait_alive(h, p, wait_for, lambda: h.all_completed(2), 120, "both jobs COMPLETED after the outage")
+    assert h.stop_daemon(p) == 0
+    log = h.logs()
+    skipped = log.count("backend unavailable, slot skipped")
+    assert skipped >= 2 and "Traceback" not in log, log[-3000:]
+    with session_scope(h.engine) as s:
+        slots_after = s.scalar(select(func.count()).select_from(Slot))
+    assert h.open_slots() in ([], [h.last_slot()])
+    assert slots_after > slots_before + 1
+    assert not h.double, h.double
+    for job in (a, b):
+        assert h.progress(job)["status"] == "done"
+    print(f"\noutage: controller down {t_up - t_down:.0f}s, {skipped} slots skipped, daemon recovered "
+          f"{recovered_s:.1f}s after restarting slurmctld")
