@@ -88,3 +88,17 @@ def test_dl2d_exits_2_naming_the_bad_slurm_key(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "slurm.restart_methd: unknown key" in r.stderr
+
+
+def test_documented_slurm_tables_are_valid(tmp_path):
+    """The [slurm] examples in docs/daemon.md and systemd/dl2d.toml.example build."""
+    import re
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "daemon.md").read_text()
+    block = re.search(r"```toml\n(.*?)```", doc[doc.index("## Running on Slurm"):], re.S)[1]
+    example = tomllib.loads((repo / "systemd" / "dl2d.toml.example").read_text())
+    for table in (tomllib.loads(block)["slurm"], example["slurm"]):
+        kind, _, c = settings_from_table(table, tmp_path)
+        assert kind == "cli" and c.checkpoint_timeout_s == 120
