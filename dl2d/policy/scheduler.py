@@ -54,8 +54,7 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
         out = jax.device_get(out)
         steps = int(out.n_steps)
         acts = out.actions[:steps]
-        # servers of the starting bundles are not in the records: recover them from the free-resource diff
-        _collect_servers(cfg, view, start, sl, free, out, steps, w_srv, p_srv)
+        _collect_servers(start, sl, out, steps, w_srv, p_srv)
         free = np.asarray(out.free, dtype=float)
         if record:
             records.append(WindowRecord(out.states[:steps], out.masks[:steps], acts, out.explored[:steps]))
@@ -64,17 +63,15 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
     return Decision(alloc, records)
 
 
-def _collect_servers(cfg, view, start, sl, free_before, out, steps, w_srv, p_srv):
-    """Per-job server lists of one window: starting bundles replayed host-side, then the recorded steps."""
-    from dl2d.sim.cluster import Placer
-
-    placer = Placer(free_before, view.capacity)
-    if cfg.starting_bundle:
-        for j in range(sl.start, sl.stop):
-            placed = placer.add_bundle(view.worker_demand[j], view.ps_demand[j])
-            if placed:
-                w_srv[j].append(placed[0])
-                p_srv[j].append(placed[1])
+def _collect_servers(start, sl, out, steps, w_srv, p_srv):
+    """Per-job server lists of one window: the starting bundles (as the slot loop placed them), then the
+    recorded steps."""
+    for j in range(sl.start, sl.stop):
+        sw, sp = int(out.bundle_worker_server[j - start]), int(out.bundle_ps_server[j - start])
+        if sw >= 0:
+            w_srv[j].append(sw)
+        if sp >= 0:
+            p_srv[j].append(sp)
     for a, sw, sp in zip(out.actions[:steps], out.worker_server[:steps], out.ps_server[:steps]):
         j = start + int(a) // 3
         if sw >= 0:

@@ -55,6 +55,8 @@ class SlotOut(NamedTuple):
     worker_server: jax.Array  # [T], -1 if the step placed no worker
     ps_server: jax.Array  # [T]
     explored: jax.Array  # [T] bool
+    bundle_worker_server: jax.Array | None = None  # [J]: server of each job's starting worker, -1 if none
+    bundle_ps_server: jax.Array | None = None  # [J]
 
 
 def job_features(cfg: PolicyConfig, win: Window, w, u):
@@ -75,27 +77,38 @@ def encode(cfg: PolicyConfig, win: Window, w, u):
     return job_features(cfg, win, w, u).reshape(-1)
 
 
-def best_server(free, capacity, demand):
-    """(least-loaded server that fits `demand`, whether any fits); ties go to the lowest index."""
+def server_load(free, capacity):
+    """[S]: the sum of used fractions of each server's resources."""
+    return jnp.sum(jnp.where(capacity > 0, 1.0 - free / jnp.where(capacity > 0, capacity, 1.0), 0.0), axis=1)
+
+
+def best_server(free, capacity, demand, load=None):
+    """(least-loaded server that fits `demand`, whether any fits); ties go to the lowest index.
+
+    `load` is ``server_load(free, capacity)`` when the caller has it already."""
     ok = jnp.all(free >= demand - EPS, axis=1)
-    load = jnp.sum(jnp.where(capacity > 0, 1.0 - free / jnp.where(capacity > 0, capacity, 1.0), 0.0), axis=1)
+    load = server_load(free, capacity) if load is None else load
     return jnp.argmin(jnp.where(ok, load, jnp.inf)), jnp.any(ok)
 
 
-def type_fits(free, capacity):
-    """Per job type: does a worker fit, a PS, and a worker then a PS (placed one after the other)?"""
-    any_fit = jax.vmap(lambda d: jnp.any(jnp.all(free >= d - EPS, axis=1)))
+def type_fits(free, capacity, load=None):
+    """Per job type: does a worker fit, a PS, and a worker then a PS (placed one after the other)?
 
-    def bundle(dw, dp):
-        s, ok = best_server(free, capacity, dw)
-        after = free.at[s].add(-dw)
-        return ok & jnp.any(jnp.all(after >= dp - EPS, axis=1))
+    The bundle test does not copy the cluster per type: after the worker goes to server s, a PS fits if it
+    fits on another server (free unchanged there) or on s with what the worker left."""
+    load = server_load(free, capacity) if load is None else load
+    fits_w = jnp.all(free[None] >= WD[:, None] - EPS, axis=2)  # [L, S]
+    fits_p = jnp.all(free[None] >= PD[:, None] - EPS, axis=2)
+    fw, fp = jnp.any(fits_w, axis=1), jnp.any(fits_p, axis=1)
+    s = jnp.argmin(jnp.where(fits_w, load[None], jnp.inf), axis=1)  # [L]: where each type's worker goes
+    types = jnp.arange(WD.shape[0])
+    elsewhere = jnp.sum(fits_p, axis=1) - fits_p[types, s] > 0
+    on_s = jnp.all(free[s] + (-WD) >= PD - EPS, axis=1)
+    return fw, fp, fw & (elsewhere | on_s)
 
-    return any_fit(WD), any_fit(PD), jax.vmap(bundle)(WD, PD)
 
-
-def action_mask(cfg: PolicyConfig, win: Window, w, u, free):
-    fw, fp, fb = type_fits(free, win.capacity)
+def action_mask(cfg: PolicyConfig, win: Window, w, u, free, load=None):
+    fw, fp, fb = type_fits(free, win.capacity, load)
     t = win.type_idx
     room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
     m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
@@ -103,15 +116,17 @@ def action_mask(cfg: PolicyConfig, win: Window, w, u, free):
     return jnp.concatenate([m.reshape(-1), jnp.array([True])])
 
 
-def apply_action(cfg: PolicyConfig, win: Window, w, u, free, a):
-    """Place the task(s) of action `a`; returns (w, u, free, worker server or -1, PS server or -1)."""
+def apply_action(cfg: PolicyConfig, win: Window, w, u, free, a, load=None):
+    """Place the task(s) of action `a`; returns (w, u, free, worker server or -1, PS server or -1).
+
+    `load` is ``server_load(free, win.capacity)`` when the caller has it already."""
     void = a == 3 * cfg.max_jobs
     j = jnp.minimum(a // 3, cfg.max_jobs - 1)
     kind = a % 3
     t = win.type_idx[j]
     add_w = ~void & (kind != 1)
     add_p = ~void & (kind != 0)
-    sw, _ = best_server(free, win.capacity, WD[t])
+    sw, _ = best_server(free, win.capacity, WD[t], load)
     free = jnp.where(add_w, free.at[sw].add(-WD[t]), free)
     sp, _ = best_server(free, win.capacity, PD[t])
     free = jnp.where(add_p, free.at[sp].add(-PD[t]), free)
@@ -150,15 +165,21 @@ def teacher_action(cfg: PolicyConfig, w, u, mask, target_w, target_u):
 
 def starting_bundles(cfg: PolicyConfig, win: Window):
     """One worker + one PS for each job without one, in window order, where it fits."""
+    return _starting_bundles(cfg, win)[:3]
+
+
+def _starting_bundles(cfg: PolicyConfig, win: Window):
+    """(w, u, free, server of each job's starting worker or -1, of its PS or -1)."""
 
     def body(j, carry):
-        w, u, free = carry
+        w, u, free, bw, bp = carry
         mask = action_mask(cfg, win, w, u, free)
         a = jnp.where((w[j] == 0) & (u[j] == 0) & mask[3 * j + 2], 3 * j + 2, 3 * cfg.max_jobs)
-        w, u, free, _, _ = apply_action(cfg, win, w, u, free, a)
-        return w, u, free
+        w, u, free, sw, sp = apply_action(cfg, win, w, u, free, a)
+        return w, u, free, bw.at[j].set(sw), bp.at[j].set(sp)
 
-    return jax.lax.fori_loop(0, cfg.max_jobs, body, (win.w0, win.u0, win.free))
+    none = jnp.full(cfg.max_jobs, -1, jnp.int32)
+    return jax.lax.fori_loop(0, cfg.max_jobs, body, (win.w0, win.u0, win.free, none, none))
 
 
 @partial(jax.jit, static_argnames=("cfg", "mode", "record"))
@@ -178,9 +199,10 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
         return h @ pol["out"]["kernel"] + pol["out"]["bias"]
 
     if cfg.starting_bundle:
-        w, u, free = starting_bundles(cfg, win)
+        w, u, free, bundle_w, bundle_p = _starting_bundles(cfg, win)
     else:
         w, u, free = win.w0, win.u0, win.free
+        bundle_w = bundle_p = jnp.full(J, -1, jnp.int32)
     if target_w is None:
         target_w = target_u = jnp.zeros(J, jnp.int32)
     feats = job_features(cfg, win, w, u)
@@ -195,7 +217,8 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
     def body(c):
         w, u, free, feats, h1 = c["w"], c["u"], c["free"], c["feats"], c["h1"]
         key, k_act, k_eps = jax.random.split(c["key"], 3)
-        mask = action_mask(cfg, win, w, u, free)
+        load = server_load(free, win.capacity)  # shared by the mask and the worker's placement
+        mask = action_mask(cfg, win, w, u, free, load)
         logits = masked_logits(head(h1), mask)
         if mode == TEACHER:
             a = teacher_action(cfg, w, u, mask, target_w, target_u)
@@ -210,7 +233,7 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
             explored = poor & (jax.random.uniform(k_eps) < epsilon)
             a = jnp.where(explored, fix, a)
         a = a.astype(jnp.int32)
-        w2, u2, free2, sw, sp = apply_action(cfg, win, w, u, free, a)
+        w2, u2, free2, sw, sp = apply_action(cfg, win, w, u, free, a, load)
         j = jnp.minimum(a // 3, J - 1)
         new_f = job_features(cfg, win, w2, u2)[j]
         h1 = h1 + (new_f - feats[j]) @ W1_jobs[j]
@@ -226,7 +249,7 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
     c0 = {"t": jnp.int32(0), "key": key, "w": w, "u": u, "free": free, "feats": feats, "h1": h1,
           "done": jnp.array(False), "rec": rec}
     c = jax.lax.while_loop(cond, body, c0)
-    return SlotOut(c["w"], c["u"], c["free"], c["t"], *c["rec"])
+    return SlotOut(c["w"], c["u"], c["free"], c["t"], *c["rec"], bundle_w, bundle_p)
 
 
 def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None) -> Window:
