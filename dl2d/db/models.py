@@ -240,8 +240,36 @@ class Decision(Base):
     fallback_reason: Mapped[str | None] = mapped_column(Text)
     policy_version: Mapped[int | None]
     latency_ms: Mapped[float | None]
+    #: {"<job id>": ["slow", "shared_gpu"]} for the jobs flagged from their measured stats (NULL: none)
+    job_flags: Mapped[dict[str, Any] | None]
 
     slot: Mapped[Slot] = relationship(back_populates="decision")
+
+
+class JobSlotStat(Base):
+    """A job's measured speed and GPU features in one slot (`dl2d.daemon.jobstats.JobSlotStats`).
+
+    `workers`/`ps` are the size the job ran with during the slot (what the prediction is for), which can
+    differ from the slot's `allocations` row (the decision) when a resize failed."""
+
+    __tablename__ = "job_slot_stats"
+    __table_args__ = (UniqueConstraint("slot_id", "job_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slot_id: Mapped[int] = mapped_column(ForeignKey("slots.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    workers: Mapped[int]
+    ps: Mapped[int]
+    epochs: Mapped[float]  # trained in the slot
+    epochs_per_s: Mapped[float]  # measured: epochs / slot seconds
+    predicted_epochs_per_s: Mapped[float | None]  # the simulator's speed model for (workers, ps)
+    speed_factor: Mapped[float | None]  # measured / predicted (NULL when the job ended mid-slot)
+    ended: Mapped[bool] = mapped_column(default=False)  # finished or failed during the slot
+    gpus: Mapped[int | None]  # GPUs seen running its processes (NULL: no agent sample showed it)
+    gpu_util_mean_pct: Mapped[float | None]
+    gpu_mem_per_gpu_max_bytes: Mapped[float | None]
+    shared_gpu: Mapped[bool | None]  # a GPU of the job also ran another job's processes
+    gpu_observations: Mapped[int] = mapped_column(default=0)  # GPU x sample pairs behind the GPU columns
 
 
 class NodeSample(Base):

@@ -1,4 +1,4 @@
--- dl2d reports: queries on the views that the migrations create (dl2d/db/migrations/versions/0001_initial.py).
+-- dl2d reports: queries on the views that the migrations create (dl2d/db/migrations/versions/).
 --
 --   sqlite3 -header -column /var/lib/dl2d/dl2d.sqlite < report.sql
 --   psql 'postgresql://user@host/dl2d' -f report.sql
@@ -21,6 +21,14 @@ SELECT owner, n_jobs, avg_jct_s, max_jct_s FROM v_jct_by_owner ORDER BY owner;
 -- name: gpu_util_hourly
 -- GPU utilisation (%, weighted by GPUs and sample duration) and GPU memory in use, per hour
 SELECT hour, n_nodes, avg_gpu_util, gpu_mem_frac FROM v_gpu_util_hourly ORDER BY hour;
+
+-- name: job_speed
+-- Measured speed per job (epochs/h), the speed model's prediction for the sizes it ran with, their ratio
+-- (speed factor: below 1 = slower than predicted, e.g. interference), GPU utilisation and memory from the
+-- node agents, and slots in which a GPU of the job also ran another job
+SELECT job_id, name, job_type, n_slots, avg_epochs_per_h, avg_predicted_epochs_per_h, avg_speed_factor,
+       min_speed_factor, avg_gpu_util, max_gpu_mem_gib, n_shared_slots
+FROM v_job_speed ORDER BY job_id;
 
 -- name: resizes_per_job
 -- Resizes, relaunches and hot scalings per job (jobs with at least one)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from dl2d.db.models import (
     Event,
     EventKind,
     Intent,
+    JobSlotStat,
     IntentKind,
     IntentState,
     Job,
@@ -304,6 +305,7 @@ class DecisionRecord:
     policy_version: int | None = None
     latency_ms: float | None = None
     created_at: datetime | None = None
+    job_flags: dict[str, list[str]] | None = None  # jobs flagged from their measured stats (dl2d.daemon.jobstats)
 
 
 def record_slot(
@@ -348,6 +350,31 @@ def finish_slot(session: Session, slot: Slot | int, ended_at: datetime, reward: 
     if duration_ms is not None:
         s.duration_ms = duration_ms
     return s
+
+
+def record_job_slot_stats(session: Session, slot: Slot | int, rows: Iterable[Mapping[str, Any]]) -> int:
+    """One ``job_slot_stats`` row per mapping (the keys of ``JobSlotStats.row()``), in one executemany."""
+    slot_id = _id(slot)
+    rows = [{**r, "slot_id": slot_id} for r in rows]
+    if rows:
+        session.execute(insert(JobSlotStat), rows)
+    return len(rows)
+
+
+def recent_job_slot_stats(session: Session, job_ids: Iterable[int], per_job: int) -> dict[int, list[dict[str, Any]]]:
+    """Each job's last ``per_job`` ``job_slot_stats`` rows (oldest first), as column -> value dicts."""
+    ids = list(job_ids)
+    if not ids or per_job <= 0:
+        return {}
+    cols = [c for c in JobSlotStat.__table__.columns if c.name not in ("id",)]
+    rank = func.row_number().over(partition_by=JobSlotStat.job_id, order_by=JobSlotStat.slot_id.desc())
+    inner = select(*cols, rank.label("rank")).where(JobSlotStat.job_id.in_(ids)).subquery()
+    out: dict[int, list[dict[str, Any]]] = {}
+    q = select(*[inner.c[c.name] for c in cols]).where(inner.c.rank <= per_job).order_by(inner.c.job_id,
+                                                                                        inner.c.slot_id)
+    for r in session.execute(q).mappings():
+        out.setdefault(r["job_id"], []).append(dict(r))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
