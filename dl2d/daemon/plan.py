@@ -41,10 +41,14 @@ class JobRow:
 
 
 def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
-               max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS) -> SlotView:
+               max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS, *,
+               speed_factor: Mapping[int, float] | None = None,
+               shared_gpu: Mapping[int, bool] | None = None) -> SlotView:
     """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
 
-    The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived)."""
+    The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived).
+    ``speed_factor`` / ``shared_gpu`` (by job id, from dl2d.daemon.jobstats) become the view's optional
+    ``job_speed_factor`` (NaN for jobs not measured) / ``job_shared_gpu`` (False for jobs not seen)."""
     jobs = sorted(jobs, key=lambda j: j.id)
     cap = np.array([[n.gpus, n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
     usable = np.array([n.usable for n in nodes], dtype=bool)
@@ -58,6 +62,9 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
         est_epochs=np.array([j.total_epochs for j in jobs], float),
         prev_workers=np.array([j.workers for j in jobs], int), prev_ps=np.array([j.ps for j in jobs], int),
         free=free, capacity=cap, max_workers=max_workers, max_ps=max_ps,
+        job_speed_factor=None if speed_factor is None else
+        np.array([speed_factor.get(j.id, np.nan) for j in jobs], float),
+        job_shared_gpu=None if shared_gpu is None else np.array([bool(shared_gpu.get(j.id)) for j in jobs], bool),
     )
 
 
@@ -66,7 +73,10 @@ def view_digest_input(view: SlotView) -> dict[str, Any]:
     return {"slot": int(view.slot), "jobs": view.jobs.tolist(), "type": view.type_idx.tolist(),
             "slots_run": view.slots_run.tolist(), "epochs_done": np.round(view.epochs_done, 6).tolist(),
             "est": view.est_epochs.tolist(), "prev": [view.prev_workers.tolist(), view.prev_ps.tolist()],
-            "free": view.free.tolist()}
+            "free": view.free.tolist(),
+            **({"speed_factor": [None if np.isnan(x) else round(float(x), 6) for x in view.job_speed_factor]}
+               if view.job_speed_factor is not None else {}),
+            **({"shared_gpu": view.job_shared_gpu.tolist()} if view.job_shared_gpu is not None else {})}
 
 
 def empty_allocation(n: int) -> Allocation:

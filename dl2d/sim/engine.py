@@ -117,6 +117,9 @@ class SlotView:
     max_workers: int
     max_ps: int
     server_speed: np.ndarray | None = None  # [servers] speeds observed last slot (heterogeneous runs only)
+    # the daemon's measurements (dl2d.daemon.jobstats), optional; no policy needs them, the baselines ignore them:
+    job_speed_factor: np.ndarray | None = None  # [jobs] measured / predicted speed, recent slots; NaN: not measured
+    job_shared_gpu: np.ndarray | None = None  # [jobs] a GPU of the job also ran another job's processes
 
     def __len__(self) -> int:
         return len(self.jobs)

@@ -75,3 +75,23 @@ def test_flags_need_a_persistently_low_factor_or_a_shared_gpu():
     est = speed_factor_estimate(hist)
     assert est[1] == pytest.approx(0.6) and est[3] == pytest.approx(0.55) and est[4] == 1.0
     assert speed_factor_estimate({7: [st(None)]}) == {}
+
+
+def test_view_carries_the_measurements_and_the_baselines_ignore_them():
+    from dl2d.daemon import plan as P
+    from dl2d.daemon.backend import NodeInfo
+    from dl2d.sim.baselines import BASELINES, make_baseline
+
+    nodes = [NodeInfo(f"n{i}", 2, 8, 48.0) for i in range(4)]
+    rows = [P.JobRow(i, t, 20.0, 1.0, 1, 1, 2) for i, t in ((3, "resnet-50"), (5, "vgg-16"), (8, "resnet-50"))]
+    plain = P.build_view(4, rows, nodes)
+    assert plain.job_speed_factor is None and plain.job_shared_gpu is None
+    v = P.build_view(4, rows, nodes, speed_factor={5: 0.4, 8: 1.1}, shared_gpu={3: True, 99: True})
+    assert np.isnan(v.job_speed_factor[0]) and v.job_speed_factor[1:].tolist() == [0.4, 1.1]
+    assert v.job_shared_gpu.tolist() == [True, False, False]
+    d = P.view_digest_input(v)
+    assert d["speed_factor"] == [None, 0.4, 1.1] and d["shared_gpu"] == [True, False, False]
+    assert "speed_factor" not in P.view_digest_input(plain)
+    for name in BASELINES:
+        a, b = make_baseline(name)(plain), make_baseline(name)(v)
+        assert a.workers.tolist() == b.workers.tolist() and a.ps.tolist() == b.ps.tolist(), name
