@@ -36,6 +36,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from dl2d.daemon import plan as P
+from dl2d.daemon import jobstats as JS
 from dl2d.daemon.backend import FAILED, FINISHED, BackendError, ClusterBackend, JobRequest, JobStatus
 from dl2d.daemon.metrics import Metrics
 from dl2d.daemon.notify import Notifier
@@ -125,6 +126,14 @@ class SlotLoop:
         self._closed = 0
         self._limits: dict[int, tuple[int, int]] = {}  # job id -> (max_workers, max_ps) from its spec
         self.started_at = time.time()
+        # per-job measurements (dl2d.daemon.jobstats): the agents' samples of the current slot, each job's last
+        # JS.SLOW_SLOTS stats (from the DB at recover), and the speed model the measured speed is compared with
+        self._slot_samples: list[dict[str, Any]] = []
+        self._job_hist: dict[int, list[JS.JobSlotStats]] = {}
+        self._speed_table = getattr(backend, "table", None)
+        if self._speed_table is None:
+            from dl2d.sim.speed import speed_table
+            self._speed_table = speed_table("measured")
 
     # ------------------------------------------------------------------------------ agents
 
@@ -148,6 +157,7 @@ class SlotLoop:
 
         self.poller.on_stale, self.poller.on_recover = self._on_stale, self._on_recover
         rnd = self.poller.poll_round()
+        self._slot_samples.extend(rnd.samples.values())
         rows = [sample_to_row(s) for s in rnd.samples.values()]
         with session_scope(self.engine) as s:
             n = store.insert_node_samples(s, rows)
@@ -225,6 +235,11 @@ class SlotLoop:
                 store.mark_issued(s, it)
             replay.append(intent_id)
         self._apply_intents(replay, replay=True)
+        with session_scope(self.engine) as s:
+            active = s.scalars(select(Job.id).where(Job.state.in_(ACTIVE_STATES))).all()
+            self._job_hist = {j: [JS.JobSlotStats(**{k: r[k] for k in JS.JobSlotStats.__dataclass_fields__})
+                                  for r in rows]
+                              for j, rows in store.recent_job_slot_stats(s, active, JS.SLOW_SLOTS).items()}
         n += len(replay)
         self.metrics.replayed.inc(n)
         if n:
@@ -319,6 +334,7 @@ class SlotLoop:
         with session_scope(self.engine) as s:
             last = s.scalar(select(func.max(Slot.number)))
             number = 0 if last is None else last + 1
+        self._slot_samples = []
         if self.poller is not None:
             self.poll_agents(retention=number % self.retention_every == 0)
         nodes = self.backend.nodes()
@@ -328,7 +344,10 @@ class SlotLoop:
             self._cancel_intents(s)
             self.reconcile(s, self.backend.observe(), now)
             rows = self._job_rows(s)
-        view = P.build_view(number, rows, nodes)
+        hist = {r.id: self._job_hist[r.id] for r in rows if r.id in self._job_hist}
+        flags = JS.job_flags(hist)
+        view = P.build_view(number, rows, nodes, speed_factor=JS.speed_factor_estimate(hist),
+                            shared_gpu={j: "shared_gpu" in f for j, f in flags.items()})
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
         decide_ms = 1000 * (time.perf_counter() - td)
@@ -343,7 +362,8 @@ class SlotLoop:
             decision = store.DecisionRecord(
                 state_digest=store.state_digest(P.view_digest_input(view)),
                 actions=[[r.id, *sizes[r.id]] for r in rows], source=g.source, fallback_reason=g.reason,
-                policy_version=version, latency_ms=decide_ms)
+                policy_version=version, latency_ms=decide_ms,
+                job_flags={str(j): f for j, f in flags.items()} or None)
             slot = store.record_slot(s, number, now, allocs, decision, policy_version=version)
             slot_id = slot.id
             intent_ids = [it.id for it in store.plan_intents(
@@ -378,6 +398,13 @@ class SlotLoop:
             totals = {j.id: float(j.total_epochs) for j in jobs}
             reward = P.slot_reward(before, statuses, totals)
             store.finish_slot(s, slot_id, now, reward, duration_ms=tick_ms)
+            measured = JS.measure_slot([JS.RanJob(j.id, j.job_type, int(j.workers), int(j.ps), before[j.id])
+                                        for j in jobs], statuses, self._slot_samples, self.slot_seconds,
+                                       self._speed_table)
+            store.record_job_slot_stats(s, slot_id, [m.row() for m in measured])
+            for m in measured:
+                self._job_hist[m.job_id] = [*self._job_hist.get(m.job_id, []), m][-JS.SLOW_SLOTS:]
+            self._job_hist = {j: h for j, h in self._job_hist.items() if j in before}
             self.reconcile(s, statuses, now)
             self._count_jobs(s)
         self.crash("closed")
