@@ -292,6 +292,11 @@ class SlotLoop:
             events = []
             for _, req, target, res in done:
                 job = jobs[req.job_id]
+                if replay and res.method == "noop" and (job.workers, job.ps) != (target.workers, target.ps):
+                    # the backend reached this size before the crash; the event died with that transaction
+                    kind = EventKind.START if job.started_at is None and target.workers > 0 else EventKind.RESIZE
+                    events.append((kind, job.id, {"workers": target.workers, "ps": target.ps,
+                                                  "method": "applied_before_crash", "replayed": True}, now))
                 job.workers, job.ps = target.workers, target.ps
                 if res.backend_ref:
                     job.slurm_job_id = res.backend_ref

@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import select
 
 from dl2d.db.engine import make_engine, session_scope
-from dl2d.db.models import Intent, IntentKind, IntentState, Job, JobState, Slot
+from dl2d.db.models import Event, EventKind, Intent, IntentKind, IntentState, Job, JobState, Slot
 
 JOBS = 6
+SIZE_EVENTS = (EventKind.START, EventKind.RESIZE, EventKind.RELAUNCH, EventKind.HOT_SCALE)
 
 
 def dl2d(state_dir, crash: str | None):
@@ -34,6 +35,7 @@ def check_invariants(state_dir):
         jobs = list(s.scalars(select(Job)))
         intents = list(s.scalars(select(Intent)))
         open_slots = list(s.scalars(select(Slot).where(Slot.ended_at.is_(None))))
+        size_events = list(s.scalars(select(Event).where(Event.kind.in_(SIZE_EVENTS))))
     engine.dispose()
     assert len(jobs) == JOBS and len({j.name for j in jobs}) == JOBS, "a job was lost or duplicated"
     assert all(j.state == JobState.COMPLETED for j in jobs), [(j.id, j.state) for j in jobs]
@@ -49,6 +51,10 @@ def check_invariants(state_dir):
         journal_sizes = [(i.target["workers"], i.target["ps"]) for i in sorted(intents, key=lambda i: i.id)
                          if i.job_id == job.id and i.kind != IntentKind.CANCEL]
         assert backend_sizes == journal_sizes, job.id
+        # and each carried-out intent left exactly one event, the first a start, even when the crash
+        # swallowed the transaction that records it (the replay finds the size reached and records it then)
+        kinds = [e.kind for e in sorted(size_events, key=lambda e: e.id) if e.job_id == job.id]
+        assert len(kinds) == len(journal_sizes) and kinds[0] == EventKind.START, (job.id, kinds)
     return intents
 
 
