@@ -10,7 +10,7 @@ import sys
 import click
 
 from dl2d.agents.host import HostReader
-from dl2d.agents.nvml import FakeNVML, GPUReader, load_pynvml
+from dl2d.agents.nvml import FakeNVML, FakeProcess, GPUReader, load_pynvml
 from dl2d.agents.sample import Sampler
 from dl2d.agents.server import TokenFileError, load_token, make_server
 
@@ -18,9 +18,27 @@ DEFAULT_PORT = 9464
 DEFAULT_TOKEN_FILE = "/etc/dl2d/agent.token"
 
 
-def build_sampler(node: str, fake_gpus: int | None = None) -> Sampler:
+def fake_reader(gpus: int, jobs: tuple[str, ...] = ()) -> GPUReader:
+    """FakeNVML with ``gpus`` H100s; each ``GPU=SLURMJOB[@UTIL]`` of ``jobs`` puts a 4 GiB process of that
+    Slurm job on that GPU, whose utilisation becomes UTIL % (default 90) (tests of per-job GPU features)."""
+    nvml = FakeNVML.h100s(gpus)
+    owner: dict[int, str] = {}
+    for k, spec in enumerate(jobs):
+        where, _, rest = spec.partition("=")
+        job, _, util = rest.partition("@")
+        if not where.isdigit() or int(where) >= gpus or not job:
+            raise click.BadParameter(f"{spec!r}: want GPU=SLURMJOB[@UTIL] with GPU < {gpus}", param_hint="--fake-job")
+        g, pid = nvml.gpus[int(where)], 10_000 + k
+        g.processes.append(FakeProcess(pid, 4 * 1024**3))
+        g.mem_used += 4 * 1024**3
+        g.util_gpu = int(util) if util else (g.util_gpu or 90)
+        owner[pid] = job
+    return GPUReader(nvml, job_of_pid=owner.get)
+
+
+def build_sampler(node: str, fake_gpus: int | None = None, fake_jobs: tuple[str, ...] = ()) -> Sampler:
     if fake_gpus is not None:
-        reader = GPUReader(FakeNVML.h100s(fake_gpus))
+        reader = fake_reader(fake_gpus, fake_jobs)
     else:
         nvml, reason = load_pynvml()
         reader = GPUReader(nvml, reason)
@@ -36,11 +54,15 @@ def build_sampler(node: str, fake_gpus: int | None = None) -> Sampler:
 @click.option("--once", is_flag=True, help="Print one JSON sample to stdout and exit (no token needed).")
 @click.option("--fake-gpus", type=int, default=None, hidden=True,
               help="Use FakeNVML with N fake H100s (tests and benchmarks).")
+@click.option("--fake-job", "fake_jobs", multiple=True, hidden=True, metavar="GPU=SLURMJOB[@UTIL]",
+              help="With --fake-gpus: a process of Slurm job SLURMJOB on fake GPU GPU (repeatable).")
 def main(port: int, bind: str, token_file: str, node_name: str | None, once: bool,
-         fake_gpus: int | None) -> None:
+         fake_gpus: int | None, fake_jobs: tuple[str, ...]) -> None:
     """Serve GPU (NVML) and host stats as JSON over HTTP for the dl2d poller."""
     node = node_name or socket.gethostname().split(".")[0]
-    sampler = build_sampler(node, fake_gpus)
+    if fake_jobs and fake_gpus is None:
+        raise click.BadParameter("needs --fake-gpus", param_hint="--fake-job")
+    sampler = build_sampler(node, fake_gpus, fake_jobs)
     if once:
         click.echo(json.dumps(sampler.sample(), indent=2))
         return

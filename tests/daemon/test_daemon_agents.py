@@ -20,12 +20,12 @@ from dl2d.db.models import Event, EventKind, NodeSample
 TOKEN = "daemon-test-token-77"
 
 
-def start_agent(token_file, node):
+def start_agent(token_file, node, *extra):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     p = subprocess.Popen([sys.executable, "-m", "dl2d.agents.main", "--bind", "127.0.0.1", "--port", str(port),
-                          "--token-file", token_file, "--node-name", node, "--fake-gpus", "2"],
+                          "--token-file", token_file, "--node-name", node, "--fake-gpus", "2", *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
     line = p.stdout.readline()
