@@ -10,8 +10,9 @@ One slot (docs/daemon.md has the full story):
    transaction; then all marked issued (one transaction), ``backend.apply`` each in order (in the backend's
    ``batch()`` when it has one), all marked done (or failed) in one transaction;
 5. wait for the slot to end (polling agents meanwhile), ``backend.end_slot``;
-6. close the slot: reward (DL2 eq. 1) from the backend's progress, reconcile, online RL update,
-   policy checkpoint every N slots.
+6. close the slot: reward (DL2 eq. 1) from the backend's progress, each job's measured speed and GPU features
+   (dl2d.daemon.jobstats -> job_slot_stats; they feed the next view and decision's flags), reconcile, online
+   RL update, policy checkpoint every N slots.
 
 Crash safety: at start :meth:`SlotLoop.recover` replays every PLANNED/ISSUED intent (``apply`` is
 idempotent: a size already reached is a NOOP) and closes a slot left open, so a daemon killed anywhere
