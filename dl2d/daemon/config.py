@@ -20,7 +20,11 @@ from typing import Any, Mapping, get_type_hints
 
 DEFAULT_CONFIG = "/etc/dl2d/dl2d.toml"
 DEFAULT_STATE_DIR = "/var/lib/dl2d"
-POLICIES = ("dl2", "drf", "tetris", "optimus", "fifo", "srtf")
+HEURISTICS = ("drf", "tetris", "optimus", "fifo", "srtf")
+#: chic / chic-pair load a Chic checkpoint (.npz, bench/bench_chic.py); dual-agent needs none.
+POLICIES = ("dl2", *HEURISTICS, "chic", "chic-pair", "dual-agent")
+#: policy.placement: balance = the policy's own placement (load balancing); dltap = DLTAP re-places its tasks.
+PLACEMENTS = ("balance", "dltap")
 BACKENDS = ("sim", "slurm")
 
 
@@ -41,8 +45,9 @@ class SimSection:
 
 @dataclass(frozen=True)
 class PolicySection:
-    name: str = "drf"  # dl2 | drf | tetris | optimus | fifo | srtf
-    checkpoint: str = ""  # trained DL2 policy (dl2ctl train); required for dl2 unless allow_untrained
+    name: str = "drf"  # one of POLICIES
+    checkpoint: str = ""  # dl2: trained policy (dl2ctl train), required unless allow_untrained; chic/chic-pair: required
+    placement: str = "balance"  # balance | dltap (dl2d.sim.placement.with_dltap around the policy)
     allow_untrained: bool = False  # dl2 without a checkpoint: random initial parameters (tests, benchmarks)
     online_rl: bool = False  # learn from every slot's reward (DL2 section 4.2)
     checkpoint_every: int = 10  # slots between saves of the online policy
@@ -148,6 +153,10 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     if p.name == "dl2" and not p.checkpoint and not p.allow_untrained:
         bad.append(("policy.checkpoint", "policy dl2 needs a trained checkpoint (dl2ctl train ... --out FILE); "
                     "set policy.checkpoint, or policy.name = \"drf\""))
+    if p.name in ("chic", "chic-pair") and not p.checkpoint:
+        bad.append(("policy.checkpoint", f"policy {p.name} needs a trained Chic checkpoint (.npz, "
+                    "bench/bench_chic.py); set policy.checkpoint, or policy.name = \"drf\""))
+    need(p.placement in PLACEMENTS, "policy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {p.placement!r}")
     if p.online_rl and p.name != "dl2":
         bad.append(("policy.online_rl", f"online RL needs policy.name = \"dl2\", not {p.name!r}"))
     a = cfg.agents
@@ -161,8 +170,8 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(0 <= m.port <= 65535, "metrics.port", f"must be in 0..65535, got {m.port}")
     g = cfg.guardrails
     need(g.starve_slots >= 1, "guardrails.starve_slots", f"must be >= 1, got {g.starve_slots}")
-    need(g.fallback in POLICIES and g.fallback != "dl2", "guardrails.fallback",
-         f"must be a heuristic ({', '.join(x for x in POLICIES if x != 'dl2')}), got {g.fallback!r}")
+    need(g.fallback in HEURISTICS, "guardrails.fallback",
+         f"must be a heuristic ({', '.join(HEURISTICS)}), got {g.fallback!r}")
     return bad
 
 

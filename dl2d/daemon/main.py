@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from dl2d.daemon.config import ConfigError, DaemonConfig, agent_targets, load_config
+from dl2d.daemon.config import PLACEMENTS, POLICIES, ConfigError, DaemonConfig, agent_targets, load_config
 
 log = logging.getLogger("dl2d")
 
@@ -51,11 +51,36 @@ def make_backend(cfg: DaemonConfig, hidden=None):
 
 
 def make_policy(cfg: DaemonConfig):
-    """(policy callable, online learner or None)."""
-    from dl2d.sim.baselines import make_baseline
+    """(policy callable, online learner or None); policy.placement = "dltap" wraps the policy with DLTAP."""
+    policy, learner = _base_policy(cfg)
+    if cfg.policy.placement == "dltap":
+        from dl2d.sim.placement import with_dltap
 
+        policy = with_dltap(policy, trim=True)  # counts = tasks placed, as the guardrails require
+    return policy, learner
+
+
+def _base_policy(cfg: DaemonConfig):
     p = cfg.policy
+    if p.name in ("chic", "chic-pair"):
+        from dl2d.policy.chic import ChicCheckpointError, load_scheduler
+
+        try:
+            sched = load_scheduler(p.checkpoint, name=p.name)
+        except ChicCheckpointError as e:
+            raise ConfigError(f"config error: policy.checkpoint: {e}") from None
+        if sched.cfg.pair != (p.name == "chic-pair"):
+            raise ConfigError(f"config error: policy.checkpoint: {p.checkpoint} is a {sched.cfg.name} checkpoint, "
+                              f"policy.name is {p.name!r}")
+        log.info("policy: %s from %s", p.name, p.checkpoint)
+        return sched, None
+    if p.name == "dual-agent":
+        from dl2d.policy.dual_agent import DualAgent
+
+        return DualAgent(seed=p.seed), None
     if p.name != "dl2":
+        from dl2d.sim.baselines import make_baseline
+
         return make_baseline(p.name), None
     from dl2d.policy.checkpoint import CheckpointError
     from dl2d.policy.online import OnlineLearner
@@ -154,8 +179,8 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
         poller=poller, poll_interval=cfg.agents.poll_interval, retention_every=cfg.retention_every, feeder=feeder,
         learner=learner if cfg.policy.online_rl else None, checkpoint_path=cfg.policy_save_path,
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
-        info={"backend": cfg.backend, "policy": cfg.policy.name, "db_url": _safe_url(cfg.database_url),
-              "slot_seconds": cfg.slot_seconds})
+        info={"backend": cfg.backend, "policy": getattr(policy, "name", cfg.policy.name),
+              "db_url": _safe_url(cfg.database_url), "slot_seconds": cfg.slot_seconds})
     return loop
 
 
@@ -232,8 +257,9 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--sim", "use_sim", is_flag=True, help="Shorthand for --backend sim.")
 @click.option("--cluster", help="Simulated cluster preset (tiny, small, testbed, dl2).")
 @click.option("--slot-seconds", type=float, help="Slot length in seconds (default 1200).")
-@click.option("--policy", type=click.Choice(["dl2", "drf", "tetris", "optimus", "fifo", "srtf"]), help="Scheduling policy.")
-@click.option("--checkpoint", metavar="FILE", help="Trained DL2 policy (dl2ctl train).")
+@click.option("--policy", type=click.Choice(POLICIES), help="Scheduling policy.")
+@click.option("--placement", type=click.Choice(PLACEMENTS), help="Task placement: the policy's own or DLTAP.")
+@click.option("--checkpoint", metavar="FILE", help="Trained policy: DL2 (dl2ctl train) or Chic (.npz).")
 @click.option("--online-rl/--no-online-rl", default=None, help="Learn from every slot's reward.")
 @click.option("--metrics-port", type=int, help="Prometheus endpoint port (0: any free port).")
 @click.option("--no-metrics", is_flag=True, help="Do not serve metrics.")
@@ -246,15 +272,16 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--demo-types", metavar="T1,T2", help="Demo: only these job types (default: the 8 DL2 models).")
 @click.option("--compare/--no-compare", default=True, show_default=True,
               help="Demo: also run the bare simulator with the same policy and trace, for reference.")
-def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, checkpoint, online_rl,
-         metrics_port, no_metrics, max_slots, log_level, demo, demo_jobs, demo_seed, demo_types, compare) -> None:
+def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, placement, checkpoint,
+         online_rl, metrics_port, no_metrics, max_slots, log_level, demo, demo_jobs, demo_seed, demo_types,
+         compare) -> None:
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
     if demo and state_dir is None and not db_url:
         state_dir = tempfile.mkdtemp(prefix="dl2d-demo-")
     overrides = {"state_dir": state_dir, "db_url": db_url, "backend": "sim" if (use_sim or demo) else backend,
                  "sim.cluster": cluster, "slot_seconds": slot_seconds, "policy.name": policy,
-                 "policy.checkpoint": checkpoint, "policy.online_rl": online_rl, "metrics.port": metrics_port,
-                 "max_slots": max_slots, "log_level": log_level}
+                 "policy.placement": placement, "policy.checkpoint": checkpoint, "policy.online_rl": online_rl,
+                 "metrics.port": metrics_port, "max_slots": max_slots, "log_level": log_level}
     if no_metrics or (demo and metrics_port is None):
         overrides["metrics.enabled"] = False
     if demo and demo_jobs < 1:

@@ -132,25 +132,35 @@ def dltap_allocation(view: SlotView, workers, ps, weight: float = 1.0, pack_work
 
 
 class DLTAP:
-    """Wrap any scheduler: keep its (workers, PS) per job, re-place every task with DLTAP."""
+    """Wrap any scheduler: keep its (workers, PS) per job, re-place every task with DLTAP.
+
+    trim=False (the simulator): the Allocation keeps the inner counts, so tasks that did not fit are
+    reported as unplaced. trim=True (the daemon): the counts are the tasks placed, so the allocation is
+    exactly what a cluster can start (the daemon's guardrails reject counts without servers)."""
 
     def __init__(self, inner: Callable[[SlotView], Allocation], weight: float = 1.0, pack_workers: bool = False,
-                 workers_first: bool = False):
+                 workers_first: bool = False, trim: bool = False):
         self.inner = inner
         self.weight = weight
         self.pack_workers = pack_workers
         self.workers_first = workers_first
+        self.trim = trim
         suffix = "dltap-pack" if pack_workers else ("lb" if weight == 0 else "dltap")
         self.name = f"{getattr(inner, 'name', type(inner).__name__)}+{suffix}"
 
     def __call__(self, view: SlotView) -> Allocation:
         a = self.inner(view)
-        return dltap_allocation(view, a.workers, a.ps, self.weight, self.pack_workers, workers_first=self.workers_first)
+        out = dltap_allocation(view, a.workers, a.ps, self.weight, self.pack_workers, workers_first=self.workers_first)
+        if self.trim:
+            out = Allocation(np.array([len(s) for s in out.worker_servers], int),
+                             np.array([len(s) for s in out.ps_servers], int), out.worker_servers, out.ps_servers)
+        return out
 
 
-def with_dltap(scheduler, weight: float = 1.0, pack_workers: bool = False, workers_first: bool = False) -> DLTAP:
+def with_dltap(scheduler, weight: float = 1.0, pack_workers: bool = False, workers_first: bool = False,
+               trim: bool = False) -> DLTAP:
     """`scheduler` with its tasks re-placed by DLTAP (weight 0: plain load balancing, the control)."""
-    return DLTAP(scheduler, weight, pack_workers, workers_first)
+    return DLTAP(scheduler, weight, pack_workers, workers_first, trim)
 
 
 # ---------------------------------------------------------------- Slurm node selection

@@ -238,6 +238,20 @@ def test_dltap_wrapper_in_a_run_cuts_cross_node_traffic(small_trace):
     assert packed["cross_node_fraction"] < plain["cross_node_fraction"]
 
 
+def test_dltap_trim_counts_only_the_tasks_placed():
+    """trim=True (the daemon's): a job DLTAP cannot place keeps no counts; trim=False keeps the inner ones."""
+    spec = ClusterSpec(1)
+    cap = spec.empty()
+    view = E.SlotView(0, np.arange(2), np.zeros(2, int), np.zeros(2, int), np.zeros(2, int), np.zeros(2),
+                      np.ones(2), np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16)
+    inner = lambda v: E.Allocation(np.array([1, 3]), np.array([1, 0]))  # job 1 has no PS: it cannot train
+    kept = P.with_dltap(inner)(view)
+    trimmed = P.with_dltap(inner, trim=True)(view)
+    assert list(kept.workers) == [1, 3] and list(kept.ps) == [1, 0]
+    assert list(trimmed.workers) == [1, 0] and list(trimmed.ps) == [1, 0]
+    assert trimmed.worker_servers == ((0,), ()) and trimmed.ps_servers == ((0,), ())
+
+
 def test_slurm_node_selection_by_hand():
     # DLTAP Fig. 1(b) with s1..s3 = n0..n2: wk1, wk3, ps1 on n0; ps2 on n1; wk2 on n2
     sel = P.slurm_node_selection([0, 2, 0], [0, 1], ["n0", "n1", "n2"])
