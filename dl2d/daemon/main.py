@@ -44,8 +44,10 @@ def make_backend(cfg: DaemonConfig, hidden=None):
         from dl2d.slurm.driver import SlurmError
     except ImportError as e:
         raise ConfigError(f"config error: backend: the Slurm backend is not available ({e})") from None
+    # policy.placement = "dltap": DLTAP's placement becomes the jobs' --nodelist, unless [slurm] says otherwise.
+    table = {"placement": "target", **cfg.slurm} if cfg.policy.placement == "dltap" else cfg.slurm
     try:
-        return backend_from_table(cfg.slurm, cfg.state_dir)
+        return backend_from_table(table, cfg.state_dir)
     except (ValueError, SlurmError) as e:  # SlurmError: driver = "pyslurm" without a usable pyslurm
         raise ConfigError(f"config error: {e}") from None
 

@@ -1,7 +1,8 @@
 """The Slurm backend: one Slurm batch job per dl2d job (design: docs/slurm.md).
 
 Pure parts (tested without Slurm): :func:`demand_from_spec`, :func:`allocation_for`,
-:func:`plan_apply`, :func:`epochs_from_progress`, :func:`status_from`, :func:`batch_script`.
+:func:`target_selection`, :func:`allocation_for_selection`, :func:`plan_apply`,
+:func:`epochs_from_progress`, :func:`status_from`, :func:`batch_script`.
 :class:`SlurmBackend` is the I/O shell around them: it talks to Slurm through a
 :class:`~dl2d.slurm.driver.SlurmDriver` (wrapped in a retrying one), reads the jobs' progress
 files and keeps one small JSON record per job under its state directory.
@@ -17,6 +18,12 @@ with ``W``/``P`` the target workers/PS, ``*_w``/``*_ps`` the per-task demands of
 (``worker.gpus`` default 1, ``worker.cpus`` 1, ``worker.mem_gb`` 0, ``ps.cpus`` 1, ``ps.mem_gb``
 0) and ``*_node`` the capacity of the smallest usable node (or the configured node shape). PS
 need no GPU and share the workers' nodes.
+
+When the daemon's target carries a placement (``Target.worker_nodes``/``ps_nodes``, e.g. from
+DLTAP), that placement is the allocation instead (``target_selection``,
+``allocation_for_selection``): ``--nodelist`` = its nodes, most tasks first, ``N`` = their count,
+``G`` = the workers on the busiest node times ``gpus_w``; the job directory gets a ``hostfile``
+(one node per task, PS first; ``$DL2D_HOSTFILE``) for ``srun --distribution=arbitrary``.
 
 Per job the backend keeps a directory ``<state_dir>/jobs/<id>/``:
 
@@ -79,6 +86,9 @@ from dl2d.slurm.driver import (
 log = logging.getLogger(__name__)
 
 RESTART_METHODS = ("resubmit", "requeue")
+#: SlurmBackendConfig.placement: slurm = Slurm picks the nodes (the target's placement is ignored);
+#: target = the target's placement (e.g. DLTAP's) is the job's --nodelist (``target_selection``).
+PLACEMENTS = ("slurm", "target")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +187,34 @@ def allocation_for(workers: int, ps: int, demand: Demand, shape: NodeShape) -> A
 def fits(needed: Allocation, current: Allocation) -> bool:
     """Can ``needed`` run inside ``current`` (on at most its nodes, within its GPUs per node)?"""
     return (needed.nodes <= current.nodes and needed.gpus_per_node <= current.gpus_per_node)
+
+
+def target_selection(target: Target):
+    """The Slurm node selection (:class:`dl2d.sim.placement.SlurmNodeSelection`: ``--nodelist`` order,
+    hostfile) of a target that carries a placement (the policy's, e.g. DLTAP), or None when it carries
+    none. Nodes are numbered by first appearance, PS first, so ties in the node order keep that order.
+    Raises ValueError when the placement does not list one node per task."""
+    wn, pn = tuple(target.worker_nodes), tuple(target.ps_nodes)
+    if not wn and not pn:
+        return None
+    if len(wn) != target.workers or len(pn) != target.ps:
+        raise ValueError(f"the target places {len(wn)} workers / {len(pn)} PS on nodes but asks for "
+                         f"{target.workers}/{target.ps}")
+    from dl2d.sim.placement import slurm_node_selection
+
+    names = list(dict.fromkeys(pn + wn))
+    index = {n: i for i, n in enumerate(names)}
+    return slurm_node_selection([index[n] for n in wn], [index[n] for n in pn], names)
+
+
+def allocation_for_selection(selection, demand: Demand) -> Allocation:
+    """The allocation that holds a node selection: its nodes, each with the GPUs of the node with the
+    most workers (``--gres`` is per node, so nodes with fewer workers, or only PS, get as many)."""
+    per_node: dict[str, int] = {}
+    for node, role in zip(selection.hostfile, selection.roles):
+        if role == "worker":
+            per_node[node] = per_node.get(node, 0) + 1
+    return Allocation(nodes=selection.nodes, gpus_per_node=max(per_node.values(), default=0) * demand.gpus_per_worker)
 
 
 def is_elastic(spec: Mapping[str, Any]) -> bool:
@@ -317,9 +355,13 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
                                 else ""), **base)
 
 
-def target_env(workers: int, ps: int) -> str:
-    return (f"DL2D_WORKERS={int(workers)}\nDL2D_PS={int(ps)}\n"
-            "export DL2D_WORKERS DL2D_PS\n")
+def target_env(workers: int, ps: int, hostfile: Path | None = None) -> str:
+    """``DL2D_WORKERS``/``DL2D_PS``, and ``DL2D_HOSTFILE`` (one node per task, PS first: for
+    ``srun --distribution=arbitrary`` with ``SLURM_HOSTFILE``) when the target carries a placement."""
+    text = f"DL2D_WORKERS={int(workers)}\nDL2D_PS={int(ps)}\nexport DL2D_WORKERS DL2D_PS\n"
+    if hostfile is not None:
+        text += f"DL2D_HOSTFILE={shlex.quote(str(hostfile))}\nexport DL2D_HOSTFILE\n"
+    return text
 
 
 def batch_script(job_id: int, job_dir: Path, command: str | None, script_path: Path | None) -> str:
@@ -409,9 +451,13 @@ class SlurmBackendConfig:
     #: made through the backend drops them), so a slot costs one squeue + one sinfo.
     cache_ttl_s: float = 5.0
     backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(max_attempts=4, cap=5.0))
+    #: "slurm" (Slurm picks the nodes) or "target" (the target's placement as --nodelist, see PLACEMENTS)
+    placement: str = "slurm"
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.restart_method not in RESTART_METHODS:
             raise ValueError(f"restart_method must be one of {', '.join(RESTART_METHODS)}, "
                              f"got {self.restart_method!r}")
@@ -461,10 +507,17 @@ class SlurmBackend:
     def _save(self, job_id: int, record: dict[str, Any]) -> None:
         write_atomic(self.job_dir(job_id) / "record.json", json.dumps(record, indent=1))
 
-    def _write_target(self, job_id: int, workers: int, ps: int) -> None:
+    def _write_target(self, job_id: int, target: Target) -> None:
         d = self.job_dir(job_id)
-        write_atomic(d / "target.env", target_env(workers, ps))
-        write_atomic(d / "target.json", json.dumps({"workers": workers, "ps": ps}))
+        selection = self._selection(target)
+        hostfile = d / "hostfile" if selection is not None else None
+        if hostfile is not None:
+            write_atomic(hostfile, "".join(f"{n}\n" for n in selection.hostfile))
+        write_atomic(d / "target.env", target_env(target.workers, target.ps, hostfile))
+        doc = {"workers": target.workers, "ps": target.ps}
+        if selection is not None:
+            doc.update(worker_nodes=list(target.worker_nodes), ps_nodes=list(target.ps_nodes))
+        write_atomic(d / "target.json", json.dumps(doc))
 
     def _progress(self, job_id: int) -> dict[str, Any] | None:
         return read_json_file(self.job_dir(job_id) / "progress.json")
@@ -567,10 +620,18 @@ class SlurmBackend:
             needed = None
             if (target.workers, target.ps) != (0, 0):
                 try:
-                    needed = allocation_for(target.workers, target.ps, demand_from_spec(spec),
-                                            self._shape(fresh=fresh))
+                    demand = demand_from_spec(spec)
+                    needed = allocation_for(target.workers, target.ps, demand, self._shape(fresh=fresh))
+                    selection = self._selection(target)
                 except ValueError as e:
                     raise BackendError(f"job {job.job_id}: {e}") from e
+                if selection is not None:
+                    known = {n.name for n in self._slurm_nodes(fresh=fresh)}
+                    unknown = [n for n in selection.nodelist if n not in known]
+                    if unknown:
+                        raise BackendError(f"job {job.job_id}: the target places tasks on nodes Slurm does "
+                                           f"not know: {', '.join(unknown)}")
+                    needed = allocation_for_selection(selection, demand)
             progress = self._progress(job.job_id)
             applied = record.get("applied") or {}
             cur = Current(
@@ -591,7 +652,7 @@ class SlurmBackend:
                   "target": {"workers": target.workers, "ps": target.ps}}
         if method == NOOP:
             if needed is not None and live is not None:
-                self._write_target(job.job_id, target.workers, target.ps)
+                self._write_target(job.job_id, target)
                 record["applied"] = record["target"]
             self._save(job.job_id, record)
             return ApplyResult(job.job_id, NOOP, str(record.get("slurm_job_id") or ""))
@@ -613,7 +674,7 @@ class SlurmBackend:
         if method == HOT:
             if self._hot_scale(job.job_id, target):
                 record["applied"] = record["target"]
-                self._write_target(job.job_id, target.workers, target.ps)
+                self._write_target(job.job_id, target)
                 self._save(job.job_id, record)
                 return ApplyResult(job.job_id, HOT, live.job_id)
             method = RESTART  # the job could not be scaled hot: relaunch it
@@ -621,7 +682,7 @@ class SlurmBackend:
             if elastic and not self._hot_scale(job.job_id, target):
                 method = RESTART
             else:
-                self._write_target(job.job_id, target.workers, target.ps)
+                self._write_target(job.job_id, target)
                 self._save(job.job_id, record)
                 with self._slurm(f"shrinking job {live.job_id} to {needed.nodes} nodes"):
                     self.driver.shrink(live.job_id, needed.nodes)
@@ -630,7 +691,7 @@ class SlurmBackend:
                 self._save(job.job_id, record)
                 return ApplyResult(job.job_id, SHRINK, live.job_id)
         # RESTART: checkpoint, then requeue at the new size or submit anew.
-        self._write_target(job.job_id, target.workers, target.ps)
+        self._write_target(job.job_id, target)
         self._save(job.job_id, record)
         self._checkpoint_and_end(live)
         if progress_state(self._progress(job.job_id)) == "done":
@@ -671,6 +732,10 @@ class SlurmBackend:
         return None  # real time passes by itself
 
     # -- helpers ------------------------------------------------------------------------------
+    def _selection(self, target: Target):
+        """The target's node selection when ``placement = "target"`` (else None: Slurm picks)."""
+        return target_selection(target) if self.config.placement == "target" else None
+
     def _shape(self, fresh: bool = False) -> NodeShape:
         if self.config.node_shape is not None:
             return self.config.node_shape
@@ -714,7 +779,8 @@ class SlurmBackend:
             script_path = d / "user-script"
             write_atomic(script_path, str(spec["script"]))
             script_path.chmod(0o755)
-        self._write_target(job.job_id, target.workers, target.ps)
+        self._write_target(job.job_id, target)
+        selection = self._selection(target)  # checked by apply()
         limit = spec.get("time_limit_min", self.config.time_limit_min)
         js = JobSpec(
             name=f"{self.config.job_name_prefix}{job.job_id}",
@@ -727,6 +793,7 @@ class SlurmBackend:
             partition=spec.get("partition", self.config.partition),
             checkpoint_signal=self.config.checkpoint_signal,
             requeue=True,
+            nodelist=selection.nodelist if selection is not None else (),
             dl2d_job_id=str(job.job_id),
         )
         # Record the intent first: if the daemon dies after sbatch, the next backend adopts
@@ -738,7 +805,8 @@ class SlurmBackend:
         ids = [str(i) for i in record.get("slurm_job_ids") or []]
         record.update(slurm_job_id=slurm_id, slurm_job_ids=ids + [slurm_id], submitting=False,
                       applied=record["target"], final=None, message="",
-                      allocation={"nodes": needed.nodes, "gpus_per_node": needed.gpus_per_node})
+                      allocation={"nodes": needed.nodes, "gpus_per_node": needed.gpus_per_node},
+                      nodelist=list(js.nodelist))
         self._save(job.job_id, record)
         return ApplyResult(job.job_id, START, slurm_id)
 
@@ -803,7 +871,7 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint_timeout_s": (int, float), "poll_interval_s": (int, float),
     "job_name_prefix": (str,), "partition": (str,), "time_limit_min": (int,), "workdir": (str,),
     "hot_scale_timeout_s": (int, float), "cache_ttl_s": (int, float),
-    "node_shape": (dict,), "backoff": (dict,),
+    "node_shape": (dict,), "backoff": (dict,), "placement": (str,),
 }
 _BACKOFF_KEYS = ("base", "factor", "cap", "jitter", "max_attempts", "max_elapsed")
 

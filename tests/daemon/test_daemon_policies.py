@@ -117,3 +117,27 @@ def test_daemon_runs_the_policy_until_every_job_finishes(tmp_path, policy, name)
     # fallbacks are the starvation guard's (SRTF-like orders and an untrained Chic leave long jobs waiting).
     assert sum(src == "policy" for src, _ in sources) > len(sources) / 2
     assert all("starves job" in why for src, why in sources if src == "fallback")
+
+
+# ------------------------------------------------------------------------------------------- on Slurm
+
+@pytest.mark.parametrize("placement, table, expected", [
+    ("balance", {}, "slurm"),  # Slurm picks the nodes
+    ("dltap", {}, "target"),  # DLTAP's placement becomes the --nodelist
+    ("dltap", {"placement": "slurm"}, "slurm"),  # unless [slurm] says otherwise
+    ("balance", {"placement": "target"}, "target"),
+])
+def test_policy_placement_sets_the_slurm_backends_node_selection(tmp_path, placement, table, expected):
+    from dl2d.daemon.main import make_backend
+
+    cfg = build_config({"state_dir": str(tmp_path), "backend": "slurm", "slurm": table,
+                        "policy": {"name": "drf", "placement": placement}}, {})
+    assert make_backend(cfg).config.placement == expected
+
+
+def test_bad_slurm_placement_is_a_config_error(tmp_path):
+    from dl2d.daemon.main import make_backend
+
+    cfg = build_config({"state_dir": str(tmp_path), "backend": "slurm", "slurm": {"placement": "dltap"}}, {})
+    with pytest.raises(ConfigError, match="slurm: placement must be one of slurm, target"):
+        make_backend(cfg)

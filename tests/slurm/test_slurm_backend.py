@@ -651,3 +651,68 @@ def test_changes_are_decided_on_fresh_lists_not_on_the_cached_ones(tmp_path):
     n = len(fake.calls)
     assert a.apply(req(), Target(2, 1)).method == NOOP
     assert len(fake.calls) == n
+
+
+# -- node selection from the target's placement (DLTAP) ---------------------------------------
+
+def test_target_selection_and_its_allocation():
+    from dl2d.daemon.slurm_backend import allocation_for_selection, target_selection
+
+    assert target_selection(Target(2, 1)) is None
+    # DLTAP Fig. 1(b): wk1, wk3, ps1 on node1; ps2 on node2; wk2 on node3
+    sel = target_selection(Target(3, 2, ("node1", "node3", "node1"), ("node1", "node2")))
+    assert sel.nodelist == ("node1", "node2", "node3") and sel.tasks_per_node == (3, 1, 1)
+    assert sel.hostfile == ("node1", "node2", "node1", "node3", "node1")
+    assert allocation_for_selection(sel, Demand()) == Allocation(3, 2)  # node1 holds 2 workers
+    assert allocation_for_selection(sel, Demand(gpus_per_worker=2)) == Allocation(3, 4)
+    ps_only = target_selection(Target(0, 2, (), ("node4", "node4")))
+    assert ps_only.nodelist == ("node4",) and allocation_for_selection(ps_only, Demand()) == Allocation(1, 0)
+    with pytest.raises(ValueError, match="places 1 workers / 1 PS on nodes but asks for 2/1"):
+        target_selection(Target(2, 1, ("node1",), ("node1",)))
+
+
+def test_a_placed_target_is_submitted_on_its_nodes(tmp_path):
+    fake = FakeSlurm()
+    b = make_backend(tmp_path, fake, placement="target")
+    t = Target(3, 1, ("node3", "node2", "node3"), ("node3",))
+    assert b.apply(req(), t).method == START
+    spec = fake.specs["101"]
+    assert spec.nodelist == ("node3", "node2") and (spec.nodes, spec.gpus_per_node) == (2, 2)
+    d = b.job_dir(1)
+    assert (d / "hostfile").read_text().split() == ["node3", "node3", "node2", "node3"]  # PS first
+    assert f"DL2D_HOSTFILE={d / 'hostfile'}" in (d / "target.env").read_text()
+    assert json.loads((d / "target.json").read_text())["worker_nodes"] == ["node3", "node2", "node3"]
+    assert json.loads((d / "record.json").read_text())["nodelist"] == ["node3", "node2"]
+    n = len(fake.calls)
+    assert b.apply(req(), t).method == NOOP  # pending at that placement: idempotent
+    fake.run()
+    again = make_backend(tmp_path, fake, placement="target")
+    assert again.apply(req(), t).method == NOOP  # running, after a daemon restart
+    assert len(fake.calls) == n
+    # an unplaced target keeps the allocation rule and lets Slurm choose the nodes
+    assert b.apply(req(job_id=2), Target(2, 1)).method == START
+    assert fake.specs["102"].nodelist == () and not (b.job_dir(2) / "hostfile").exists()
+    assert "DL2D_HOSTFILE" not in (b.job_dir(2) / "target.env").read_text()
+
+
+def test_a_placement_on_unknown_nodes_or_incomplete_is_a_clear_error(tmp_path):
+    fake = FakeSlurm()
+    b = make_backend(tmp_path, fake, placement="target")
+    with pytest.raises(BackendError, match="nodes Slurm does not know: gpu9"):
+        b.apply(req(), Target(1, 1, ("gpu9",), ("node1",)))
+    with pytest.raises(BackendError, match="places 1 workers / 0 PS"):
+        b.apply(req(), Target(1, 1, ("node1",), ()))
+    assert not [c for c in fake.calls if c[0] == "submit"]
+
+
+def test_placement_slurm_ignores_the_targets_nodes(tmp_path):
+    """The default: the allocation rule, Slurm picks the nodes (a policy's load-balancing placement on
+    the daemon's view of the cluster is not forced on a shared cluster)."""
+    fake = FakeSlurm()
+    b = make_backend(tmp_path, fake)
+    assert b.apply(req(), Target(3, 1, ("node3", "node2", "node3"), ("node3",))).method == START
+    spec = fake.specs["101"]
+    assert spec.nodelist == () and (spec.nodes, spec.gpus_per_node) == (1, 3)
+    assert not (b.job_dir(1) / "hostfile").exists()
+    with pytest.raises(ValueError, match="placement must be one of slurm, target"):
+        make_backend(tmp_path, fake, placement="dltap")

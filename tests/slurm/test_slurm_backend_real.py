@@ -4,6 +4,8 @@ demo training job that reports epochs and checkpoints on SIGUSR1."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -212,3 +214,23 @@ def test_elastic_job_is_scaled_hot_inside_its_allocation(slurm, wait_for, tmp_pa
     assert resize.get("method") == "hot", resize
     print(f"hot {resize.get('kind')}: suspension {resize.get('suspension_s')} s, total {resize.get('t_total')} s")
     assert b.apply(job, Target(1, 2)).method == NOOP
+
+
+def test_a_dltap_placement_runs_on_exactly_its_nodes(slurm, wait_for, tmp_path):
+    """A target placed by DLTAP (3 workers + 1 PS on node3/node2, as slurm_node_selection orders them)
+    is submitted with --nodelist and runs on exactly those nodes, per squeue and scontrol."""
+    b = backend(slurm, tmp_path / "state", placement="target")
+    job = demo_request(306, epochs=60, seconds_per_epoch=0.5)
+    t = Target(3, 1, ("node3", "node2", "node3"), ("node3",))
+    assert b.apply(job, t).method == START
+    st = status_when(b, 306, wait_for, 30, "the placed job running", state=RUNNING)
+    assert sorted(st.nodes) == ["node2", "node3"]
+    live = next(j for j in slurm.driver().jobs() if j.job_id == st.backend_ref)
+    assert (live.num_nodes, live.gpus_per_node) == (2, 2)
+    out = subprocess.run(["scontrol", "show", "job", st.backend_ref], capture_output=True, text=True,
+                         env={**os.environ, **slurm.env}, timeout=15, check=True).stdout
+    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+    assert fields["ReqNodeList"] == "node[2-3]" and fields["NodeList"] == "node[2-3]", out
+    hostfile = (b.job_dir(306) / "hostfile").read_text().split()
+    assert hostfile == ["node3", "node3", "node2", "node3"]
+    assert b.apply(job, Target(0, 0)).method == STOP
