@@ -7,7 +7,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -79,12 +78,3 @@ def agent_factory():
     yield make
     for a in started:
         a.stop()
-
-
-def wait_until(pred, timeout: float = 10.0, step: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return False

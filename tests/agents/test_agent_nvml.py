@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import wait_until
+from agenttest_helpers import wait_until
 
 from dl2d.agents.nvml import FakeGPU, FakeNVML, FakeProcess, GPUReader, load_pynvml, slurm_job_of_pid
 

@@ -5,7 +5,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from conftest import long_cfg
+from elastictest_helpers import long_cfg
 from dl2d.elastic import control
 from dl2d.elastic.control import JobCaps, choose_resize_method
 from dl2d.elastic.progress import ProgressReporter

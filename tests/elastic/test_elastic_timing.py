@@ -1,7 +1,7 @@
 """Scaling-time instrumentation (bench/bench_elastic.py reads it) and the role process environment."""
 import time
 
-from conftest import long_cfg
+from elastictest_helpers import long_cfg
 from dl2d.elastic.cluster import BLAS_THREAD_VARS, ProcessSpawner, role_env
 
 

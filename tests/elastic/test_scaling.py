@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import assert_matches_reference, full_loss, long_cfg
+from elastictest_helpers import assert_matches_reference, full_loss, long_cfg
 from dl2d.elastic.cluster import LocalCluster
 
 

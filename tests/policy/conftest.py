@@ -3,19 +3,12 @@ function compiles once and quickly, and a tiny cluster whose per-job limits actu
 from __future__ import annotations
 
 import jax
-import numpy as np
 import pytest
 
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import init_params
-from dl2d.sim.cluster import preset
 from dl2d.sim.engine import SimConfig
-from dl2d.sim.trace import TraceConfig, generate
-
-MAX_W = MAX_P = 4
-CFG = PolicyConfig(max_jobs=8, hidden=32, max_workers=MAX_W, max_ps=MAX_P, sl_batch=128, minibatch=32,
-                   replay_size=1024)
-SIM = SimConfig(cluster=preset("tiny"), max_workers=MAX_W, max_ps=MAX_P)
+from policytest_helpers import CFG, MAX_P, MAX_W, SIM, tiny_trace  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session")
@@ -31,13 +24,3 @@ def sim() -> SimConfig:
 @pytest.fixture(scope="session")
 def params(cfg):
     return init_params(cfg, jax.random.PRNGKey(0))
-
-
-def tiny_trace(num_jobs: int = 8, seed: int = 1, max_epochs: float | None = None):
-    """A short trace of `num_jobs` arriving together-ish; `max_epochs` caps the job lengths (fast episodes)."""
-    tr = generate(TraceConfig(num_jobs=num_jobs, max_arrivals_per_slot=4, arrival_pattern="uniform"), seed=seed)
-    if max_epochs is not None:
-        from dataclasses import replace
-        est = np.minimum(tr.est_epochs, max_epochs)
-        tr = replace(tr, est_epochs=est, true_epochs=np.minimum(tr.true_epochs, max_epochs))
-    return tr

@@ -15,7 +15,7 @@ from dl2d.policy.scheduler import WindowRecord, decide
 from dl2d.policy.slot import GREEDY, SAMPLE
 from dl2d.sim import engine as E
 
-from conftest import tiny_trace
+from policytest_helpers import tiny_trace
 
 
 def _records(cfg, n, tag):

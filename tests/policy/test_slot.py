@@ -18,7 +18,7 @@ from dl2d.sim import engine as E
 from dl2d.sim.baselines import make_baseline
 from dl2d.sim.engine import PS_DEMAND, WORKER_DEMAND
 
-from conftest import CFG, SIM, tiny_trace
+from policytest_helpers import CFG, SIM, tiny_trace
 from reference import reference_window
 
 CAP = SIM.cluster.empty()  # 4 servers x (2 GPU, 8 CPU, 48 GB)
