@@ -34,6 +34,15 @@ def start_agent(token_file, node, *extra):
     return p, m.group(1)
 
 
+def stop_agents(procs):
+    for p, _ in procs:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(10)
+        p.stdout.close()
+        p.stderr.close()
+
+
 def test_samples_stored_and_silent_node_drained(tmp_path):
     tok = tmp_path / "agent.token"
     tok.write_text(TOKEN + "\n")
@@ -80,9 +89,4 @@ def test_samples_stored_and_silent_node_drained(tmp_path):
         with session_scope(loop.engine) as s:
             assert s.scalar(select(func.count()).select_from(Event).where(Event.kind == EventKind.NODE_RECOVERED)) == 1
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
-            p.stdout.close()
-            p.stderr.close()
+        stop_agents(procs)

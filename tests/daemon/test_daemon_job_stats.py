@@ -21,7 +21,7 @@ from dl2d.db import store
 from dl2d.db.engine import session_scope
 from dl2d.db.models import Decision, JobSlotStat, Slot
 
-from test_daemon_agents import TOKEN, start_agent
+from test_daemon_agents import TOKEN, start_agent, stop_agents
 
 SPEC = {"owner": "bob", "job_type": "resnet-50", "total_epochs": 9000, "command": "python t.py",
         "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8}, "ps": {"cpus": 2, "mem_gb": 4}}
@@ -100,9 +100,4 @@ def test_job_stats_recorded_flagged_in_view_and_reported(tmp_path):
                                capture_output=True, text=True, timeout=60)
         assert table.returncode == 0 and "job_speed" in table.stdout and "slow" in table.stdout
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
-            p.stdout.close()
-            p.stderr.close()
+        stop_agents(procs)
