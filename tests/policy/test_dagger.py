@@ -12,7 +12,7 @@ from dl2d.policy.scheduler import decide
 from dl2d.sim import engine as E
 from dl2d.sim.baselines import make_baseline
 
-from conftest import tiny_trace
+from policytest_helpers import tiny_trace
 
 
 @pytest.fixture(scope="module")
