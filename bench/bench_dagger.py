@@ -54,7 +54,8 @@ def main():
         stages.append(kw)
         print(json.dumps(kw), flush=True)
         if args.out:
-            Path(args.out).write_text(json.dumps({"args": vars(args), "stages": stages}, indent=2) + "\n")
+            run_args = {k: v for k, v in vars(args).items() if k not in ("out", "checkpoint")}  # no local paths
+            Path(args.out).write_text(json.dumps({"args": run_args, "stages": stages}, indent=2) + "\n")
 
     cfg = PolicyConfig()
     sim = E.SimConfig(cluster=C.preset(args.cluster), max_workers=cfg.max_workers, max_ps=cfg.max_ps)

@@ -27,6 +27,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.config import PolicyConfig
@@ -36,8 +37,6 @@ from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER, teacher_action
 from dl2d.sim import engine as E
 from dl2d.sim.baselines import make_baseline
 from dl2d.sim.trace import Trace
-
-import optax
 
 
 def decode_wu(cfg: PolicyConfig, states):
