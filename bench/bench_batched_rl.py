@@ -39,7 +39,9 @@ def main():
     ap.add_argument("--rl-lr", type=float, default=1e-4)
     ap.add_argument("--n-step", type=int, default=10)
     ap.add_argument("--entropy-weight", type=float, default=0.0)
-    ap.add_argument("--epsilon", type=float, default=0.0)
+    ap.add_argument("--epsilon", type=float, default=0.0, help="job-aware exploration probability")
+    ap.add_argument("--poor-skew", choices=("both", "workers", "none"), default="both",
+                    help="which w/u skew is a poor state for job-aware exploration")
     ap.add_argument("--val-seed", type=int, default=10_000)
     args = ap.parse_args()
     t0 = time.time()
@@ -48,7 +50,7 @@ def main():
         print(json.dumps({**kw, "t_s": round(time.time() - t0, 1)}), flush=True)
 
     cfg = PolicyConfig(rl_lr=args.rl_lr, n_step=args.n_step, entropy_weight=args.entropy_weight,
-                       epsilon=args.epsilon, updates_per_slot=args.updates_per_slot)
+                       epsilon=args.epsilon, poor_skew=args.poor_skew, updates_per_slot=args.updates_per_slot)
     sim = E.SimConfig(cluster=C.preset("small"), max_workers=cfg.max_workers, max_ps=cfg.max_ps)
     tc = T.TraceConfig(num_jobs=40)
     val = T.generate(tc, seed=args.val_seed)

@@ -24,6 +24,9 @@ class PolicyConfig:
     value_weight: float = 0.5
     epsilon: float = 0.2  # job-aware exploration probability in a poor state
     poor_ratio: float = 10.0  # w/u or u/w above this is a poor state
+    # which skew counts as poor: "both" (DL2: w/u or u/w above poor_ratio), "workers" (only w/u: many workers on
+    # few PS; one worker with many PS is what Optimus does and is not "fixed"), "none" (only no-PS / no-worker)
+    poor_skew: str = "both"
     replay_size: int = 8192
     minibatch: int = 256
     updates_per_slot: int = 1
@@ -55,6 +58,8 @@ class PolicyConfig:
         return self.max_jobs * (self.max_workers + self.max_ps) + 1
 
     def __post_init__(self):
+        if self.poor_skew not in ("both", "workers", "none"):
+            raise ValueError(f"poor_skew must be 'both', 'workers' or 'none', not {self.poor_skew!r}")
         if self.advantage not in ("critic", "greedy"):
             raise ValueError(f"advantage must be 'critic' or 'greedy', not {self.advantage!r}")
 

@@ -139,11 +139,16 @@ def poor_state_action(cfg: PolicyConfig, win: Window, w, u, mask):
     """DL2's job-aware exploration: the fix for the first job in a poor state, and whether there is one.
 
     Poor: several workers but no PS (add a PS), several PS but no worker (add a worker), or w/u or u/w above
-    the threshold (add the scarcer one)."""
+    the threshold (add the scarcer one); `cfg.poor_skew` picks which of the two skews count."""
     wf, uf = w.astype(jnp.float32), u.astype(jnp.float32)
     no_ps = (w >= 2) & (u == 0)
     no_w = (u >= 2) & (w == 0)
-    skew = (w > 0) & (u > 0) & ((wf > cfg.poor_ratio * uf) | (uf > cfg.poor_ratio * wf))
+    skew_w, skew_u = wf > cfg.poor_ratio * uf, uf > cfg.poor_ratio * wf
+    if cfg.poor_skew == "workers":
+        skew_u = jnp.zeros_like(skew_u)
+    elif cfg.poor_skew == "none":
+        skew_w = skew_u = jnp.zeros_like(skew_u)
+    skew = (w > 0) & (u > 0) & (skew_w | skew_u)
     kind = jnp.where(no_ps, 1, jnp.where(no_w, 0, jnp.where(wf > uf, 1, 0)))
     action = 3 * jnp.arange(cfg.max_jobs) + kind
     poor = win.valid & (no_ps | no_w | skew) & mask[action]

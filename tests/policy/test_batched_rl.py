@@ -54,3 +54,28 @@ def _big_view(cfg, sim):
     tr = tiny_trace(cfg.max_jobs + 2, seed=7)
     tr = replace(tr, arrival_slot=np.zeros_like(tr.arrival_slot))
     return _view(tr, sim)
+
+
+@pytest.mark.parametrize("rule,poor", [("both", True), ("workers", False), ("none", False)])
+def test_poor_skew_rule(cfg, sim, rule, poor):
+    """One worker with many PS (Optimus-like) is a poor state only under DL2's rule; many workers on one PS is
+    poor under "both" and "workers"."""
+    from dataclasses import replace
+
+    import jax.numpy as jnp
+
+    from dl2d.policy.slot import action_mask, poor_state_action
+
+    c = replace(cfg, poor_ratio=2.0, poor_skew=rule)
+    v = _view(tiny_trace(8, seed=1), sim)
+    win = pad_window(c, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity)
+    w = jnp.zeros(c.max_jobs, jnp.int32).at[0].set(1)
+    u = jnp.zeros(c.max_jobs, jnp.int32).at[0].set(3)
+    mask = jnp.ones(c.num_actions, bool)
+    a, is_poor = poor_state_action(c, win, w, u, mask)
+    assert bool(is_poor) == poor and (not poor or int(a) == 0)
+    a, is_poor = poor_state_action(c, win, u, w, mask)  # 3 workers, 1 PS
+    assert bool(is_poor) == (rule != "none") and (rule == "none" or int(a) == 1)
+    with pytest.raises(ValueError):
+        replace(cfg, poor_skew="nope")
+    assert action_mask(c, win, w, u, win.free).shape == (c.num_actions,)
