@@ -34,6 +34,7 @@ from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import masked_logits, policy_logits
 from dl2d.policy.scheduler import decide
 from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER, teacher_action
+from dl2d.policy.train import fit_epochs
 from dl2d.sim import engine as E
 from dl2d.sim.baselines import make_baseline
 from dl2d.sim.trace import Trace
@@ -135,19 +136,8 @@ def fit(cfg: PolicyConfig, params, data, epochs: int, labels: str = "set", seed:
     states, masks, good = jnp.asarray(states), jnp.asarray(masks), jnp.asarray(good)
     opt = make_optimizer(cfg.sl_lr if lr is None else lr)
     opt_state = opt.init(params) if opt_state is None else opt_state
-    rng = np.random.default_rng(seed)
-    losses = []
-    for ep in range(epochs):
-        order = rng.permutation(len(acts))
-        ep_loss = []
-        for i in range(0, len(order), cfg.sl_batch):
-            b = order[i:i + cfg.sl_batch]
-            params, opt_state, loss = set_update(cfg, opt, params, opt_state, states[b], masks[b], good[b])
-            ep_loss.append(float(loss))
-        losses.append(float(np.mean(ep_loss)))
-        if on_epoch:
-            on_epoch(ep, losses[-1], params)
-    return params, opt_state, losses
+    return fit_epochs(lambda p, o, s, m, g: set_update(cfg, opt, p, o, s, m, g), params, opt_state,
+                      [states, masks, good], cfg.sl_batch, epochs, seed, on_epoch)
 
 
 def set_accuracy(cfg: PolicyConfig, params, data) -> float:

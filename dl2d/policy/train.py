@@ -99,23 +99,32 @@ def teacher_samples(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, t
     return np.concatenate(out_s), np.concatenate(out_m), np.concatenate(out_a)
 
 
-def supervised(cfg: PolicyConfig, params, data, epochs: int, seed: int = 0, on_epoch: Callable | None = None):
-    """Fit the policy to teacher samples; returns (params, per-epoch mean losses)."""
-    states, masks, actions = (jnp.asarray(x) for x in data)
-    opt = make_optimizer(cfg.sl_lr)
-    opt_state = opt.init(params)
+def fit_epochs(step: Callable, params, opt_state, arrays, batch: int, epochs: int, seed: int = 0,
+               on_epoch: Callable | None = None):
+    """Shuffled minibatch epochs of ``step(params, opt_state, *minibatch) -> (params, opt_state, loss)`` over
+    ``arrays`` (indexed alike); returns (params, opt_state, per-epoch mean losses)."""
     rng = np.random.default_rng(seed)
+    n = len(arrays[0])
     losses = []
     for ep in range(epochs):
-        order = rng.permutation(len(actions))
+        order = rng.permutation(n)
         ep_loss = []
-        for i in range(0, len(order), cfg.sl_batch):
-            b = order[i:i + cfg.sl_batch]
-            params, opt_state, loss = sl_update(cfg, opt, params, opt_state, states[b], masks[b], actions[b])
+        for i in range(0, n, batch):
+            b = order[i:i + batch]
+            params, opt_state, loss = step(params, opt_state, *(a[b] for a in arrays))
             ep_loss.append(float(loss))
         losses.append(float(np.mean(ep_loss)))
         if on_epoch:
             on_epoch(ep, losses[-1], params)
+    return params, opt_state, losses
+
+
+def supervised(cfg: PolicyConfig, params, data, epochs: int, seed: int = 0, on_epoch: Callable | None = None):
+    """Fit the policy to teacher samples; returns (params, per-epoch mean losses)."""
+    opt = make_optimizer(cfg.sl_lr)
+    params, _, losses = fit_epochs(lambda p, o, s, m, a: sl_update(cfg, opt, p, o, s, m, a), params,
+                                   opt.init(params), [jnp.asarray(x) for x in data], cfg.sl_batch, epochs,
+                                   seed, on_epoch)
     return params, losses
 
 
