@@ -10,7 +10,10 @@ Every step's action and the servers it used are always recorded (the caller need
 allocation); the step's state and mask, which training needs and which dominate memory (T x state_dim, about
 1.7 GB at J = 1000), only with `record=True`. The first layer of the policy network is
 updated incrementally: only the acting job's features change in a step, so h = x W + b is patched with that
-job's rows of W instead of recomputed.
+job's rows of W instead of recomputed. Likewise the fit checks and the least-loaded-server search: a step
+changes at most two servers, so per block of ~sqrt(S) servers and job type the loop keeps the block's
+least-loaded fitting server and fit count (`FitCache`) and recomputes only the changed servers' blocks;
+masks and placements are the same as a full scan's (ties to the lowest index).
 """
 from __future__ import annotations
 
@@ -78,8 +81,8 @@ def encode(cfg: PolicyConfig, win: Window, w, u):
 
 
 def server_load(free, capacity):
-    """[S]: the sum of used fractions of each server's resources."""
-    return jnp.sum(jnp.where(capacity > 0, 1.0 - free / jnp.where(capacity > 0, capacity, 1.0), 0.0), axis=1)
+    """[..., S]: the sum of used fractions of each server's resources."""
+    return jnp.sum(jnp.where(capacity > 0, 1.0 - free / jnp.where(capacity > 0, capacity, 1.0), 0.0), axis=-1)
 
 
 def best_server(free, capacity, demand, load=None):
@@ -105,6 +108,112 @@ def type_fits(free, capacity, load=None):
     elsewhere = jnp.sum(fits_p, axis=1) - fits_p[types, s] > 0
     on_s = jnp.all(free[s] + (-WD) >= PD - EPS, axis=1)
     return fw, fp, fw & (elsewhere | on_s)
+
+
+class FitCache(NamedTuple):
+    """What the slot loop keeps of the cluster between steps, so that a step scans two blocks of servers
+    instead of all of them. The servers (padded with ones that fit nothing) form B blocks of K; per job type
+    l and block b: the load of the least-loaded server of the block where a worker (PS) of type l fits (inf
+    if none), that server, and on how many of the block's servers it fits. Every entry is a function of the
+    block's free resources alone, so after a placement only the placed server's block is recomputed; the
+    least-loaded fitting server of the cluster is the best of the B block bests (ties to the lowest index)."""
+
+    w_load: jax.Array  # f32 [L, B]
+    w_server: jax.Array  # int32 [L, B]
+    w_count: jax.Array  # int32 [L, B]
+    p_load: jax.Array
+    p_server: jax.Array
+    p_count: jax.Array
+
+
+def _block_size(num_servers: int) -> int:
+    """K ~ sqrt(S): a step's work is two blocks of K servers plus the B = S / K block bests."""
+    return max(8, int(np.ceil(np.sqrt(num_servers))))
+
+
+def _pad_servers(free, capacity, K):
+    """Pad the cluster to a multiple of K servers that fit nothing (free -1, capacity 0)."""
+    S = free.shape[0]
+    n = -S % K
+    if n == 0:
+        return free, capacity
+    return (jnp.concatenate([free, jnp.full((n, 3), -1.0, free.dtype)]),
+            jnp.concatenate([capacity, jnp.zeros((n, 3), capacity.dtype)]))
+
+
+def _block_fits(free, capacity, start):
+    """(least-loaded load, server, count) per job type for workers and for PS over the servers `free` rows
+    (one block, or the whole cluster reshaped to [B, K, 3]; `start` is the index of each block's first server)."""
+    load = server_load(free, capacity)  # [..., K]
+
+    def best(D):
+        ok = jnp.all(free[..., None, :, :] >= D[:, None] - EPS, axis=-1)  # [..., L, K]
+        key = jnp.where(ok, load[..., None, :], jnp.inf)
+        return (jnp.min(key, axis=-1), jnp.argmin(key, axis=-1).astype(jnp.int32) + start[..., None],
+                jnp.sum(ok, axis=-1, dtype=jnp.int32))
+
+    return best(WD) + best(PD)
+
+
+def _fit_cache(free_p, cap_p, K) -> FitCache:
+    B = free_p.shape[0] // K
+    out = _block_fits(free_p.reshape(B, K, 3), cap_p.reshape(B, K, 3), K * jnp.arange(B, dtype=jnp.int32))
+    return FitCache(*(x.T for x in out))  # [B, L] -> [L, B]
+
+
+def _refresh(cache: FitCache, free_p, cap_p, s, K) -> FitCache:
+    """The cache after server s changed: its block recomputed."""
+    b = s // K
+    start = b * K
+    blk = _block_fits(jax.lax.dynamic_slice_in_dim(free_p, start, K), jax.lax.dynamic_slice_in_dim(cap_p, start, K),
+                      start)
+    return FitCache(*(c.at[:, b].set(x) for c, x in zip(cache, blk)))
+
+
+def _cluster_best(load, server):
+    """[L]: the least-loaded fitting server of the cluster per type, from the block bests (0 if none fits,
+    as argmin over all-inf gives)."""
+    b = jnp.argmin(load, axis=1)
+    return jnp.take_along_axis(server, b[:, None], axis=1)[:, 0]
+
+
+def cached_type_fits(cache: FitCache, free_p):
+    """`type_fits` from the cache: (fw, fp, fb, the server each type's worker would go to)."""
+    fw, fp = jnp.sum(cache.w_count, axis=1) > 0, jnp.sum(cache.p_count, axis=1) > 0
+    s = _cluster_best(cache.w_load, cache.w_server)
+    row = free_p[s]  # [L, 3]
+    p_on_s = jnp.all(row >= PD - EPS, axis=1)
+    elsewhere = jnp.sum(cache.p_count, axis=1) - p_on_s > 0
+    on_s = jnp.all(row + (-WD) >= PD - EPS, axis=1)
+    return fw, fp, fw & (elsewhere | on_s), s
+
+
+def _mask_from_fits(cfg: PolicyConfig, win: Window, w, u, fw, fp, fb):
+    t = win.type_idx
+    room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
+    m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
+                   win.valid & room_w & room_p & fb[t]], axis=1)
+    return jnp.concatenate([m.reshape(-1), jnp.array([True])])
+
+
+def _cached_apply(cfg: PolicyConfig, win: Window, w, u, free_p, cap_p, cache: FitCache, worker_server, a, K):
+    """`apply_action` on the padded cluster with the cache; `worker_server` [L] is where each type's worker
+    goes (from `cached_type_fits`). Returns (w, u, free_p, cache, worker server or -1, PS server or -1)."""
+    void = a == 3 * cfg.max_jobs
+    j = jnp.minimum(a // 3, cfg.max_jobs - 1)
+    kind = a % 3
+    t = win.type_idx[j]
+    add_w = ~void & (kind != 1)
+    add_p = ~void & (kind != 0)
+    sw = worker_server[t]
+    free_p = free_p.at[sw].set(jnp.where(add_w, free_p[sw] + (-WD[t]), free_p[sw]))
+    cache = _refresh(cache, free_p, cap_p, sw, K)
+    sp = _cluster_best(cache.p_load[t][None], cache.p_server[t][None])[0]
+    free_p = free_p.at[sp].set(jnp.where(add_p, free_p[sp] + (-PD[t]), free_p[sp]))
+    cache = _refresh(cache, free_p, cap_p, sp, K)
+    w = w.at[j].add(add_w.astype(w.dtype))
+    u = u.at[j].add(add_p.astype(u.dtype))
+    return w, u, free_p, cache, jnp.where(add_w, sw, -1), jnp.where(add_p, sp, -1)
 
 
 def action_mask(cfg: PolicyConfig, win: Window, w, u, free, load=None):
@@ -170,21 +279,25 @@ def teacher_action(cfg: PolicyConfig, w, u, mask, target_w, target_u):
 
 def starting_bundles(cfg: PolicyConfig, win: Window):
     """One worker + one PS for each job without one, in window order, where it fits."""
-    return _starting_bundles(cfg, win)[:3]
+    K = _block_size(win.free.shape[0])
+    free_p, cap_p = _pad_servers(win.free, win.capacity, K)
+    w, u, free_p, _, _, _ = _starting_bundles(cfg, win, free_p, cap_p, _fit_cache(free_p, cap_p, K), K)
+    return w, u, free_p[: win.free.shape[0]]
 
 
-def _starting_bundles(cfg: PolicyConfig, win: Window):
-    """(w, u, free, server of each job's starting worker or -1, of its PS or -1)."""
+def _starting_bundles(cfg: PolicyConfig, win: Window, free_p, cap_p, cache: FitCache, K):
+    """(w, u, padded free, cache, server of each job's starting worker or -1, of its PS or -1)."""
 
     def body(j, carry):
-        w, u, free, bw, bp = carry
-        mask = action_mask(cfg, win, w, u, free)
-        a = jnp.where((w[j] == 0) & (u[j] == 0) & mask[3 * j + 2], 3 * j + 2, 3 * cfg.max_jobs)
-        w, u, free, sw, sp = apply_action(cfg, win, w, u, free, a)
-        return w, u, free, bw.at[j].set(sw), bp.at[j].set(sp)
+        w, u, free_p, cache, bw, bp = carry
+        _, _, fb, worker_server = cached_type_fits(cache, free_p)
+        fits = win.valid[j] & (w[j] < cfg.max_workers) & (u[j] < cfg.max_ps) & fb[win.type_idx[j]]
+        a = jnp.where((w[j] == 0) & (u[j] == 0) & fits, 3 * j + 2, 3 * cfg.max_jobs)
+        w, u, free_p, cache, sw, sp = _cached_apply(cfg, win, w, u, free_p, cap_p, cache, worker_server, a, K)
+        return w, u, free_p, cache, bw.at[j].set(sw), bp.at[j].set(sp)
 
     none = jnp.full(cfg.max_jobs, -1, jnp.int32)
-    return jax.lax.fori_loop(0, cfg.max_jobs, body, (win.w0, win.u0, win.free, none, none))
+    return jax.lax.fori_loop(0, cfg.max_jobs, body, (win.w0, win.u0, free_p, cache, none, none))
 
 
 @partial(jax.jit, static_argnames=("cfg", "mode", "record"))
@@ -203,10 +316,14 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
         h = jax.nn.relu(jax.nn.relu(h1) @ pol["mid"]["kernel"] + pol["mid"]["bias"])
         return h @ pol["out"]["kernel"] + pol["out"]["bias"]
 
+    S = win.free.shape[0]
+    K = _block_size(S)
+    free, cap_p = _pad_servers(win.free, win.capacity, K)
+    cache = _fit_cache(free, cap_p, K)
     if cfg.starting_bundle:
-        w, u, free, bundle_w, bundle_p = _starting_bundles(cfg, win)
+        w, u, free, cache, bundle_w, bundle_p = _starting_bundles(cfg, win, free, cap_p, cache, K)
     else:
-        w, u, free = win.w0, win.u0, win.free
+        w, u = win.w0, win.u0
         bundle_w = bundle_p = jnp.full(J, -1, jnp.int32)
     if target_w is None:
         target_w = target_u = jnp.zeros(J, jnp.int32)
@@ -220,11 +337,11 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
         return ~c["done"] & (c["t"] < cfg.max_steps)
 
     def body(c):
-        w, u, free, feats, h1 = c["w"], c["u"], c["free"], c["feats"], c["h1"]
-        key, k_act, k_eps = jax.random.split(c["key"], 3)
-        load = server_load(free, win.capacity)  # shared by the mask and the worker's placement
-        mask = action_mask(cfg, win, w, u, free, load)
+        w, u, free, cache, feats, h1 = c["w"], c["u"], c["free"], c["cache"], c["feats"], c["h1"]
+        fw, fp, fb, worker_server = cached_type_fits(cache, free)
+        mask = _mask_from_fits(cfg, win, w, u, fw, fp, fb)
         logits = masked_logits(head(h1), mask)
+        key = c["key"]  # split only where sampled
         if mode == TEACHER:
             a = teacher_action(cfg, w, u, mask, target_w, target_u)
             explored = jnp.array(False)
@@ -232,13 +349,14 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
             a = jnp.argmax(logits)
             explored = jnp.array(False)
         else:
+            key, k_act, k_eps = jax.random.split(c["key"], 3)
             cdf = jnp.cumsum(jax.nn.softmax(logits))
             a = jnp.minimum(jnp.sum(cdf < jax.random.uniform(k_act) * cdf[-1]), A - 1)
             fix, poor = poor_state_action(cfg, win, w, u, mask)
             explored = poor & (jax.random.uniform(k_eps) < epsilon)
             a = jnp.where(explored, fix, a)
         a = a.astype(jnp.int32)
-        w2, u2, free2, sw, sp = apply_action(cfg, win, w, u, free, a, load)
+        w2, u2, free2, cache, sw, sp = _cached_apply(cfg, win, w, u, free, cap_p, cache, worker_server, a, K)
         j = jnp.minimum(a // 3, J - 1)
         new_f = job_features(cfg, win, w2, u2)[j]
         h1 = h1 + (new_f - feats[j]) @ W1_jobs[j]
@@ -248,13 +366,13 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
         if record:
             states, masks = states.at[i].set(c["feats"].reshape(-1)), masks.at[i].set(mask)
         rec = (states, masks, acts.at[i].set(a), sws.at[i].set(sw), sps.at[i].set(sp), exps.at[i].set(explored))
-        return {"t": c["t"] + 1, "key": key, "w": w2, "u": u2, "free": free2, "feats": feats, "h1": h1,
+        return {"t": c["t"] + 1, "key": key, "w": w2, "u": u2, "free": free2, "cache": cache, "feats": feats, "h1": h1,
                 "done": a == A - 1, "rec": rec}
 
-    c0 = {"t": jnp.int32(0), "key": key, "w": w, "u": u, "free": free, "feats": feats, "h1": h1,
+    c0 = {"t": jnp.int32(0), "key": key, "w": w, "u": u, "free": free, "cache": cache, "feats": feats, "h1": h1,
           "done": jnp.array(False), "rec": rec}
     c = jax.lax.while_loop(cond, body, c0)
-    return SlotOut(c["w"], c["u"], c["free"], c["t"], *c["rec"], bundle_w, bundle_p)
+    return SlotOut(c["w"], c["u"], c["free"][:S], c["t"], *c["rec"], bundle_w, bundle_p)
 
 
 def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None) -> Window:

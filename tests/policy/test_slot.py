@@ -180,6 +180,33 @@ def test_jitted_loop_matches_slow_reference(cfg, mode, epsilon, seed):
     np.testing.assert_allclose(out.states[:k], states, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode,epsilon,seed", [(GREEDY, 0.0, 4), (SAMPLE, 0.5, 5)])
+def test_jitted_loop_matches_slow_reference_on_many_servers(cfg, mode, epsilon, seed):
+    """37 servers: the slot loop's per-block fit cache spans several blocks and padding servers."""
+    from dl2d.policy.nets import init_params
+
+    rng = np.random.default_rng(seed)
+    params = init_params(cfg, jax.random.PRNGKey(100 + seed))
+    params["policy"]["out"]["bias"] = params["policy"]["out"]["bias"].at[-1].set(-3.0)
+    types = rng.integers(0, 8, 8)
+    cap = np.tile([2.0, 8.0, 48.0], (37, 1))
+    cap[::5] = [0.0, 16.0, 64.0]  # CPU-only servers
+    free = np.floor(cap * rng.uniform(0, 1, cap.shape))
+    fresh = rng.uniform(size=37) < 0.4
+    free[fresh] = cap[fresh]  # untouched servers: ties in load
+    win = window(types, free, seed=seed, cap=cap)
+    key = jax.random.PRNGKey(seed)
+    out = jax.device_get(run_window(cfg, params, key, win, mode=mode, epsilon=epsilon))
+    acts, w, u, f, states, masks = reference_window(cfg, params, key, win, mode, epsilon)
+    k = int(out.n_steps)
+    assert k > 10
+    np.testing.assert_array_equal(out.actions[:k], acts)
+    np.testing.assert_array_equal(out.workers, w)
+    np.testing.assert_array_equal(out.ps, u)
+    np.testing.assert_allclose(out.free, f, atol=1e-4)
+    np.testing.assert_array_equal(out.masks[:k], masks)
+
+
 # ---------------------------------------------------------------- teacher replay
 
 
