@@ -112,18 +112,15 @@ def type_fits(free, capacity, load=None):
 
 class FitCache(NamedTuple):
     """What the slot loop keeps of the cluster between steps, so that a step scans two blocks of servers
-    instead of all of them. The servers (padded with ones that fit nothing) form B blocks of K; per job type
-    l and block b: the load of the least-loaded server of the block where a worker (PS) of type l fits (inf
-    if none), that server, and on how many of the block's servers it fits. Every entry is a function of the
-    block's free resources alone, so after a placement only the placed server's block is recomputed; the
-    least-loaded fitting server of the cluster is the best of the B block bests (ties to the lowest index)."""
+    instead of all of them. The servers (padded with ones that fit nothing) form B blocks of K; per demand
+    row r (rows 0..L-1: a worker of type r, rows L..2L-1: a PS of type r - L) and block b: the load of the
+    least-loaded server of the block where it fits (inf if none), that server, and on how many of the
+    block's servers it fits. Every entry is a function of the block's free resources alone, so after a
+    placement only the placed server's block is recomputed; the least-loaded fitting server of the cluster
+    is the best of the B block bests (ties to the lowest index)."""
 
-    w_load: jax.Array  # f32 [L, B]
-    w_server: jax.Array  # int32 [L, B]
-    w_count: jax.Array  # int32 [L, B]
-    p_load: jax.Array
-    p_server: jax.Array
-    p_count: jax.Array
+    load: jax.Array  # f32 [2L, B]
+    server_count: jax.Array  # int32 [2, 2L, B]: the server, the count
 
 
 def _block_size(num_servers: int) -> int:
@@ -141,37 +138,36 @@ def _pad_servers(free, capacity, K):
             jnp.concatenate([capacity, jnp.zeros((n, 3), capacity.dtype)]))
 
 
+DEMANDS = jnp.concatenate([WD, PD])  # [2L, 3]: FitCache's rows
+
+
 def _block_fits(free, capacity, start):
-    """(least-loaded load, server, count) per job type for workers and for PS over the servers `free` rows
-    (one block, or the whole cluster reshaped to [B, K, 3]; `start` is the index of each block's first server)."""
+    """(least-loaded load, [server, count]) per demand row over the servers `free` (one block [K, 3], or
+    the whole cluster as [B, K, 3]; `start`: the index of each block's first server)."""
     load = server_load(free, capacity)  # [..., K]
-
-    def best(D):
-        ok = jnp.all(free[..., None, :, :] >= D[:, None] - EPS, axis=-1)  # [..., L, K]
-        key = jnp.where(ok, load[..., None, :], jnp.inf)
-        return (jnp.min(key, axis=-1), jnp.argmin(key, axis=-1).astype(jnp.int32) + start[..., None],
-                jnp.sum(ok, axis=-1, dtype=jnp.int32))
-
-    return best(WD) + best(PD)
+    ok = jnp.all(free[..., None, :, :] >= DEMANDS[:, None] - EPS, axis=-1)  # [..., 2L, K]
+    key = jnp.where(ok, load[..., None, :], jnp.inf)
+    server = jnp.argmin(key, axis=-1).astype(jnp.int32) + start[..., None]
+    return jnp.min(key, axis=-1), jnp.stack([server, jnp.sum(ok, axis=-1, dtype=jnp.int32)])
 
 
 def _fit_cache(free_p, cap_p, K) -> FitCache:
     B = free_p.shape[0] // K
-    out = _block_fits(free_p.reshape(B, K, 3), cap_p.reshape(B, K, 3), K * jnp.arange(B, dtype=jnp.int32))
-    return FitCache(*(x.T for x in out))  # [B, L] -> [L, B]
+    load, sc = _block_fits(free_p.reshape(B, K, 3), cap_p.reshape(B, K, 3), K * jnp.arange(B, dtype=jnp.int32))
+    return FitCache(load.T, jnp.swapaxes(sc, 1, 2))  # blocks last
 
 
 def _refresh(cache: FitCache, free_p, cap_p, s, K) -> FitCache:
     """The cache after server s changed: its block recomputed."""
     b = s // K
     start = b * K
-    blk = _block_fits(jax.lax.dynamic_slice_in_dim(free_p, start, K), jax.lax.dynamic_slice_in_dim(cap_p, start, K),
-                      start)
-    return FitCache(*(c.at[:, b].set(x) for c, x in zip(cache, blk)))
+    load, sc = _block_fits(jax.lax.dynamic_slice_in_dim(free_p, start, K),
+                           jax.lax.dynamic_slice_in_dim(cap_p, start, K), start)
+    return FitCache(cache.load.at[:, b].set(load), cache.server_count.at[:, :, b].set(sc))
 
 
 def _cluster_best(load, server):
-    """[L]: the least-loaded fitting server of the cluster per type, from the block bests (0 if none fits,
+    """[R]: the least-loaded fitting server of the cluster per row, from the block bests (0 if none fits,
     as argmin over all-inf gives)."""
     b = jnp.argmin(load, axis=1)
     return jnp.take_along_axis(server, b[:, None], axis=1)[:, 0]
@@ -179,11 +175,13 @@ def _cluster_best(load, server):
 
 def cached_type_fits(cache: FitCache, free_p):
     """`type_fits` from the cache: (fw, fp, fb, the server each type's worker would go to)."""
-    fw, fp = jnp.sum(cache.w_count, axis=1) > 0, jnp.sum(cache.p_count, axis=1) > 0
-    s = _cluster_best(cache.w_load, cache.w_server)
+    L = WD.shape[0]
+    count = jnp.sum(cache.server_count[1], axis=1)  # [2L]
+    fw, fp = count[:L] > 0, count[L:] > 0
+    s = _cluster_best(cache.load[:L], cache.server_count[0, :L])
     row = free_p[s]  # [L, 3]
     p_on_s = jnp.all(row >= PD - EPS, axis=1)
-    elsewhere = jnp.sum(cache.p_count, axis=1) - p_on_s > 0
+    elsewhere = count[L:] - p_on_s > 0
     on_s = jnp.all(row + (-WD) >= PD - EPS, axis=1)
     return fw, fp, fw & (elsewhere | on_s), s
 
@@ -208,7 +206,8 @@ def _cached_apply(cfg: PolicyConfig, win: Window, w, u, free_p, cap_p, cache: Fi
     sw = worker_server[t]
     free_p = free_p.at[sw].set(jnp.where(add_w, free_p[sw] + (-WD[t]), free_p[sw]))
     cache = _refresh(cache, free_p, cap_p, sw, K)
-    sp = _cluster_best(cache.p_load[t][None], cache.p_server[t][None])[0]
+    r = WD.shape[0] + t  # the PS row
+    sp = _cluster_best(cache.load[r][None], cache.server_count[0, r][None])[0]
     free_p = free_p.at[sp].set(jnp.where(add_p, free_p[sp] + (-PD[t]), free_p[sp]))
     cache = _refresh(cache, free_p, cap_p, sp, K)
     w = w.at[j].add(add_w.astype(w.dtype))
