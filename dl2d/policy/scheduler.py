@@ -6,6 +6,7 @@ left free (DL2 section 6.5.1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import jax
 import numpy as np
@@ -39,7 +40,9 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
     p_srv: list[list[int]] = [[] for _ in range(n)]
     free = view.free
     records = []
-    for start in range(0, n, cfg.max_jobs):
+    starts = range(0, n, cfg.max_jobs)
+    subs = jax.device_get(_split_chain(key, len(starts)))  # the keys of `key, sub = split(key)` per window
+    for i, start in enumerate(starts):
         sl = slice(start, min(start + cfg.max_jobs, n))
         win = pad_window(cfg, view.type_idx[sl], view.slots_run[sl], view.remaining_epochs[sl], free, view.capacity)
         tw = tu = None
@@ -48,8 +51,7 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
             tu = np.zeros(cfg.max_jobs, np.int32)
             tw[: sl.stop - start] = targets[0][sl]
             tu[: sl.stop - start] = targets[1][sl]
-        key, sub = jax.random.split(key)
-        out = run_window(cfg, params, sub, win, mode=mode, epsilon=epsilon, target_w=tw, target_u=tu,
+        out = run_window(cfg, params, subs[i], win, mode=mode, epsilon=epsilon, target_w=tw, target_u=tu,
                          record=record)
         out = jax.device_get(out)
         steps = int(out.n_steps)
@@ -63,21 +65,33 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
     return Decision(alloc, records)
 
 
+@partial(jax.jit, static_argnums=1)
+def _split_chain(key, n: int):
+    """[n] keys: the sub-keys of n successive `key, sub = jax.random.split(key)`."""
+
+    def step(k, _):
+        k, sub = jax.random.split(k)
+        return k, sub
+
+    return jax.lax.scan(step, key, None, length=n)[1]
+
+
 def _collect_servers(start, sl, out, steps, w_srv, p_srv):
     """Per-job server lists of one window: the starting bundles (as the slot loop placed them), then the
-    recorded steps."""
-    for j in range(sl.start, sl.stop):
-        sw, sp = int(out.bundle_worker_server[j - start]), int(out.bundle_ps_server[j - start])
+    recorded steps (as Python lists: a window has hundreds of steps)."""
+    n = sl.stop - sl.start
+    for k, (sw, sp) in enumerate(zip(out.bundle_worker_server[:n].tolist(), out.bundle_ps_server[:n].tolist())):
+        if sw >= 0:
+            w_srv[start + k].append(sw)
+        if sp >= 0:
+            p_srv[start + k].append(sp)
+    for a, sw, sp in zip(out.actions[:steps].tolist(), out.worker_server[:steps].tolist(),
+                         out.ps_server[:steps].tolist()):
+        j = start + a // 3
         if sw >= 0:
             w_srv[j].append(sw)
         if sp >= 0:
             p_srv[j].append(sp)
-    for a, sw, sp in zip(out.actions[:steps], out.worker_server[:steps], out.ps_server[:steps]):
-        j = start + int(a) // 3
-        if sw >= 0:
-            w_srv[j].append(int(sw))
-        if sp >= 0:
-            p_srv[j].append(int(sp))
 
 
 class DL2Scheduler:

@@ -387,10 +387,8 @@ def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity
         return out
 
     zeros = np.zeros(n)
-    return Window(
-        type_idx=jnp.asarray(pad(type_idx, np.int32)), valid=jnp.asarray(np.arange(J) < n),
-        slots_run=jnp.asarray(pad(slots_run, np.float32)), remaining=jnp.asarray(pad(remaining, np.float32)),
-        w0=jnp.asarray(pad(zeros if w0 is None else w0, np.int32)),
-        u0=jnp.asarray(pad(zeros if u0 is None else u0, np.int32)),
-        free=jnp.asarray(free, jnp.float32), capacity=jnp.asarray(capacity, jnp.float32),
-    )
+    return Window(*jax.device_put((  # one transfer call for all eight arrays
+        pad(type_idx, np.int32), np.arange(J) < n, pad(slots_run, np.float32), pad(remaining, np.float32),
+        pad(zeros if w0 is None else w0, np.int32), pad(zeros if u0 is None else u0, np.int32),
+        np.asarray(free, np.float32), np.asarray(capacity, np.float32),
+    )))
