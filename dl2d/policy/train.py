@@ -23,6 +23,7 @@ from dl2d.policy.scheduler import DL2Scheduler, decide
 from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER
 from dl2d.sim import engine as E
 from dl2d.sim.baselines import make_baseline
+from dl2d.sim.oracle import SpeedOracle
 from dl2d.sim.trace import Trace
 
 # ---------------------------------------------------------------- losses (pure)
@@ -74,13 +75,18 @@ def rl_update(cfg, opt, params, opt_state, batch):
 # ---------------------------------------------------------------- supervised warm-up
 
 
+def make_teacher(name: str):
+    """A baseline by name, or "oracle": the simulator's speed oracle (knows the true speeds; benchmarks only)."""
+    return SpeedOracle() if name == "oracle" else make_baseline(name)
+
+
 def teacher_samples(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, teacher: str = "drf", seed: int = 0,
                     max_slots: int | None = None, per_slot: int = 64):
     """(states, masks, actions) of the teacher's decisions replayed as DL2 actions along its own trajectory.
 
     `params` only feed the (unused) logits of the replay; any initialised parameters do."""
     rng = np.random.default_rng(seed)
-    heuristic = make_baseline(teacher)
+    heuristic = make_teacher(teacher)
     key = jax.random.PRNGKey(seed)
     state = E.SimState.initial(len(trace))
     state = E.replace(state, slot=int(trace.arrival_slot.min()))
