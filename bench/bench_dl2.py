@@ -42,7 +42,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cluster", default="dl2")
     ap.add_argument("--jobs", type=int, default=200)
-    ap.add_argument("--teacher", default="drf")
+    ap.add_argument("--teacher", default="drf",
+                    help="SL teacher: a baseline (drf, tetris, optimus, fifo, srtf) or oracle (the simulator's speed "
+                         "oracle, which knows the true speeds: an ablation, not a real teacher)")
     ap.add_argument("--sl-traces", type=int, default=2)
     ap.add_argument("--sl-slots", type=int, default=120, help="slots of each teacher trace used for SL")
     ap.add_argument("--sl-epochs", type=int, default=20)
