@@ -75,9 +75,10 @@ def rl_update(cfg, opt, params, opt_state, batch):
 # ---------------------------------------------------------------- supervised warm-up
 
 
-def make_teacher(name: str):
-    """A baseline by name, or "oracle": the simulator's speed oracle (knows the true speeds; benchmarks only)."""
-    return SpeedOracle() if name == "oracle" else make_baseline(name)
+def make_teacher(name: str, speed_model: str = "measured"):
+    """A baseline by name, or "oracle": the simulator's speed oracle on `speed_model` (knows the true speeds;
+    benchmarks only)."""
+    return SpeedOracle(speed_model) if name == "oracle" else make_baseline(name)
 
 
 def teacher_samples(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, teacher: str = "drf", seed: int = 0,
@@ -86,7 +87,7 @@ def teacher_samples(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, t
 
     `params` only feed the (unused) logits of the replay; any initialised parameters do."""
     rng = np.random.default_rng(seed)
-    heuristic = make_teacher(teacher)
+    heuristic = make_teacher(teacher, sim.speed_model)
     key = jax.random.PRNGKey(seed)
     state = E.SimState.initial(len(trace))
     state = E.replace(state, slot=int(trace.arrival_slot.min()))
