@@ -13,7 +13,7 @@ from dl2d.sim.speed import measured_table
 from simtest_helpers import make_view, server_usage
 
 
-def test_fastest_configs_stays_within_the_limits_and_breaks_ties_towards_fewer_tasks():
+def test_fastest_configs_stays_within_the_limits_and_breaks_ties_towards_fewer_ps():
     table = np.zeros((2, 4, 4))
     table[0, 3, 3] = 9.0  # type 0: best overall at (3, 3), but only (2, 1) and (1, 2) are within limits 2 / 2
     table[0, 2, 1] = 5.0
@@ -49,7 +49,7 @@ def test_without_contention_or_noise_no_baseline_finishes_any_job_before_the_ora
     oracle = SpeedOracle()
     bound = E.run(trace, oracle, cfg, seed=0)
     assert oracle.short_job_slots == 0
-    for name in B.BASELINES:
-        other = E.run(trace, B.make_baseline(name), cfg, seed=0)
+    runs = {name: E.run(trace, B.make_baseline(name), cfg, seed=0) for name in B.BASELINES}
+    for name, other in runs.items():
         assert np.all(bound.jct_slots <= other.jct_slots + 1e-9), name
-    assert bound.avg_jct_slots < E.run(trace, B.Optimus(), cfg, seed=0).avg_jct_slots
+    assert bound.avg_jct_slots < runs["optimus"].avg_jct_slots
