@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RESOURCES = ("gpu", "cpu", "mem_gb")
+import numpy as np
+
+from dl2d.core.jobs import JobDemand, JobKind, TaskDemand
+
 EPOCH_SCALE = 100  # authors' epochs per dl2d epoch
 MAX_EPOCHS = 300.0  # = the authors' MAX_NUM_EPOCHS (30000) / EPOCH_SCALE
 
@@ -29,6 +32,11 @@ class JobType:
     inter_bw_mbps: float  # measured bandwidth between servers, MB/s
     intra_bw_mbps: float  # within a server, MB/s
     epochs_fraction: float  # typical total epochs as a fraction of MAX_EPOCHS
+
+    @property
+    def demand(self) -> JobDemand:
+        """The default per-task demand of a job of this type (a submission's spec may say otherwise)."""
+        return JobDemand(TaskDemand.of(self.worker_demand), TaskDemand.of(self.ps_demand), JobKind.PS)
 
 
 def _t(name, comp, size, bpe, inter, intra, gpus, frac):
@@ -58,6 +66,11 @@ JOB_TYPES: tuple[JobType, ...] = (
 )
 TYPE_NAMES: tuple[str, ...] = tuple(t.name for t in JOB_TYPES)
 TYPE_INDEX: dict[str, int] = {n: i for i, n in enumerate(TYPE_NAMES)}
+#: Per type, as arrays: default worker / PS demand [types, 3], steps per epoch, one step's compute (s).
+WORKER_DEMAND = np.array([t.worker_demand for t in JOB_TYPES])
+PS_DEMAND = np.array([t.ps_demand for t in JOB_TYPES])
+BATCHES_PER_EPOCH = np.array([t.batches_per_epoch for t in JOB_TYPES], dtype=float)
+LOCAL_COMP_TIME = np.array([t.local_comp_time_s for t in JOB_TYPES])
 #: Short names used in the paper's figures.
 ALIASES = {"ctc": "cnn-text-classification", "resnet50": "resnet-50", "vgg16": "vgg-16"}
 
@@ -68,3 +81,11 @@ def type_index(name: str) -> int:
     if key not in TYPE_INDEX:
         raise ValueError(f"unknown job type {name!r}; known: {', '.join(TYPE_NAMES)}")
     return TYPE_INDEX[key]
+
+
+def demand_fields(type_idx) -> dict:
+    """The SlotView fields of jobs of these types that ask for their type's default demand (the simulator's
+    jobs do): ``worker_demand`` / ``ps_demand`` [J, 3] and ``kind`` (PS jobs)."""
+    t = np.asarray(type_idx, int)
+    return {"worker_demand": WORKER_DEMAND[t].astype(float), "ps_demand": PS_DEMAND[t].astype(float),
+            "kind": (JobKind.PS.value,) * len(t)}

@@ -25,7 +25,7 @@ from scipy.interpolate import RBFInterpolator
 from scipy.optimize import nnls
 from scipy.spatial import Delaunay, cKDTree
 
-from dl2d.sim.jobtypes import TYPE_NAMES
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES
 
 TABLE_MAX = 32  # largest PS / worker count a table covers; larger counts are clamped to it
 
@@ -53,7 +53,7 @@ def parse_speed_lines(lines) -> dict[str, list[tuple[int, int, float]]]:
 
 @functools.cache
 def measurements() -> dict[str, list[tuple[int, int, float]]]:
-    text = resources.files("dl2d.sim").joinpath("data/dl2-testbed-speeds.txt").read_text()
+    text = resources.files("dl2d.workload").joinpath("data/dl2-testbed-speeds.txt").read_text()
     return parse_speed_lines(text.splitlines())
 
 
@@ -126,3 +126,12 @@ def lookup(table: np.ndarray, types, ps, workers) -> np.ndarray:
     """Vectorised table lookup, counts clamped to the table. (In JAX: the same with `jnp.clip`.)"""
     n = table.shape[1] - 1
     return table[types, np.clip(ps, 0, n), np.clip(workers, 0, n)]
+
+
+def epochs_trained(table: np.ndarray, types, ps, workers, factor=1.0, seconds=1.0) -> np.ndarray:
+    """Epochs jobs of `types` train in `seconds` at (ps, workers) on `table`, their speed scaled by `factor`:
+    the one speed formula (the simulator and the simulated backend train jobs with it, the daemon compares
+    measured speeds with its epochs per second). Element-wise; the operation order is fixed (results are
+    compared bit for bit across refactorings)."""
+    types = np.asarray(types, int)
+    return lookup(table, types, ps, workers) * factor * seconds / BATCHES_PER_EPOCH[types]

@@ -1,0 +1,111 @@
+"""What a policy sees at the start of a slot and what it returns: the contract between the simulator, the
+policies and the daemon.
+
+A :class:`SlotView` lists the jobs that wait or run (row j = the j-th job, in arrival order), each with its
+own kind and per-task demand (dl2d.core.jobs), and the cluster's servers (row s = server s, named in
+``node_names`` where the cluster has names). An :class:`Allocation` gives every job of the view its workers
+and PS for the next slot, decided from scratch (DL2), and optionally the server of every task.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class CapacityError(RuntimeError):
+    """An allocation asked for more than the cluster has: a scheduler bug, never silently accepted."""
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What a scheduler knows at the start of a slot (row j = the j-th job by arrival).
+
+    ``job_ids`` are opaque identifiers of the jobs (the simulator's trace index, the daemon's database id):
+    a policy may key state on them across slots, never index arrays with them. ``type_idx`` is the job's
+    model class in the speed model (dl2d.workload.jobtypes); what the job asks for per task is
+    ``worker_demand`` / ``ps_demand``, from its own spec."""
+
+    slot: int
+    job_ids: np.ndarray  # [jobs] opaque job identifiers
+    type_idx: np.ndarray  # [jobs] model class (dl2d.workload.jobtypes index)
+    arrival_slot: np.ndarray
+    slots_run: np.ndarray
+    epochs_done: np.ndarray
+    est_epochs: np.ndarray
+    prev_workers: np.ndarray
+    prev_ps: np.ndarray
+    free: np.ndarray  # [servers, 3] free at the start of the slot
+    capacity: np.ndarray  # [servers, 3]
+    max_workers: int
+    max_ps: int
+    server_speed: np.ndarray | None = None  # [servers] speeds observed last slot (heterogeneous runs only)
+    # the daemon's measurements (dl2d.daemon.jobstats), optional; no policy needs them, the baselines ignore them:
+    job_speed_factor: np.ndarray | None = None  # [jobs] measured / predicted speed, recent slots; NaN: not measured
+    job_shared_gpu: np.ndarray | None = None  # [jobs] a GPU of the job also ran another job's processes
+    # every job's own per-task demand (GPUs, CPU cores, memory GB) and kind (dl2d.core.jobs.JobKind values)
+    worker_demand: np.ndarray = field(kw_only=True)  # [jobs, 3]
+    ps_demand: np.ndarray = field(kw_only=True)  # [jobs, 3]
+    kind: tuple[str, ...] = field(kw_only=True)  # [jobs]
+    node_names: tuple[str, ...] = field(default=(), kw_only=True)  # [servers] where the cluster names them
+
+    def __post_init__(self):
+        n = len(self.job_ids)
+        if np.shape(self.worker_demand) != (n, 3) or np.shape(self.ps_demand) != (n, 3) or len(self.kind) != n:
+            raise ValueError(f"a view of {n} jobs needs worker/PS demands of shape ({n}, 3) and {n} kinds, got "
+                             f"{np.shape(self.worker_demand)}, {np.shape(self.ps_demand)}, {len(self.kind)}")
+        if self.node_names and len(self.node_names) != len(self.free):
+            raise ValueError(f"{len(self.node_names)} node names for {len(self.free)} servers")
+
+    def __len__(self) -> int:
+        return len(self.job_ids)
+
+    @property
+    def remaining_epochs(self) -> np.ndarray:
+        return np.maximum(self.est_epochs - self.epochs_done, 0.0)
+
+    @property
+    def total_capacity(self) -> np.ndarray:
+        return self.capacity.sum(axis=0)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Workers and PS per job of the view; optionally the server of every task (else the engine places)."""
+
+    workers: np.ndarray
+    ps: np.ndarray
+    worker_servers: tuple[tuple[int, ...], ...] | None = None
+    ps_servers: tuple[tuple[int, ...], ...] | None = None
+
+    @staticmethod
+    def empty(n: int) -> "Allocation":
+        """Nothing for any of n jobs, with (empty) placements."""
+        z = np.zeros(n, int)
+        return Allocation(z, z.copy(), tuple(() for _ in range(n)), tuple(() for _ in range(n)))
+
+    @staticmethod
+    def from_servers(worker_servers, ps_servers) -> "Allocation":
+        """The allocation of exactly these tasks: counts are the lengths of the per-job server lists."""
+        ws = tuple(tuple(int(s) for s in x) for x in worker_servers)
+        ps = tuple(tuple(int(s) for s in x) for x in ps_servers)
+        return Allocation(np.array([len(s) for s in ws], int), np.array([len(s) for s in ps], int), ws, ps)
+
+
+class Scheduler(Protocol):
+    """Anything that turns a view into an allocation: a heuristic function, a learned policy, a wrapper.
+    The simulator runs any of them; the daemon runs the richer dl2d.policy.registry.Policy."""
+
+    name: str
+
+    def __call__(self, view: SlotView) -> Allocation: ...
+
+
+def validate(view: SlotView, alloc: Allocation) -> None:
+    """ValueError unless the allocation has one count per job, within the view's limits."""
+    w, p = np.asarray(alloc.workers), np.asarray(alloc.ps)
+    if w.shape != (len(view),) or p.shape != (len(view),):
+        raise ValueError(f"allocation for {w.shape}/{p.shape} jobs, the view has {len(view)}")
+    if np.any(w < 0) or np.any(p < 0) or np.any(w > view.max_workers) or np.any(p > view.max_ps):
+        raise ValueError("allocation outside [0, max_workers] / [0, max_ps]")
