@@ -45,21 +45,20 @@ def assess(status: dict[str, Any] | None, now: float, same_host: bool = True) ->
 
 
 def _db_summary(url: str) -> dict[str, Any]:
-    from sqlalchemy import func, select
-
     from dl2d.db.engine import make_engine, session_scope
-    from dl2d.db.models import Decision, Intent, IntentState, Job, JobState, Slot
+    from dl2d.db.intents import count_pending_intents
+    from dl2d.db.jobs import count_jobs_by_state
+    from dl2d.db.models import DecisionSource, JobState
+    from dl2d.db.slots import count_decisions, last_slot
 
     engine = make_engine(url)
     try:
         with session_scope(engine) as s:
-            last = s.scalars(select(Slot).order_by(Slot.number.desc()).limit(1)).first()
-            jobs = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
-            pending = s.scalar(select(func.count()).select_from(Intent).where(
-                Intent.state.in_([IntentState.PLANNED, IntentState.ISSUED])))
-            fallbacks = s.scalar(select(func.count()).select_from(Decision).where(Decision.source == "fallback"))
-            out = {"jobs": {st.value: int(jobs.get(st, 0)) for st in JobState if jobs.get(st)},
-                   "pending_intents": int(pending), "fallback_slots": int(fallbacks)}
+            last = last_slot(s)
+            jobs = count_jobs_by_state(s)
+            out = {"jobs": {st.value: jobs[st] for st in JobState if jobs.get(st)},
+                   "pending_intents": count_pending_intents(s),
+                   "fallback_slots": count_decisions(s, DecisionSource.FALLBACK)}
             if last is not None:
                 out["last_slot"] = {"number": last.number, "started_at": last.started_at.isoformat(),
                                     "ended_at": last.ended_at.isoformat() if last.ended_at else None,

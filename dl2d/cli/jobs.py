@@ -3,7 +3,8 @@
 They read and write the daemon's database (see `dl2d.cli.dbconn` for how it is found): `submit` inserts a
 PENDING job that the daemon picks up at its next slot, `cancel` marks a job CANCELLED (and journals a
 `cancel` intent when it holds a Slurm allocation) for the daemon to carry out. The functions that turn rows
-into table/JSON records are pure; the click commands are thin shells around them and `dl2d.db.store`.
+into table/JSON records are pure; the click commands are thin shells around them and the repository
+functions of `dl2d.db` (`jobs`, `events`, `slots`).
 """
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from typing import Any
 import click
 
 from dl2d.cli.dbconn import Ctx, db_command
-from dl2d.db.models import JobState
+from dl2d.db.models import ACTIVE_STATES, JobState
 
 STATE_NAMES = [s.value for s in JobState]
-ACTIVE_STATES = [s for s in JobState if not s.terminal]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,8 +172,15 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
       dl2ctl submit -J resnet-a --type resnet-50 --epochs 30 --wrap 'python train.py' \\
           --gpus-per-worker 1 --cpus-per-worker 4 --mem-per-worker 16G --cpus-per-ps 2 --mem-per-ps 8G
     """
-    from dl2d.cli.jobspec import SpecError, explain_errors, merge_submission, parse_spec_text, spec_format
-    from dl2d.db.store import SubmissionError, submit_job, validate_submission
+    from dl2d.cli.jobspec import (
+        SpecError,
+        explain_errors,
+        merge_submission,
+        parse_spec_text,
+        spec_format,
+    )
+    from dl2d.db.errors import SubmissionError
+    from dl2d.db.jobs import submit_job, validate_submission
 
     spec: dict[str, Any] = {}
     if spec_file is not None:
@@ -226,8 +233,8 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
 
 @click.command()
 @click.option("--state", "-s", "states", multiple=True, metavar="STATE",
-              help="Only jobs in these states (repeatable or comma-separated: PENDING, RUNNING, RESIZING, "
-                   "CHECKPOINTING, COMPLETED, FAILED, CANCELLED, or `active`).")
+              help="Only jobs in these states (repeatable or comma-separated: PENDING, RUNNING, COMPLETED, "
+                   "FAILED, CANCELLED, or `active`).")
 @click.option("--user", "-u", "users", multiple=True, metavar="USER",
               help="Only jobs of these owners (repeatable or comma-separated).")
 @click.option("--me", is_flag=True, help="Only your jobs.")
@@ -241,25 +248,19 @@ def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, s
 
     By default all users' active jobs (not finished) are listed, oldest first.
     """
-    from sqlalchemy import select
-
     from dl2d.db.engine import session_scope
-    from dl2d.db.models import Job, utcnow
+    from dl2d.db.jobs import list_jobs
+    from dl2d.db.models import utcnow
 
     wanted = parse_states(states)
     if not wanted and not show_all:
         wanted = list(ACTIVE_STATES)
     owners = [u.strip() for v in users for u in v.split(",") if u.strip()] + ([ctx.user] if me else [])
-    q = select(Job).order_by(Job.id)
-    if wanted:
-        q = q.where(Job.state.in_(wanted))
-    if owners:
-        q = q.where(Job.owner.in_(owners))
     engine = ctx.engine()
     try:
         with ctx.reading(), session_scope(engine) as s:
             now = utcnow()
-            recs = [job_record(j, now) for j in s.scalars(q)]
+            recs = [job_record(j, now) for j in list_jobs(s, wanted, owners)]
     finally:
         engine.dispose()
     if as_json:
@@ -287,24 +288,16 @@ def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, s
 
 def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
     """Everything `show` prints about a job, as a JSON-ready dict (JobNotFound when there is none)."""
-    from sqlalchemy import select
-
-    from dl2d.db.models import Allocation, Event, Slot, Task
-    from dl2d.db.store import get_job
+    from dl2d.db.events import job_events
+    from dl2d.db.jobs import get_job
+    from dl2d.db.slots import job_allocation_history
 
     job = get_job(session, job_id)
     rec = job_record(job, now)
     rec["spec"] = job.spec
-    tasks = session.scalars(select(Task).where(Task.job_id == job_id).order_by(Task.role, Task.index))
-    rec["tasks"] = [{"role": t.role.value, "index": t.index, "node": t.node, "state": t.state.value,
-                     "slurm_job_id": t.slurm_job_id, "slurm_step_id": t.slurm_step_id,
-                     "started_at": _iso(t.started_at), "ended_at": _iso(t.ended_at)} for t in tasks]
-    events = session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.ts, Event.id))
-    rec["events"] = [{"ts": _iso(e.ts), "kind": e.kind.value, "detail": e.detail} for e in events]
-    rows = session.execute(
-        select(Slot.number, Slot.started_at, Allocation.prev_workers, Allocation.prev_ps, Allocation.workers,
-               Allocation.ps).join(Slot, Allocation.slot_id == Slot.id).where(Allocation.job_id == job_id))
-    rec["resizes"] = resize_records(rows)
+    rec["events"] = [{"ts": _iso(e.ts), "kind": e.kind.value, "detail": e.detail}
+                     for e in job_events(session, job_id)]
+    rec["resizes"] = resize_records(job_allocation_history(session, job_id))
     return rec
 
 
@@ -313,10 +306,10 @@ def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @db_command
 def show(ctx: Ctx, job_id: int, as_json: bool) -> None:
-    """Show job JOB: its spec, current allocation and tasks, events timeline and resizes."""
+    """Show job JOB: its spec, current allocation, events timeline and resizes."""
     from dl2d.db.engine import session_scope
+    from dl2d.db.errors import JobNotFound
     from dl2d.db.models import utcnow
-    from dl2d.db.store import JobNotFound
 
     engine = ctx.engine()
     try:
@@ -356,16 +349,6 @@ def _print_detail(rec: dict[str, Any]) -> None:
     ]:
         head.add_row(k, str(v))
     console.print(head)
-    if rec["tasks"]:
-        t = Table(title="Tasks", title_justify="left", box=None, header_style="bold")
-        for c in ("ROLE", "INDEX", "NODE", "STATE", "SLURM"):
-            t.add_column(c)
-        for x in rec["tasks"]:
-            slurm = x["slurm_job_id"] or ""
-            if x["slurm_step_id"]:
-                slurm += f".{x['slurm_step_id']}"
-            t.add_row(x["role"], str(x["index"]), x["node"] or "", x["state"], slurm)
-        console.print(t)
     t = Table(title="Events", title_justify="left", box=None, header_style="bold")
     for c in ("TIME", "EVENT", "DETAIL"):
         t.add_column(c)
@@ -390,17 +373,9 @@ def _print_detail(rec: dict[str, Any]) -> None:
 
 def cancel_one(session: Any, job_id: int, user: str, admin: bool) -> Any:
     """Cancel a job for `user`: its owner, or an admin (recorded as such in the cancel event)."""
-    from dl2d.db.models import Event, EventKind
-    from dl2d.db.store import cancel_job, get_job
+    from dl2d.db.jobs import cancel_job
 
-    job = get_job(session, job_id)
-    if not admin or user in (job.owner, "root"):
-        return cancel_job(session, job_id, user)
-    job = cancel_job(session, job_id, "root")  # store.cancel_job lets the owner or root through
-    for obj in session.new:
-        if isinstance(obj, Event) and obj.kind == EventKind.CANCEL and obj.job_id == job_id:
-            obj.detail = {"requester": user, "as": "admin"}
-    return job
+    return cancel_job(session, job_id, user, admin=admin)
 
 
 @click.command()
@@ -414,7 +389,7 @@ def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:
     cannot be cancelled. Each job is handled on its own; the exit status is 1 when any job was refused.
     """
     from dl2d.db.engine import session_scope
-    from dl2d.db.store import StoreError
+    from dl2d.db.errors import DBError
 
     engine = ctx.engine()
     results: list[dict[str, Any]] = []
@@ -424,7 +399,7 @@ def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:
                 with ctx.reading(), session_scope(engine) as s:
                     job = cancel_one(s, job_id, ctx.user, ctx.admin)
                     results.append({"id": job_id, "cancelled": True, "name": job.name})
-            except StoreError as e:
+            except DBError as e:
                 msg = str(e)
                 if msg.startswith(f"job {job_id} is already"):
                     msg += "; only pending or running jobs can be cancelled"

@@ -1,5 +1,5 @@
 """Pure helpers of `dl2ctl submit`: read a job spec (TOML or JSON), parse sbatch-style values, and merge
-the spec with the command-line flags into the dict that `dl2d.db.store.validate_submission` checks.
+the spec with the command-line flags into the dict that `dl2d.db.jobs.validate_submission` checks.
 
 A spec file holds the keys of `validate_submission` (see docs/cli.md):
 
@@ -28,7 +28,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from dl2d.sim.jobtypes import ALIASES, TYPE_NAMES
+from dl2d.workload.jobtypes import ALIASES, TYPE_NAMES
 
 
 class SpecError(ValueError):

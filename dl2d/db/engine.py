@@ -14,6 +14,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -85,8 +86,38 @@ def downgrade(target: str | Engine, revision: str) -> None:
 def _run_alembic(fn, target: str | Engine, revision: str) -> None:
     engine = make_engine(target) if isinstance(target, str) else target
     try:
-        with engine.begin() as conn:
+        with migration_connection(engine) as conn:
             fn(alembic_config(conn), revision)
     finally:
         if isinstance(target, str):
             engine.dispose()
+
+
+@contextmanager
+def migration_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection in one transaction to run migrations in.
+
+    On SQLite, foreign keys are off meanwhile: a migration that changes a table rebuilds it (Alembic's batch
+    mode: copy, DROP, rename), and with foreign keys on, dropping `jobs` would first delete every
+    allocation, event and intent that references a job (ON DELETE CASCADE). The pragma only takes effect
+    outside a transaction, hence here and not in a migration. When a migration ran, `foreign_key_check`
+    makes sure before the commit that it left no dangling reference (a full scan, so not at every start of
+    an up-to-date database); the connection gets its foreign keys back after.
+    """
+    with engine.connect() as conn:
+        if conn.dialect.name != "sqlite":
+            with conn.begin():
+                yield conn
+            return
+        raw = conn.connection.dbapi_connection
+        raw.execute("PRAGMA foreign_keys=OFF")  # autocommit mode (see _setup_sqlite): nothing is open yet
+        try:
+            with conn.begin():
+                before = MigrationContext.configure(conn).get_current_revision()
+                yield conn
+                if MigrationContext.configure(conn).get_current_revision() != before:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(f"the migration left rows referencing missing parents: {broken[:5]}")
+        finally:
+            raw.execute("PRAGMA foreign_keys=ON")

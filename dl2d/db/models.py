@@ -34,6 +34,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def row_id(obj: Any) -> int | None:
+    """The id of a row, or the id itself: the repository functions take either."""
+    return obj if obj is None or isinstance(obj, int) else obj.id
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """A timezone-aware UTC timestamp on every backend (naive input is taken as UTC)."""
 
@@ -76,10 +81,13 @@ class Base(DeclarativeBase):
 
 
 class JobState(str, enum.Enum):
+    """A job's life: PENDING (no workers) <-> RUNNING (workers > 0), then one of the terminal states.
+
+    A resize is applied within one tick, so no state is ever committed for "being resized" (migration 0003
+    dropped the never-written RESIZING and CHECKPOINTING)."""
+
     PENDING = "PENDING"
     RUNNING = "RUNNING"
-    RESIZING = "RESIZING"
-    CHECKPOINTING = "CHECKPOINTING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -89,17 +97,8 @@ class JobState(str, enum.Enum):
         return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
-class TaskRole(str, enum.Enum):
-    WORKER = "worker"
-    PS = "ps"
-
-
-class TaskState(str, enum.Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
+#: The states of a job that is not over: what the daemon schedules and `dl2ctl queue` lists by default.
+ACTIVE_STATES: tuple[JobState, ...] = tuple(s for s in JobState if not s.terminal)
 
 
 class DecisionSource(str, enum.Enum):
@@ -122,8 +121,10 @@ class EventKind(str, enum.Enum):
 
 
 class IntentKind(str, enum.Enum):
+    """What a journalled action asks for. How the backend carries a resize out (in place, hot, or a
+    relaunch) is its choice, recorded as the event kind, not here."""
+
     RESIZE = "resize"
-    RELAUNCH = "relaunch"
     SUBMIT = "submit"
     CANCEL = "cancel"
 
@@ -167,30 +168,8 @@ class Job(Base):
     workers: Mapped[int] = mapped_column(default=0)
     ps: Mapped[int] = mapped_column(default=0)
 
-    tasks: Mapped[list[Task]] = relationship(back_populates="job", cascade="all, delete-orphan")
-
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name!r} {self.job_type} {self.state.value} w={self.workers} ps={self.ps}>"
-
-
-class Task(Base):
-    """One worker or parameter server process of a job (a Slurm step)."""
-
-    __tablename__ = "tasks"
-    __table_args__ = (Index("ix_tasks_job_role_index", "job_id", "role", "index"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    role: Mapped[TaskRole] = mapped_column(_enum(TaskRole, "task_role"))
-    index: Mapped[int]
-    node: Mapped[str | None] = mapped_column(String(128), index=True)
-    state: Mapped[TaskState] = mapped_column(_enum(TaskState, "task_state"), default=TaskState.PENDING)
-    slurm_job_id: Mapped[str | None] = mapped_column(String(32))
-    slurm_step_id: Mapped[str | None] = mapped_column(String(32))
-    started_at: Mapped[datetime | None]
-    ended_at: Mapped[datetime | None]
-
-    job: Mapped[Job] = relationship(back_populates="tasks")
 
 
 class Slot(Base):
@@ -275,8 +254,8 @@ class JobSlotStat(Base):
 class NodeSample(Base):
     """A node agent's sample, or the mean of several (`n` samples merged, `resolution_s` > 0).
 
-    Column names are the keys of `dl2d.agents.retention.sample_to_row` so that rows go to and from the
-    agents' pure `downsample()` unchanged; row keys without a column are kept in `payload`.
+    Column names are the keys of `dl2d.agents.sample.sample_to_row` so that rows go to and from the pure
+    `dl2d.db.retention.downsample()` unchanged; row keys without a column are kept in `payload`.
     `resolution_s` is 0 for raw samples, else the bucket width (60, 600) of a downsampled row.
     """
 

@@ -6,9 +6,16 @@ import os
 import subprocess
 import sys
 
-from agenttest_helpers import wait_until
+from testkit.agents import wait_until
 
-from dl2d.agents.nvml import FakeGPU, FakeNVML, FakeProcess, GPUReader, load_pynvml, slurm_job_of_pid
+from dl2d.agents.nvml import (
+    FakeGPU,
+    FakeNVML,
+    FakeProcess,
+    GPUReader,
+    load_pynvml,
+    slurm_job_of_pid,
+)
 
 
 def two_gpus() -> FakeNVML:

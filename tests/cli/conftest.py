@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import dl2d.cli.dbconn as dbconn
 from dl2d.cli.main import cli
 from dl2d.db.engine import make_engine, session_scope, upgrade
-from dl2d.db.store import submit_job
+from dl2d.db.jobs import submit_job
 
 SPEC = {
     "name": "resnet-a", "job_type": "resnet-50", "total_epochs": 30, "command": "python train.py",
@@ -61,7 +61,7 @@ def engine(db_url):
 
 @pytest.fixture
 def seed(engine):
-    """seed(owner=..., state=..., **spec overrides) -> job id, written with dl2d.db.store."""
+    """seed(owner=..., state=..., **spec overrides) -> job id, written with dl2d.db.jobs.submit_job."""
 
     def add(owner: str = "alice", state=None, **fields):
         with session_scope(engine) as s:

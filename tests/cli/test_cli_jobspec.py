@@ -8,7 +8,13 @@ import pytest
 
 from dl2d.cli.dbconn import ConfigError, admin_group, load_config, resolve_db_url
 from dl2d.cli.jobs import format_age, parse_states, resize_records
-from dl2d.cli.jobspec import merge_submission, normalize_job_type, parse_mem, parse_spec_text, parse_time
+from dl2d.cli.jobspec import (
+    merge_submission,
+    normalize_job_type,
+    parse_mem,
+    parse_spec_text,
+    parse_time,
+)
 from dl2d.db.models import JobState
 
 
@@ -115,8 +121,7 @@ def test_format_age():
 
 def test_parse_states():
     assert parse_states(["running,Pending", "RUNNING"]) == [JobState.RUNNING, JobState.PENDING]
-    assert parse_states(["active"]) == [JobState.PENDING, JobState.RUNNING, JobState.RESIZING,
-                                        JobState.CHECKPOINTING]
+    assert parse_states(["active"]) == [JobState.PENDING, JobState.RUNNING]
     assert parse_states([]) == []
     with pytest.raises(click.BadParameter, match="unknown state 'done'"):
         parse_states(["done"])

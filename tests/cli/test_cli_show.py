@@ -1,17 +1,18 @@
-"""`dl2ctl show JOB`: job, allocation, tasks, events timeline and resizes; unknown ids."""
+"""`dl2ctl show JOB`: job, allocation, events timeline and resizes; unknown ids."""
 from __future__ import annotations
 
 import json
 from datetime import timedelta
 
 from dl2d.db.engine import session_scope
-from dl2d.db.models import EventKind, Job, JobState, Task, TaskRole, TaskState
-from dl2d.db.store import AllocationRecord, record_event, record_slot
+from dl2d.db.events import record_event
+from dl2d.db.models import EventKind, Job, JobState
+from dl2d.db.slots import AllocationRecord, record_slot
 
 
 def _history(engine, jid):
-    """Three slots after the submission: start at 2w/1ps, grow to 4w/2ps, stay; with start/resize events
-    and tasks. Returns the first slot's start."""
+    """Three slots after the submission: start at 2w/1ps, grow to 4w/2ps, stay; with start/resize events.
+    Returns the first slot's start."""
     with session_scope(engine) as s:
         job = s.get(Job, jid)
         T0 = job.submitted_at + timedelta(minutes=1)
@@ -21,9 +22,6 @@ def _history(engine, jid):
         record_slot(s, 3, T0 + timedelta(minutes=40), [AllocationRecord(jid, 4, 2, 4, 2)])
         record_event(s, EventKind.START, job, {"slurm_job_id": "77"}, ts=T0)
         record_event(s, EventKind.RESIZE, job, {"workers": 4, "ps": 2}, ts=T0 + timedelta(minutes=20))
-        s.add(Task(job_id=jid, role=TaskRole.WORKER, index=0, node="gpu-node-1", state=TaskState.RUNNING,
-                   slurm_job_id="77", slurm_step_id="0"))
-        s.add(Task(job_id=jid, role=TaskRole.PS, index=0, node="cpu-node-2", state=TaskState.RUNNING))
     return T0
 
 
@@ -44,8 +42,7 @@ def test_show_json(dl2ctl, seed, engine):
         {"slot": 2, "at": (T0 + timedelta(minutes=20)).isoformat(), "workers_from": 2, "workers_to": 4,
          "ps_from": 1, "ps_to": 2},
     ]
-    assert [(t["role"], t["node"], t["state"]) for t in d["tasks"]] == \
-        [("ps", "cpu-node-2", "RUNNING"), ("worker", "gpu-node-1", "RUNNING")]
+    assert "tasks" not in d  # no table holds them (migration 0003)
 
 
 def test_show_table(dl2ctl, seed, engine):
@@ -55,8 +52,8 @@ def test_show_table(dl2ctl, seed, engine):
     assert r.exit_code == 0, r.output
     out = r.output
     for text in ["detail-job", "RUNNING", "3/30", "4 workers, 2 PS (max 8 workers, 4 PS)",
-                 "1 GPU, 2 CPU, 8 GB", "2 CPU, 4 GB", "python train.py", "90 min", "Tasks", "gpu-node-1",
-                 "77.0", "Events", "slurm_job_id=77", "workers=4 ps=2", "Resizes", "2 -> 4", "1 -> 2"]:
+                 "1 GPU, 2 CPU, 8 GB", "2 CPU, 4 GB", "python train.py", "90 min", "Events", "slurm_job_id=77",
+                 "workers=4 ps=2", "Resizes", "2 -> 4", "1 -> 2"]:
         assert text in out, text
     assert out.index("Events") < out.index("Resizes")
 

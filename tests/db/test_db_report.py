@@ -5,15 +5,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from click.testing import CliRunner
-from dbtest_helpers import submission
+from testkit.db import submission
 
 from dl2d.cli.report import report
 from dl2d.db.engine import session_scope
+from dl2d.db.events import record_event
+from dl2d.db.jobs import submit_job
 from dl2d.db.models import Job, JobState
 from dl2d.db.report import parse_report_sql, run_all
-from dl2d.db.store import (
-    AllocationRecord, DecisionRecord, insert_node_samples, record_event, record_slot, submit_job,
-)
+from dl2d.db.samples import insert_node_samples
+from dl2d.db.slots import AllocationRecord, DecisionRecord, record_slot
 
 
 def utc(*args) -> datetime:

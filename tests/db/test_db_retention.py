@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 
 from dl2d.db.engine import session_scope
 from dl2d.db.models import NodeSample
-from dl2d.db.store import apply_retention, insert_node_samples
+from dl2d.db.samples import apply_retention, insert_node_samples
 
 NOW = datetime(2024, 5, 10, 12, 0, tzinfo=timezone.utc)
 H = timedelta(hours=1)
@@ -72,7 +72,7 @@ def test_retention_tiers(engine):
 
 
 def test_agent_rows_round_trip(engine):
-    from dl2d.agents.retention import sample_to_row
+    from dl2d.agents.sample import sample_to_row
 
     sample = {"node": "g1", "ts": NOW.timestamp(), "gpu_error": None,
               "gpus": [{"util_gpu_pct": 40.0, "mem_used_bytes": 1e9, "mem_total_bytes": 4e10, "power_w": 200.0,

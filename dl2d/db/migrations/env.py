@@ -2,13 +2,14 @@
 
 Run programmatically by `dl2d.db.engine.upgrade()`, which passes an open connection in
 `config.attributes["connection"]`; with only `sqlalchemy.url` set (e.g. from the alembic CLI with
-`-x`/a hand-written ini) an engine is created with dl2d's settings.
+`-x`/a hand-written ini) an engine is created with dl2d's settings. Either way the connection comes from
+`dl2d.db.engine.migration_connection` (on SQLite: foreign keys off while tables are rebuilt).
 """
 from __future__ import annotations
 
 from alembic import context
 
-from dl2d.db.engine import make_engine
+from dl2d.db.engine import make_engine, migration_connection
 from dl2d.db.models import Base
 
 config = context.config
@@ -44,7 +45,7 @@ def run_migrations_online() -> None:
         return
     engine = make_engine(config.get_main_option("sqlalchemy.url"))
     try:
-        with engine.connect() as conn:
+        with migration_connection(engine) as conn:  # SQLite: foreign keys off, see its docstring
             _configure(conn)
     finally:
         engine.dispose()

@@ -3,18 +3,40 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dbtest_helpers import VALID, count, submission
 from sqlalchemy.exc import IntegrityError
+from testkit.db import count, submission
 
+from dl2d.db.digest import state_digest
 from dl2d.db.engine import session_scope
+from dl2d.db.errors import (
+    InvalidTransition,
+    JobNotFound,
+    PermissionDenied,
+    SubmissionError,
+)
+from dl2d.db.events import record_event
+from dl2d.db.intents import (
+    idempotency_key,
+    mark_done,
+    mark_failed,
+    mark_issued,
+    pending_intents,
+    plan_intent,
+)
+from dl2d.db.jobs import cancel_job, submit_job, validate_submission
 from dl2d.db.models import (
-    Allocation, Decision, Event, EventKind, Intent, IntentKind, IntentState, Job, JobState, Slot,
+    Allocation,
+    Decision,
+    Event,
+    EventKind,
+    Intent,
+    IntentKind,
+    IntentState,
+    Job,
+    JobState,
+    Slot,
 )
-from dl2d.db.store import (
-    AllocationRecord, DecisionRecord, InvalidTransition, JobNotFound, PermissionDenied, SubmissionError,
-    cancel_job, finish_slot, idempotency_key, mark_done, mark_failed, mark_issued, pending_intents,
-    plan_intent, record_event, record_slot, state_digest, submit_job, validate_submission,
-)
+from dl2d.db.slots import AllocationRecord, DecisionRecord, finish_slot, record_slot
 
 T0 = datetime(2024, 5, 1, 8, 0, tzinfo=timezone.utc)
 

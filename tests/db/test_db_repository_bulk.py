@@ -8,11 +8,12 @@ import pytest
 from sqlalchemy import func, select
 
 from dl2d.db.engine import session_scope
+from dl2d.db.errors import InvalidTransition
+from dl2d.db.events import record_events
+from dl2d.db.intents import plan_intent, plan_intents, transition_intents
+from dl2d.db.jobs import submit_job
 from dl2d.db.models import Event, EventKind, Intent, IntentKind, IntentState
-from dl2d.db.store import (
-    AllocationRecord, InvalidTransition, plan_intent, plan_intents, record_events, record_slot, submit_job,
-    transition_intents,
-)
+from dl2d.db.slots import AllocationRecord, record_slot
 
 T0 = datetime(2024, 5, 1, 8, tzinfo=timezone.utc)
 

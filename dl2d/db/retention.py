@@ -1,10 +1,11 @@
-"""Node-sample rows and their downsampling (retention policy).
+"""How long the ``node_samples`` table keeps what (the retention rule), as pure functions.
 
-A *row* is the flat, per-node summary of one agent sample that goes into the
-``node_samples`` table (:func:`sample_to_row`). :func:`downsample` is a pure
+A *row* is the flat, per-node summary of one agent sample
+(``dl2d.agents.sample.sample_to_row``). :func:`downsample` is a pure
 function: given one node's (or many nodes') rows and the current time, it
 returns the rows to keep, replacing old full-resolution rows by bucket
-means. Default policy (:data:`DEFAULT_TIERS`):
+means. It lives with the database, which it bounds; ``dl2d.db.samples``
+applies it to the table. Default policy (:data:`DEFAULT_TIERS`):
 
 =====================  ==============  =================================
 age of the row         resolution      rows per node (10-s polling)
@@ -27,7 +28,7 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-__all__ = ["DEFAULT_TIERS", "downsample", "max_rows_per_node", "sample_to_row"]
+__all__ = ["DEFAULT_TIERS", "downsample", "max_rows_per_node"]
 
 #: (max age in seconds, resolution in seconds; 0 = keep every sample)
 DEFAULT_TIERS: tuple[tuple[float, float], ...] = (
@@ -43,43 +44,6 @@ MAX_FIELDS = frozenset({"gpu_util_max_pct", "gpu_temp_max_c", "ecc_uncorrected",
 
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _vals(gpus: list[dict[str, Any]], key: str) -> list[float]:
-    return [g[key] for g in gpus if _num(g.get(key))]
-
-
-def sample_to_row(sample: dict[str, Any]) -> dict[str, Any]:
-    """Flat per-node summary of an agent sample (see docs/agents.md)."""
-    gpus = sample.get("gpus") or []
-    host = sample.get("host") or {}
-    util = _vals(gpus, "util_gpu_pct")
-    jobs = {
-        p["slurm_job_id"]
-        for g in gpus for p in (g.get("processes") or []) if p.get("slurm_job_id")
-    }
-    return {
-        "node": sample["node"],
-        "ts": float(sample["ts"]),
-        "resolution_s": 0.0,
-        "n": 1,
-        "gpu_count": len(gpus),
-        "gpu_util_mean_pct": sum(util) / len(util) if util else None,
-        "gpu_util_max_pct": max(util) if util else None,
-        "gpu_mem_used_bytes": sum(_vals(gpus, "mem_used_bytes")) if gpus else None,
-        "gpu_mem_total_bytes": sum(_vals(gpus, "mem_total_bytes")) if gpus else None,
-        "gpu_power_w": sum(_vals(gpus, "power_w")) if gpus else None,
-        "gpu_temp_max_c": max(_vals(gpus, "temp_c"), default=None),
-        "ecc_uncorrected": sum(_vals(gpus, "ecc_uncorrected")) if gpus else None,
-        "xid_count": sum(len(g.get("xid_errors") or []) for g in gpus),
-        "cpu_percent": host.get("cpu_percent"),
-        "load1": host.get("load1"),
-        "mem_used_bytes": host.get("mem_used_bytes"),
-        "net_rx_bps": host.get("net_rx_bps"),
-        "net_tx_bps": host.get("net_tx_bps"),
-        "jobs": sorted(jobs),
-        "gpu_error": sample.get("gpu_error"),
-    }
 
 
 def _resolution(age: float, tiers: Sequence[tuple[float, float]]) -> float | None:

@@ -1,0 +1,289 @@
+"""Jobs: submission (validated first), lookup, cancellation, and the job queries of the daemon and CLI.
+
+Validation (`validate_submission`) is a pure function, so a malformed submission is rejected before
+anything touches the database. The other functions take a Session and never commit: the caller owns the
+transaction (`with session_scope(engine) as s: ...`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, defer
+
+from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.db.errors import (
+    InvalidTransition,
+    JobNotFound,
+    PermissionDenied,
+    SubmissionError,
+)
+from dl2d.db.events import record_event
+from dl2d.db.intents import plan_intent
+from dl2d.db.models import ACTIVE_STATES, EventKind, IntentKind, Job, JobState, utcnow
+from dl2d.workload.jobtypes import TYPE_NAMES
+
+#: The 8 models of DL2's evaluation: the simulator's catalogue is the one list of job types.
+DL2_JOB_TYPES: tuple[str, ...] = TYPE_NAMES
+
+# Sanity bounds: anything beyond is a typo, not a real demand.
+MAX_GPUS_PER_WORKER = 16
+MAX_CPUS_PER_TASK = 512
+MAX_MEM_GB_PER_TASK = 4096.0
+MAX_TASKS = 256
+MAX_EPOCHS = 1_000_000.0
+MAX_TIME_LIMIT_MIN = 366 * 24 * 60
+SYNC_MODES = ("sync", "async")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+# --------------------------------------------------------------------------------------------------
+# submissions
+
+
+@dataclass(frozen=True)
+class Demand:
+    gpus: float
+    cpus: float
+    mem_gb: float
+
+
+@dataclass(frozen=True)
+class JobSubmission:
+    """A validated submission (build it with `validate_submission`)."""
+
+    name: str
+    owner: str
+    job_type: str
+    total_epochs: float
+    command: str
+    worker: Demand
+    ps: Demand
+    max_workers: int = MAX_WORKERS
+    max_ps: int = MAX_PS
+    sync: str = "sync"
+    time_limit_min: int | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """The JSON stored in `jobs.spec`."""
+        return {
+            "command": self.command,
+            "worker": asdict(self.worker),
+            "ps": asdict(self.ps),
+            "max_workers": self.max_workers,
+            "max_ps": self.max_ps,
+            "sync": self.sync,
+            "time_limit_min": self.time_limit_min,
+        }
+
+
+_SUBMISSION_KEYS = {
+    "name", "owner", "job_type", "total_epochs", "command", "script",
+    "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
+}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _number(errors: list[str], where: str, v: Any, lo: float, hi: float, *, lo_open: bool = False,
+            integer: bool = False) -> Any:
+    """Check `lo <= v <= hi` (or `lo < v`); record a message and return None when it is not."""
+    if not _is_number(v) or (integer and float(v) != int(v)):
+        errors.append(f"{where} must be {'an integer' if integer else 'a number'}, got {v!r}")
+        return None
+    if (v <= lo if lo_open else v < lo) or v > hi:
+        low = f"> {lo:g}" if lo_open else f">= {lo:g}"
+        errors.append(f"{where} must be {low} and <= {hi:g}, got {v!r}")
+        return None
+    return int(v) if integer else float(v)
+
+
+def _demand(errors: list[str], role: str, d: Any, gpus_allowed: bool) -> Demand | None:
+    if not isinstance(d, Mapping):
+        errors.append(f"{role} must be a mapping with gpus/cpus/mem_gb, got {d!r}")
+        return None
+    unknown = sorted(set(d) - {"gpus", "cpus", "mem_gb"})
+    if unknown:
+        errors.append(f"{role}: unknown keys {unknown} (expected gpus, cpus, mem_gb)")
+    gpus = _number(errors, f"{role}.gpus", d.get("gpus", 0), 0, MAX_GPUS_PER_WORKER if gpus_allowed else 0)
+    cpus = _number(errors, f"{role}.cpus", d.get("cpus"), 0, MAX_CPUS_PER_TASK, lo_open=True)
+    mem = _number(errors, f"{role}.mem_gb", d.get("mem_gb"), 0, MAX_MEM_GB_PER_TASK, lo_open=True)
+    if None in (gpus, cpus, mem):
+        return None
+    return Demand(gpus=gpus, cpus=cpus, mem_gb=mem)
+
+
+def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -> JobSubmission:
+    """Check a submission (parsed JSON/YAML) and return it typed, or raise SubmissionError listing all problems.
+
+    Keys: name, owner, job_type, total_epochs, command (alias: script), worker {gpus, cpus, mem_gb},
+    ps {cpus, mem_gb}, and optionally max_workers, max_ps, sync ("sync"|"async"), time_limit_min.
+    """
+    if not isinstance(data, Mapping):
+        raise SubmissionError([f"a submission must be a mapping, got {type(data).__name__}"])
+    errors: list[str] = []
+    unknown = sorted(set(data) - _SUBMISSION_KEYS)
+    if unknown:
+        errors.append(f"unknown keys {unknown}")
+
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        errors.append(f"name must be 1-64 characters of letters, digits, '.', '_', '-' "
+                      f"starting with a letter or digit, got {name!r}")
+    owner = data.get("owner")
+    if not isinstance(owner, str) or not _USER_RE.match(owner):
+        errors.append(f"owner must be a unix user name, got {owner!r}")
+    known = tuple(known_types)
+    job_type = data.get("job_type")
+    if job_type not in known:
+        errors.append(f"unknown job type {job_type!r}; known types: {', '.join(known)}")
+    epochs = _number(errors, "total_epochs", data.get("total_epochs"), 0, MAX_EPOCHS, lo_open=True)
+
+    if "command" in data and "script" in data:
+        errors.append("give either command or script, not both")
+    command = data.get("command", data.get("script"))
+    if not isinstance(command, str) or not command.strip():
+        errors.append("missing script: give the training command as `command` (or `script`)")
+    elif "\x00" in command:
+        errors.append("command must not contain NUL characters")
+
+    worker = _demand(errors, "worker", data.get("worker"), gpus_allowed=True)
+    ps = _demand(errors, "ps", data.get("ps"), gpus_allowed=False)
+    max_workers = _number(errors, "max_workers", data.get("max_workers", 16), 1, MAX_TASKS, integer=True)
+    max_ps = _number(errors, "max_ps", data.get("max_ps", 16), 1, MAX_TASKS, integer=True)
+    sync = data.get("sync", "sync")
+    if sync not in SYNC_MODES:
+        errors.append(f"sync must be one of {SYNC_MODES}, got {sync!r}")
+    time_limit = data.get("time_limit_min")
+    if time_limit is not None:
+        time_limit = _number(errors, "time_limit_min", time_limit, 0, MAX_TIME_LIMIT_MIN, lo_open=True,
+                             integer=True)
+
+    if errors:
+        raise SubmissionError(errors)
+    return JobSubmission(
+        name=name, owner=owner, job_type=job_type, total_epochs=epochs, command=command.strip(),
+        worker=worker, ps=ps, max_workers=max_workers, max_ps=max_ps, sync=sync, time_limit_min=time_limit,
+    )
+
+
+def submit_job(session: Session, submission: JobSubmission | Mapping[str, Any],
+               known_types: Iterable[str] = DL2_JOB_TYPES, now: datetime | None = None) -> Job:
+    """Insert a PENDING job and its `submit` event. A mapping is validated first (nothing written if bad)."""
+    sub = submission if isinstance(submission, JobSubmission) else validate_submission(submission, known_types)
+    now = now or utcnow()
+    job = Job(
+        name=sub.name, owner=sub.owner, job_type=sub.job_type, total_epochs=sub.total_epochs,
+        epochs_done=0.0, state=JobState.PENDING, spec=sub.spec(), submitted_at=now, workers=0, ps=0,
+    )
+    session.add(job)
+    session.flush()
+    record_event(session, EventKind.SUBMIT, job, {"name": sub.name, "job_type": sub.job_type}, ts=now)
+    return job
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return job
+
+
+def cancel_job(session: Session, job_id: int, requester: str, now: datetime | None = None, *,
+               admin: bool = False) -> Job:
+    """Cancel a job on behalf of `requester`: its owner, root, or (``admin=True``) a dl2d admin, which the
+    `cancel` event records as ``{"requester": ..., "as": "admin"}``.
+
+    The job is marked CANCELLED at once; if it holds a Slurm allocation, a `cancel` intent is journalled
+    for the daemon to carry out (scancel).
+    """
+    job = get_job(session, job_id)
+    owner_or_root = requester in (job.owner, "root")
+    if not (owner_or_root or admin):
+        raise PermissionDenied(f"user {requester!r} may not cancel job {job_id}: it belongs to {job.owner!r} "
+                               "(only the owner or root can cancel it)")
+    if JobState(job.state).terminal:
+        raise InvalidTransition(f"job {job_id} is already {job.state.value}")
+    now = now or utcnow()
+    if job.slurm_job_id is not None:
+        plan_intent(session, None, job, IntentKind.CANCEL, {"slurm_job_id": job.slurm_job_id})
+    job.state = JobState.CANCELLED
+    job.finished_at = now
+    detail = {"requester": requester} if owner_or_root else {"requester": requester, "as": "admin"}
+    record_event(session, EventKind.CANCEL, job, detail, ts=now)
+    return job
+
+
+# --------------------------------------------------------------------------------------------------
+# queries
+
+_IN_CHUNK = 500  # ids per IN (...): well below every backend's bound-parameter limit
+
+
+def _without_spec(q, spec: bool):
+    """The daemon's hot paths leave out the spec JSON (never needed there, and the widest column)."""
+    return q if spec else q.options(defer(Job.spec))
+
+
+def active_jobs(session: Session, *, spec: bool = True) -> list[Job]:
+    """The jobs not yet over (`ACTIVE_STATES`), by id; ``spec=False`` defers the spec column."""
+    q = select(Job).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)
+    return list(session.scalars(_without_spec(q, spec)))
+
+
+def active_job_ids(session: Session) -> list[int]:
+    return list(session.scalars(select(Job.id).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)))
+
+
+def count_active_jobs(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE_STATES))))
+
+
+def count_jobs_by_state(session: Session) -> dict[JobState, int]:
+    """Jobs per state; states without a job are absent."""
+    return {JobState(st): int(n) for st, n in session.execute(select(Job.state, func.count()).group_by(Job.state))}
+
+
+def jobs_by_id(session: Session, job_ids: Iterable[int], *, spec: bool = True) -> dict[int, Job]:
+    """The jobs with these ids, by id (ids without a job are absent); ``spec=False`` defers the spec."""
+    q = select(Job).where(Job.id.in_(set(job_ids)))
+    return {j.id: j for j in session.scalars(_without_spec(q, spec))}
+
+
+def job_specs(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """The submission spec of each job (``{}`` where it is NULL), read in chunks of ids."""
+    ids = list(job_ids)
+    out: dict[int, dict[str, Any]] = {}
+    for i in range(0, len(ids), _IN_CHUNK):
+        for job_id, spec in session.execute(select(Job.id, Job.spec).where(Job.id.in_(ids[i:i + _IN_CHUNK]))):
+            out[job_id] = spec or {}
+    return out
+
+
+def list_jobs(session: Session, states: Iterable[JobState] = (), owners: Iterable[str] = ()) -> list[Job]:
+    """Jobs by id, only those in `states` and of `owners` where given (empty: no filter): `dl2ctl queue`."""
+    q = select(Job).order_by(Job.id)
+    states, owners = list(states), list(owners)
+    if states:
+        q = q.where(Job.state.in_(states))
+    if owners:
+        q = q.where(Job.owner.in_(owners))
+    return list(session.scalars(q))
+
+
+def jobs_with_name_prefix(session: Session, prefix: str) -> list[Job]:
+    """Jobs whose name starts with `prefix` (`%` and `_` in it match themselves), by id."""
+    return list(session.scalars(select(Job).where(Job.name.startswith(prefix, autoescape=True)).order_by(Job.id)))
+
+
+def job_names_with_prefix(session: Session, prefix: str) -> set[str]:
+    return set(session.scalars(select(Job.name).where(Job.name.startswith(prefix, autoescape=True))))
