@@ -9,7 +9,7 @@ Two implementations:
 
 * ``dl2d.daemon.sim_backend.SimBackend`` — the embedded default: the simulator
   runs the jobs, time advances one slot per :meth:`ClusterBackend.end_slot`.
-* ``dl2d.daemon.slurm_backend.SlurmBackend`` — one Slurm batch job per dl2d job
+* ``dl2d.daemon.slurm.backend.SlurmBackend`` — one Slurm batch job per dl2d job
   (see docs/slurm.md); time passes for real, progress comes from the jobs'
   progress files.
 """
@@ -49,7 +49,7 @@ class JobRequest:
     """What the daemon knows of a dl2d job when it asks the backend to run it."""
 
     job_id: int
-    job_type: str  # one of dl2d.sim.jobtypes.TYPE_NAMES
+    job_type: str  # one of dl2d.workload.jobtypes.TYPE_NAMES
     total_epochs: float
     spec: Mapping[str, Any] = field(default_factory=dict)  # the submitted spec (command, demands, ...)
 

@@ -23,16 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Readers see the old or the new file, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from dl2d.core.files import write_json_atomic
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -13,14 +13,28 @@ from pathlib import Path
 import pytest
 
 from dl2d.daemon.backend import (
-    FAILED, FINISHED, NOOP, PENDING, RESTART, RUNNING, SHRINK, START, STOP,
-    BackendError, JobRequest, Target,
+    FAILED,
+    FINISHED,
+    NOOP,
+    PENDING,
+    RESTART,
+    RUNNING,
+    SHRINK,
+    START,
+    STOP,
+    BackendError,
+    JobRequest,
+    Target,
 )
-from dl2d.daemon.slurm_backend import SlurmBackend, SlurmBackendConfig
+from dl2d.daemon.slurm.backend import SlurmBackend
+from dl2d.daemon.slurm.settings import SlurmBackendConfig
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
+#: Small per-task demands, stated (resnet-50's defaults, 8 GB per worker, would fit one worker per 15.6 GB
+#: node): the allocations below are counted in GPUs.
+DEMANDS = {"worker": {"gpus": 1, "cpus": 1, "mem_gb": 0}, "ps": {"cpus": 1, "mem_gb": 0}}
 
 
 def demo_request(job_id: int, epochs: int, seconds_per_epoch: float = 0.5) -> JobRequest:
@@ -29,7 +43,7 @@ def demo_request(job_id: int, epochs: int, seconds_per_epoch: float = 0.5) -> Jo
                ' --checkpoint "$DL2D_CHECKPOINT_DIR/ckpt.json" --progress "$DL2D_PROGRESS_FILE"'
                f" --seconds-per-epoch {seconds_per_epoch}")
     return JobRequest(job_id=job_id, job_type="resnet-50", total_epochs=epochs,
-                      spec={"command": command, "time_limit_min": 10, "worker": {"gpus": 1}})
+                      spec={"command": command, "time_limit_min": 10, **DEMANDS})
 
 
 def backend(slurm, state_dir: Path, **kw) -> SlurmBackend:
@@ -195,7 +209,7 @@ def test_elastic_job_is_scaled_hot_inside_its_allocation(slurm, wait_for, tmp_pa
                " --ps $DL2D_PS --epochs 200 --checkpoint-dir \"$DL2D_CHECKPOINT_DIR\""
                " --progress-file \"$DL2D_PROGRESS_FILE\" --progress-interval 0.2 --quiet")
     job = JobRequest(job_id=305, job_type="resnet-50", total_epochs=200,
-                     spec={"command": command, "time_limit_min": 10, "worker": {"gpus": 1}})
+                     spec={"command": command, "time_limit_min": 10, **DEMANDS})
     r = b.apply(job, Target(2, 1))  # 1 node x 2 GPUs
     assert r.method == START and b.observe()[305].hot_scaling
     wait_for(lambda: progress(b, 305).get("state") == "running"
@@ -234,3 +248,26 @@ def test_a_dltap_placement_runs_on_exactly_its_nodes(slurm, wait_for, tmp_path):
     hostfile = (b.job_dir(306) / "hostfile").read_text().split()
     assert hostfile == ["node3", "node3", "node2", "node3"]
     assert b.apply(job, Target(0, 0)).method == STOP
+
+
+def test_a_two_gpu_per_worker_job_is_planned_and_run_with_two(slurm, wait_for, tmp_path):
+    """One demand for everyone: a job whose spec asks 2 GPUs per worker is planned with 2 by the policy (DRF
+    on the view of this Slurm's nodes) and by the guardrails, and Slurm runs it with 2 GPUs per worker."""
+    from dl2d.daemon import plan as P
+    from dl2d.policy import registry
+
+    b = backend(slurm, tmp_path / "state")
+    spec = {**demo_request(307, epochs=60).spec, "worker": {"gpus": 2, "cpus": 1, "mem_gb": 0}, "max_ps": 1}
+    row = P.job_row(307, "resnet-50", 60.0, 0.0, 0, 0, 0, spec, "two-gpu")
+    view = P.build_view(0, [row], b.nodes())
+    assert view.worker_demand[0].tolist() == [2.0, 1.0, 0.0]
+    g = P.guard(view, registry.build("drf"), registry.make_heuristic("fifo"), {}, 6)
+    assert g.source == "policy" and P.check_allocation(view, g.allocation) is None
+    workers = int(g.allocation.workers[0])
+    assert workers == int(view.capacity[:, 0].sum()) // 2  # every GPU of the cluster, two per worker
+    (planned,), _ = P.plan_targets(view, g.allocation, list(view.node_names), {307: (row.max_workers, 1)})
+    assert b.apply(JobRequest(307, "resnet-50", 60.0, spec), planned.target).method == START
+    st = status_when(b, 307, wait_for, 30, "the 2-GPU job running", state=RUNNING)
+    live = next(j for j in slurm.driver().jobs() if j.job_id == st.backend_ref)
+    assert live.num_nodes * live.gpus_per_node == 2 * workers  # Slurm gave it 2 GPUs per worker
+    assert b.apply(JobRequest(307, "resnet-50", 60.0, spec), Target(0, 0)).method == STOP

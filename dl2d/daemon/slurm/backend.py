@@ -1,0 +1,485 @@
+""":class:`SlurmBackend`: the daemon's :class:`~dl2d.daemon.backend.ClusterBackend` on Slurm, one Slurm
+batch job per dl2d job (design: docs/slurm.md).
+
+The I/O shell around the pure parts: it asks Slurm (through a :class:`~dl2d.slurm.driver.SlurmDriver`,
+wrapped in a retrying one) and the job's directory (:mod:`~dl2d.daemon.slurm.jobdir`) for the facts,
+lets :mod:`~dl2d.daemon.slurm.mapping` size the job and :mod:`~dl2d.daemon.slurm.planning` decide, and
+carries the decision out.
+
+The Slurm job carries ``--comment=dl2d:<id>`` and the name ``<prefix><id>``, so a backend whose record
+lacks a job it just submitted (daemon killed between ``sbatch`` and the record write) adopts the active
+Slurm job instead of submitting a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from dl2d.daemon.backend import (
+    FAILED,
+    FINISHED,
+    HOT,
+    NOOP,
+    RESTART,
+    SHRINK,
+    START,
+    STOP,
+    ApplyResult,
+    BackendError,
+    JobRequest,
+    JobStatus,
+    NodeInfo,
+    Target,
+)
+from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids
+from dl2d.daemon.slurm.mapping import (
+    NodeShape,
+    SlurmAllocation,
+    SlurmNodeSelection,
+    allocation_for,
+    allocation_for_selection,
+    job_demand,
+    node_info,
+    node_shape,
+    nodes_to_host,
+    target_selection,
+)
+from dl2d.daemon.slurm.planning import (
+    Current,
+    is_elastic,
+    plan_apply,
+    progress_state,
+    runtime_scales_hot,
+    status_from,
+)
+from dl2d.daemon.slurm.settings import (
+    SlurmBackendConfig,
+    SlurmSection,
+    settings_from_section,
+)
+from dl2d.slurm.backoff import RetryingDriver
+from dl2d.slurm.driver import (
+    COMMENT_PREFIX,
+    JobSpec,
+    SlurmDriver,
+    SlurmError,
+    SlurmJob,
+    SlurmNode,
+    SlurmUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+#: ``scaler(coordinator_address, workers, ps, timeout) -> dict``; dl2d.elastic.control.scale.
+Scaler = Callable[[str, int, int, float], dict]
+
+
+def _default_scaler(addr: str, workers: int, ps: int, timeout: float) -> dict:
+    from dl2d.elastic.control import scale
+    return scale(addr, workers=workers, ps=ps, method="hot", timeout=timeout)
+
+
+class SlurmBackend:
+    """:class:`~dl2d.daemon.backend.ClusterBackend` on Slurm (see the module doc).
+
+    ``driver``: a SlurmDriver (e.g. ``make_driver("cli", env={"SLURM_CONF": ...})``); it is
+    wrapped in a :class:`~dl2d.slurm.backoff.RetryingDriver` unless ``retry=False``.
+    Errors: :class:`BackendError` with ``retryable=True`` when the controller stayed unreachable
+    through the backoff, ``retryable=False`` for anything else.
+    """
+
+    name = "slurm"
+
+    def __init__(self, driver: SlurmDriver, config: SlurmBackendConfig, *, retry: bool = True,
+                 scaler: Scaler | None = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.raw_driver = driver
+        self.driver = RetryingDriver(driver, config.backoff) if retry else driver
+        self.config = config
+        self.scaler = scaler or _default_scaler
+        self.sleep = sleep
+        self.clock = clock
+        self._cache: dict[str, tuple[float, Any]] = {}
+        (config.state_dir / "jobs").mkdir(parents=True, exist_ok=True)
+
+    # -- files ------------------------------------------------------------------------------
+    def job_dir(self, job_id: int) -> Path:
+        return self.config.state_dir / "jobs" / str(int(job_id))
+
+    def _dir(self, job_id: int) -> JobDir:
+        return JobDir(self.job_dir(job_id))
+
+    def _record(self, job_id: int) -> dict[str, Any]:
+        return self._dir(job_id).record()
+
+    def _save(self, job_id: int, record: dict[str, Any]) -> None:
+        self._dir(job_id).save_record(record)
+
+    def _write_target(self, job_id: int, target: Target) -> None:
+        selection = self._selection(target)
+        self._dir(job_id).write_target(target, selection.hostfile if selection is not None else None)
+
+    def _progress(self, job_id: int) -> dict[str, Any] | None:
+        return self._dir(job_id).progress()
+
+    # -- Slurm access -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _slurm(self, what: str, mutates: bool = True) -> Iterator[None]:
+        try:
+            yield
+        except SlurmUnavailable as e:
+            raise BackendError(f"Slurm unavailable while {what}: {e}", retryable=True) from e
+        except SlurmError as e:
+            raise BackendError(f"Slurm refused {what}: {e}", retryable=False) from e
+        finally:
+            if mutates:
+                self._cache.clear()
+
+    def _cached(self, key: str, fetch: Callable[[], Any], fresh: bool) -> Any:
+        """``fetch()``, reused for ``cache_ttl_s`` unless ``fresh`` or Slurm was changed since
+        (so one slot's observe + applies cost one ``squeue`` and one ``sinfo``)."""
+        hit = self._cache.get(key)
+        if not fresh and hit is not None and self.clock() - hit[0] < self.config.cache_ttl_s:
+            return hit[1]
+        value = fetch()
+        self._cache[key] = (self.clock(), value)
+        return value
+
+    def _jobs(self, fresh: bool = False) -> list[SlurmJob]:
+        def fetch() -> list[SlurmJob]:
+            with self._slurm("listing jobs", mutates=False):
+                return self.driver.jobs()
+        return self._cached("jobs", fetch, fresh)
+
+    def _slurm_nodes(self, fresh: bool = False) -> list[SlurmNode]:
+        def fetch() -> list[SlurmNode]:
+            with self._slurm("listing nodes", mutates=False):
+                return self.driver.nodes()
+        return self._cached("nodes", fetch, fresh)
+
+    def _live_job(self, job_id: int, record: Mapping[str, Any],
+                  jobs: list[SlurmJob]) -> tuple[SlurmJob | None, SlurmJob | None]:
+        """(the job's active Slurm job or None, its latest Slurm job or None). The record's
+        Slurm id comes first; an active Slurm job with this job's comment and name that the
+        record does not know (submitted just before a crash) is adopted."""
+        by_id = {j.job_id: j for j in jobs}
+        latest = by_id.get(str(record.get("slurm_job_id") or ""))
+        if latest is not None and latest.active:
+            return latest, latest
+        name = f"{self.config.job_name_prefix}{job_id}"
+        known = set(map(str, record.get("slurm_job_ids") or []))
+        # Known ids that are still active are earlier runs being replaced: not adopted.
+        orphans = [j for j in jobs if j.active and j.comment == f"{COMMENT_PREFIX}{job_id}"
+                   and j.name == name and j.job_id not in known]
+        if orphans and not record.get("cancelled"):
+            adopted = max(orphans, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
+            return adopted, adopted
+        return None, latest
+
+    # -- ClusterBackend -----------------------------------------------------------------------
+    def nodes(self) -> list[NodeInfo]:
+        return [node_info(n) for n in self._slurm_nodes(fresh=True)]
+
+    def observe(self) -> dict[int, JobStatus]:
+        jobs = self._jobs(fresh=True)
+        out: dict[int, JobStatus] = {}
+        for job_id in known_job_ids(self.config.state_dir / "jobs"):
+            record = self._record(job_id)
+            live, latest = self._live_job(job_id, record, jobs)
+            if live is not None and str(record.get("slurm_job_id")) != live.job_id:
+                record = self._adopt(job_id, record, live)
+            status = status_from(job_id, record, live or latest, self._progress(job_id))
+            # Remember how a job ended: Slurm forgets finished jobs after MinJobAge.
+            if status.state in (FINISHED, FAILED) and not record.get("final") \
+                    and not record.get("cancelled"):
+                self._save(job_id, {**record, "final": status.state, "message": status.message})
+            out[job_id] = status
+        return out
+
+    def apply(self, job: JobRequest, target: Target) -> ApplyResult:
+        if target.workers < 0 or target.ps < 0:
+            raise BackendError(f"job {job.job_id}: negative target {target}")
+        spec = dict(job.spec or {})
+        record = self._record(job.job_id)
+        if record.get("cancelled"):
+            raise BackendError(f"job {job.job_id} was cancelled; it cannot be started again")
+        elastic = is_elastic(spec)
+        # First from the lists of this slot's observe() (cheap); a decision to change anything
+        # is re-made on fresh lists, so only NOOPs ever rest on a cached view.
+        for fresh in (False, True):
+            live, _ = self._live_job(job.job_id, record, self._jobs(fresh=fresh))
+            if live is not None and str(record.get("slurm_job_id")) != live.job_id:
+                record = self._adopt(job.job_id, record, live)
+            held = self._allocation(live, record)
+            needed = hosting = None
+            if (target.workers, target.ps) != (0, 0):
+                needed, hosting = self._size(job, target, held, fresh)
+            progress = self._progress(job.job_id)
+            applied = record.get("applied") or {}
+            cur = Current(
+                slurm_state=live.state if live is not None else None,
+                allocation=held,
+                applied=(int(applied.get("workers", 0)), int(applied.get("ps", 0))),
+                finished=progress_state(progress) == "done" or record.get("final") == FINISHED,
+                elastic=elastic,
+                hot_scaling=self._runtime_scales_hot(job.job_id, elastic, live, progress),
+            )
+            failed = live is None and record.get("final") == FAILED
+            plan = plan_apply(cur, target, needed, hosting)
+            method = plan.method
+            if method == NOOP and not failed:
+                break
+        if failed and (target.workers, target.ps) != (0, 0):
+            raise BackendError(f"job {job.job_id} failed ({record.get('message')}); "
+                               "it is not restarted", retryable=False)
+        log.info("job %s: %s -> %s/%s: %s", job.job_id, cur, target.workers, target.ps, method)
+        record = {**record, "job_id": job.job_id, "elastic": elastic,
+                  "target": {"workers": target.workers, "ps": target.ps}}
+        if method == NOOP:
+            if needed is not None and live is not None:
+                self._write_target(job.job_id, target)
+                record["applied"] = record["target"]
+            self._save(job.job_id, record)
+            return ApplyResult(job.job_id, NOOP, str(record.get("slurm_job_id") or ""))
+        assert live is not None or method == START
+        if method == STOP:
+            self._save(job.job_id, record)
+            self._checkpoint_and_end(live)
+            record.update(stopped=True, applied={"workers": 0, "ps": 0})
+            self._save(job.job_id, record)
+            return ApplyResult(job.job_id, STOP, live.job_id)
+        assert needed is not None
+        record["stopped"] = False
+        if method == START:
+            if live is not None:  # pending at another size: replace it
+                with self._slurm(f"cancelling pending job {live.job_id}"):
+                    self.driver.cancel(live.job_id)
+                self._wait_ended(live.job_id, self.config.checkpoint_timeout_s)
+            return self._submit(job, record, target, needed)
+        if method == HOT:
+            if self._hot_scale(job.job_id, target):
+                record["applied"] = record["target"]
+                self._write_target(job.job_id, target)
+                self._save(job.job_id, record)
+                return ApplyResult(job.job_id, HOT, live.job_id)
+            method = RESTART  # the job could not be scaled hot: relaunch it
+        if method == SHRINK:
+            assert plan.allocation is not None
+            if elastic and not self._hot_scale(job.job_id, target):
+                method = RESTART
+            else:
+                keep = plan.allocation.nodes
+                self._write_target(job.job_id, target)
+                self._save(job.job_id, record)
+                with self._slurm(f"shrinking job {live.job_id} to {keep} nodes"):
+                    self.driver.shrink(live.job_id, keep)
+                record["applied"] = record["target"]
+                record["allocation"] = {"nodes": keep, "gpus_per_node": live.gpus_per_node}
+                self._save(job.job_id, record)
+                return ApplyResult(job.job_id, SHRINK, live.job_id)
+        # RESTART: checkpoint, then requeue at the new size or submit anew.
+        self._write_target(job.job_id, target)
+        self._save(job.job_id, record)
+        self._checkpoint_and_end(live)
+        if progress_state(self._progress(job.job_id)) == "done":
+            record["applied"] = {"workers": 0, "ps": 0}
+            self._save(job.job_id, record)
+            return ApplyResult(job.job_id, NOOP, live.job_id)  # it finished meanwhile
+        # requeue can change a pending job's node count but not its GPUs per node.
+        if self.config.restart_method == "requeue" and needed.gpus_per_node == live.gpus_per_node:
+            with self._slurm(f"requeueing job {live.job_id} at {needed.nodes} nodes"):
+                self.driver.requeue(live.job_id, num_nodes=needed.nodes)
+            record["applied"] = record["target"]
+            record["allocation"] = {"nodes": needed.nodes, "gpus_per_node": live.gpus_per_node}
+            self._save(job.job_id, record)
+            return ApplyResult(job.job_id, RESTART, live.job_id)
+        result = self._submit(job, record, target, needed)
+        return ApplyResult(job.job_id, RESTART, result.backend_ref)
+
+    def cancel(self, job_id: int) -> None:
+        record = self._record(job_id)
+        if not record:
+            return
+        record["cancelled"] = True
+        self._save(job_id, record)
+        live, _ = self._live_job(job_id, {**record, "cancelled": False}, self._jobs(fresh=True))
+        if live is not None:
+            with self._slurm(f"cancelling job {live.job_id}"):
+                self.driver.cancel(live.job_id)
+
+    def drain(self, node: str, reason: str) -> None:
+        with self._slurm(f"draining {node}"):
+            self.driver.drain_node(node, reason or "dl2d")
+
+    def resume(self, node: str) -> None:
+        with self._slurm(f"resuming {node}"):
+            self.driver.resume_node(node)
+
+    def end_slot(self, seconds: float) -> None:
+        return None  # real time passes by itself
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _selection(self, target: Target) -> SlurmNodeSelection | None:
+        """The target's node selection when ``placement = "target"`` (else None: Slurm picks)."""
+        return target_selection(target) if self.config.placement == "target" else None
+
+    def _size(self, job: JobRequest, target: Target, held: SlurmAllocation | None,
+              fresh: bool) -> tuple[SlurmAllocation, int | None]:
+        """(the allocation the non-zero target needs, the fewest of the ``held`` nodes that host it or
+        None). The job's demand is its spec's, its type's default where the spec is silent."""
+        try:
+            demand = job_demand(job)
+            shape = self._shape(fresh=fresh)
+            needed = allocation_for(target.workers, target.ps, demand, shape)
+            selection = self._selection(target)
+        except ValueError as e:
+            raise BackendError(f"job {job.job_id}: {e}") from e
+        if selection is not None:
+            known = {n.name for n in self._slurm_nodes(fresh=fresh)}
+            unknown = [n for n in selection.nodelist if n not in known]
+            if unknown:
+                raise BackendError(f"job {job.job_id}: the target places tasks on nodes Slurm does "
+                                   f"not know: {', '.join(unknown)}")
+            needed = allocation_for_selection(selection, demand)
+        hosting = nodes_to_host(held, target.workers, target.ps, demand, shape) if held else None
+        return needed, hosting
+
+    def _shape(self, fresh: bool = False) -> NodeShape:
+        if self.config.node_shape is not None:
+            return self.config.node_shape
+        shape = node_shape([node_info(n) for n in self._slurm_nodes(fresh=fresh)])
+        if shape is None:
+            raise BackendError("no usable Slurm node (all down or drained)", retryable=True)
+        return shape
+
+    def _runtime_scales_hot(self, job_id: int, elastic: bool, live: SlurmJob | None,
+                            progress: Mapping[str, Any] | None) -> bool:
+        """Whether the running job's runtime can be resized hot now (planning.runtime_scales_hot),
+        from its published coordinator and its progress."""
+        if not elastic or live is None or live.state != "RUNNING":
+            return False
+        coordinator, written = self._dir(job_id).coordinator()
+        return runtime_scales_hot(elastic, coordinator, written, live.start_time, progress)
+
+    @staticmethod
+    def _allocation(live: SlurmJob | None, record: Mapping[str, Any]) -> SlurmAllocation | None:
+        """A running job's allocation as Slurm reports it; a pending one's as we requested
+        it (Slurm 22.05 keeps showing a requeued job's old node count after ``scontrol update
+        NumNodes`` until it starts, at the new count)."""
+        if live is None:
+            return None
+        asked = record.get("allocation") or {}
+        if live.state != "RUNNING" and asked.get("nodes"):
+            return SlurmAllocation(int(asked["nodes"]), int(asked.get("gpus_per_node", 0)))
+        return SlurmAllocation(live.num_nodes, live.gpus_per_node) if live.num_nodes else None
+
+    def _adopt(self, job_id: int, record: dict[str, Any], live: SlurmJob) -> dict[str, Any]:
+        log.warning("job %s: adopting Slurm job %s (not in the record)", job_id, live.job_id)
+        ids = [str(i) for i in record.get("slurm_job_ids") or []]
+        record = {**record, "slurm_job_id": live.job_id, "stopped": False, "submitting": False,
+                  "slurm_job_ids": ids + ([live.job_id] if live.job_id not in ids else [])}
+        if "target" in record and not record.get("applied"):
+            record["applied"] = record["target"]
+        self._save(job_id, record)
+        return record
+
+    def _submit(self, job: JobRequest, record: dict[str, Any], target: Target,
+                needed: SlurmAllocation) -> ApplyResult:
+        spec = dict(job.spec or {})
+        jd = self._dir(job.job_id)
+        jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        command = spec.get("command")
+        script_path = None
+        if command is None:
+            if not spec.get("script"):
+                raise BackendError(f"job {job.job_id}: its spec has no command or script")
+            script_path = jd.write_user_script(str(spec["script"]))
+        self._write_target(job.job_id, target)
+        selection = self._selection(target)  # checked by apply()
+        limit = spec.get("time_limit_min", self.config.time_limit_min)
+        js = JobSpec(
+            name=f"{self.config.job_name_prefix}{job.job_id}",
+            script=batch_script(job.job_id, jd.path, command, script_path),
+            nodes=needed.nodes,
+            gpus_per_node=needed.gpus_per_node,
+            time_limit_min=int(limit) if limit is not None else None,
+            output=str(jd.path / "slurm-%j.out"),
+            workdir=self.config.workdir,
+            partition=spec.get("partition", self.config.partition),
+            checkpoint_signal=self.config.checkpoint_signal,
+            requeue=True,
+            nodelist=selection.nodelist if selection is not None else (),
+            dl2d_job_id=str(job.job_id),
+        )
+        # Record the intent first: if the daemon dies after sbatch, the next backend adopts
+        # the Slurm job by its comment instead of submitting it twice.
+        record = {**record, "submitting": True}
+        self._save(job.job_id, record)
+        with self._slurm(f"submitting job {job.job_id}"):
+            slurm_id = self.driver.submit(js)
+        ids = [str(i) for i in record.get("slurm_job_ids") or []]
+        record.update(slurm_job_id=slurm_id, slurm_job_ids=ids + [slurm_id], submitting=False,
+                      applied=record["target"], final=None, message="",
+                      allocation={"nodes": needed.nodes, "gpus_per_node": needed.gpus_per_node},
+                      nodelist=list(js.nodelist))
+        self._save(job.job_id, record)
+        return ApplyResult(job.job_id, START, slurm_id)
+
+    def _hot_scale(self, job_id: int, target: Target) -> bool:
+        """Scale an elastic job through its coordinator; False when that is not possible."""
+        try:
+            coordinator, _ = self._dir(job_id).coordinator()
+            if not coordinator or not coordinator.get("address"):
+                raise FileNotFoundError("no coordinator.json in the job's checkpoint directory")
+            self.scaler(str(coordinator["address"]), target.workers, target.ps,
+                        self.config.hot_scale_timeout_s)
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure means "relaunch instead"
+            log.warning("job %s: hot scaling to %s/%s failed (%s); relaunching from checkpoint",
+                        job_id, target.workers, target.ps, e)
+            return False
+
+    def _wait_ended(self, slurm_id: str, timeout: float) -> bool:
+        deadline = self.clock() + timeout
+        while True:
+            job = next((j for j in self._jobs(fresh=True) if j.job_id == slurm_id), None)
+            if job is None or not job.active:
+                return True
+            if self.clock() >= deadline:
+                return False
+            self.sleep(self.config.poll_interval_s)
+
+    def _checkpoint_and_end(self, live: SlurmJob) -> None:
+        """Signal the job to checkpoint and exit; cancel it when it does not end in time
+        (scancel sends SIGTERM first, which the job runtimes also treat as "checkpoint")."""
+        if live.state == "RUNNING":
+            try:
+                with self._slurm(f"signalling job {live.job_id}"):
+                    self.driver.signal(live.job_id, self.config.checkpoint_signal)
+            except BackendError as e:
+                # It may have ended since it was listed (e.g. on its own time-limit signal).
+                if e.retryable or not self._wait_ended(live.job_id, 0):
+                    raise
+                return
+            if self._wait_ended(live.job_id, self.config.checkpoint_timeout_s):
+                return
+            log.warning("Slurm job %s did not end %gs after %s; cancelling it", live.job_id,
+                        self.config.checkpoint_timeout_s, self.config.checkpoint_signal)
+        with self._slurm(f"cancelling job {live.job_id}"):
+            self.driver.cancel(live.job_id)
+        if not self._wait_ended(live.job_id, self.config.checkpoint_timeout_s):
+            raise BackendError(f"Slurm job {live.job_id} did not end after scancel", retryable=True)
+
+
+def backend_from_section(section: SlurmSection, default_state_dir: str | Path,
+                         policy_placement: str = "balance") -> SlurmBackend:
+    """The daemon's SlurmBackend from the ``[slurm]`` section of its config
+    (:func:`~dl2d.daemon.slurm.settings.settings_from_section`; ValueError names the bad key)."""
+    from dl2d.slurm.driver import make_driver
+
+    kind, options, config = settings_from_section(section, default_state_dir, policy_placement)
+    return SlurmBackend(make_driver(kind, **options), config)

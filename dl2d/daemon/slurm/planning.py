@@ -1,0 +1,203 @@
+"""How to take a job from what Slurm reports to its target, and what to report of it. Pure.
+
+:func:`plan_apply` picks the method (start / hot / restart / shrink / stop / noop, docs/slurm.md) from
+facts the backend gathered (:class:`Current`, and :func:`~dl2d.daemon.slurm.mapping.nodes_to_host`'s
+answer); :func:`runtime_scales_hot` says from the job's own files whether its runtime can be resized
+hot now; :func:`status_from` turns the backend's record, the Slurm job and the job's progress into a
+:class:`~dl2d.daemon.backend.JobStatus`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dl2d.daemon.backend import (
+    FAILED,
+    FINISHED,
+    HOT,
+    NOOP,
+    PENDING,
+    RESTART,
+    RUNNING,
+    SHRINK,
+    START,
+    STOP,
+    JobStatus,
+    Target,
+)
+from dl2d.daemon.slurm.mapping import SlurmAllocation
+from dl2d.slurm.driver import SlurmJob
+
+
+def is_elastic(spec: Mapping[str, Any]) -> bool:
+    """Is the job's runtime one that supports hot scaling? ``elastic = true/false`` in the spec decides;
+    without it, jobs whose command runs ``dl2-run`` (or ``-m dl2d.elastic.launcher``) are."""
+    if "elastic" in spec:
+        return bool(spec["elastic"])
+    command = str(spec.get("command") or "")
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return any(w == "dl2-run" or w.endswith("/dl2-run") or w == "dl2d.elastic.launcher"
+               for w in words)
+
+
+def progress_state(progress: Mapping[str, Any] | None) -> str:
+    """The job's own word on its state (``status`` of the demo job, ``state`` of dl2-run)."""
+    if not progress:
+        return ""
+    return str(progress.get("state") or progress.get("status") or "")
+
+
+#: dl2-run's progress states (dl2d/elastic/progress.py) in which its coordinator cannot take a resize:
+#: not up yet, busy with one, checkpointing, or gone.
+RUNTIME_BUSY_STATES = frozenset({"starting", "scaling", "checkpointing", "checkpointed", "done", "failed"})
+
+
+def runtime_scales_hot(elastic: bool, coordinator: Mapping[str, Any] | None,
+                       coordinator_written: float | None, slurm_started: float | None,
+                       progress: Mapping[str, Any] | None) -> bool:
+    """Can the job's runtime be resized in place now? From what the runtime itself reports:
+
+    * its kind supports it (``elastic``: :func:`is_elastic` of the spec);
+    * the run Slurm runs now published its coordinator (``checkpoint/coordinator.json``, written by
+      dl2-run when it starts): a file older than the Slurm job's start (``coordinator_written`` <
+      ``slurm_started``, unix seconds) was left by an earlier run, whose coordinator is gone;
+    * its progress does not say it is busy (:data:`RUNTIME_BUSY_STATES`).
+
+    A hot resize that fails anyway (coordinator unreachable, timeout) still falls back to a restart;
+    these facts only spare the attempt where it cannot succeed."""
+    if not elastic or not coordinator or not coordinator.get("address"):
+        return False
+    if slurm_started is not None and coordinator_written is not None and coordinator_written < slurm_started:
+        return False
+    return progress_state(progress) not in RUNTIME_BUSY_STATES
+
+
+@dataclass(frozen=True)
+class Current:
+    """What is true of a job now, as far as :func:`plan_apply` needs to know."""
+
+    slurm_state: str | None  # Slurm base state of its live Slurm job; None: no active job
+    allocation: SlurmAllocation | None  # of the live Slurm job (None when not running)
+    applied: tuple[int, int]  # (workers, ps) last carried out, from the record
+    finished: bool = False  # the job's progress says it is done
+    elastic: bool = False  # its runtime is of a kind that scales hot (is_elastic)
+    hot_scaling: bool = False  # its running runtime can be resized in place now (runtime_scales_hot)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A method and the allocation it carries out: for START and RESTART the one to submit (or requeue
+    at), for SHRINK the nodes to keep; None for HOT, NOOP and STOP (the allocation stays or goes)."""
+
+    method: str
+    allocation: SlurmAllocation | None = None
+
+
+def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
+               hosting_nodes: int | None) -> Plan:
+    """The method that takes a job from ``cur`` to ``target``. ``needed``: the target's allocation
+    (None when the target is 0/0); ``hosting_nodes``: the fewest of the running job's nodes that host
+    the target's tasks (:func:`~dl2d.daemon.slurm.mapping.nodes_to_host`), None when they cannot or
+    nothing runs. The rules:
+
+    * target 0/0: STOP when a Slurm job is active, else NOOP;
+    * finished: NOOP;
+    * no active Slurm job: START (resumes from the job's checkpoint, if any);
+    * pending in Slurm: NOOP when its allocation is ``needed`` (the new (W, P) is written to the
+      target file it reads when it starts), else START (cancel + submit at the new size);
+    * running, its nodes cannot host the target: RESTART (checkpoint, then requeue or resubmit) —
+      Slurm adds neither nodes nor GPUs to a running allocation;
+    * running, fewer of its nodes host the target (and no fewer than ``needed`` has, so a placed
+      target keeps its spread): SHRINK (``scontrol update NumNodes``); an elastic job is scaled down
+      hot first, so one whose runtime cannot be resized now is restarted instead;
+    * running, its nodes host the target: NOOP when (W, P) is what was applied or the job is not
+      elastic (it keeps its allocation); HOT when its runtime can be resized now
+      (``cur.hot_scaling``, and the elastic runtime needs >= 1 worker and >= 1 PS on both sides),
+      else RESTART.
+    """
+    want = (target.workers, target.ps)
+    if want == (0, 0):
+        return Plan(STOP if cur.slurm_state is not None else NOOP)
+    if needed is None:
+        raise ValueError("plan_apply needs the allocation of a non-zero target")
+    if cur.finished:
+        return Plan(NOOP)
+    if cur.slurm_state is None:
+        return Plan(START, needed)
+    if cur.slurm_state != "RUNNING" or cur.allocation is None:
+        return Plan(NOOP) if cur.allocation in (None, needed) else Plan(START, needed)
+    if hosting_nodes is None:
+        return Plan(RESTART, needed)
+    hot = cur.hot_scaling and min(want) >= 1 and min(cur.applied) >= 1
+    keep = max(hosting_nodes, needed.nodes)
+    if keep < cur.allocation.nodes:
+        if cur.elastic and not hot:
+            return Plan(RESTART, needed)
+        return Plan(SHRINK, SlurmAllocation(keep, cur.allocation.gpus_per_node))
+    if want == cur.applied or not cur.elastic:
+        return Plan(NOOP)
+    return Plan(HOT) if hot else Plan(RESTART, needed)
+
+
+def epochs_from_progress(progress: Mapping[str, Any] | None) -> float:
+    """Cumulative epochs from a job's progress file: ``dl2-run``'s (``step``/``total_steps``/
+    ``epochs``: fractional) or the demo job's / any program's (``epoch``)."""
+    if not progress:
+        return 0.0
+    try:
+        step, total, epochs = progress.get("step"), progress.get("total_steps"), progress.get("epochs")
+        if isinstance(step, (int, float)) and isinstance(total, (int, float)) and total > 0 \
+                and isinstance(epochs, (int, float)) and epochs > 0:
+            return float(step) / (float(total) / float(epochs))
+        return float(progress.get("epoch", 0) or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
+                progress: Mapping[str, Any] | None) -> JobStatus:
+    """A :class:`JobStatus` from the job's record, its (latest) Slurm job and its progress.
+
+    FINISHED when the job says it is done; RUNNING / PENDING while its Slurm job is active;
+    after that PENDING when dl2d stopped it or it checkpointed (it waits to be started again),
+    FAILED when it was cancelled or its Slurm job ended any other way (exit code != 0,
+    timeout, node failure, or exit 0 without saying "done"). ``hot_scaling`` is the job's kind
+    (:func:`is_elastic`, kept in the record), known before its runtime starts."""
+    applied = record.get("applied") or {}
+    w, p = int(applied.get("workers", 0)), int(applied.get("ps", 0))
+    epochs = epochs_from_progress(progress)
+    ref = str(record.get("slurm_job_id") or (slurm.job_id if slurm else ""))
+    elastic = bool(record.get("elastic", False))
+    said = progress_state(progress)
+    base = dict(job_id=job_id, epochs_done=epochs, backend_ref=ref, hot_scaling=elastic)
+    if said == "done" or record.get("final") == FINISHED:
+        return JobStatus(state=FINISHED, workers=0, ps=0, message="done", **base)
+    if record.get("cancelled"):
+        return JobStatus(state=FAILED, workers=0, ps=0, message="cancelled by dl2d", **base)
+    if record.get("final") == FAILED:
+        return JobStatus(state=FAILED, workers=0, ps=0,
+                         message=str(record.get("message") or "failed"), **base)
+    if slurm is not None and slurm.active:
+        if slurm.state == "RUNNING":
+            return JobStatus(state=RUNNING, workers=w, ps=p, nodes=slurm.nodes, **base)
+        return JobStatus(state=PENDING, workers=w, ps=p,
+                         message=f"Slurm {slurm.state} ({slurm.reason or 'no reason'})", **base)
+    if record.get("stopped"):
+        return JobStatus(state=PENDING, workers=0, ps=0, message="stopped by dl2d", **base)
+    if said == "checkpointed":
+        return JobStatus(state=PENDING, workers=0, ps=0,
+                         message="checkpointed; waiting to be started", **base)
+    if slurm is None:
+        if not record.get("slurm_job_id"):
+            return JobStatus(state=PENDING, workers=0, ps=0, message="not submitted", **base)
+        return JobStatus(state=PENDING, workers=0, ps=0,
+                         message=f"Slurm job {ref} is gone; waiting to be started", **base)
+    return JobStatus(state=FAILED, workers=0, ps=0,
+                     message=f"Slurm job {slurm.job_id} ended {slurm.state}"
+                             + (f" ({slurm.reason})" if slurm.reason and slurm.reason != "None"
+                                else ""), **base)

@@ -1,0 +1,172 @@
+"""dl2d.daemon.slurm.mapping (pure): a job's demand and a target -> the Slurm allocation, whether the
+nodes a running job holds host a new size, and the node selection of a placed target (DLTAP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dl2d.core.jobs import JobDemand, JobKind, TaskDemand
+from dl2d.daemon.backend import JobRequest, NodeInfo, Target
+from dl2d.daemon.slurm.mapping import (
+    NodeShape,
+    SlurmAllocation,
+    TaskSize,
+    allocation_for,
+    allocation_for_selection,
+    job_demand,
+    node_info,
+    node_shape,
+    nodes_to_host,
+    slurm_node_selection,
+    target_selection,
+)
+from dl2d.slurm.driver import SlurmNode
+from dl2d.slurm.parsing import parse_sinfo_json
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHAPE = NodeShape(gpus=4, cpus=16, mem_gb=15.6)
+
+
+def demand(gpus=1.0, cpus=1.0, mem_gb=0.0, ps_cpus=1.0, ps_mem_gb=0.0) -> JobDemand:
+    return JobDemand(TaskDemand(gpus, cpus, mem_gb), TaskDemand(0.0, ps_cpus, ps_mem_gb))
+
+
+# -- the job's demand --------------------------------------------------------------------------
+
+def test_job_demand_is_the_spec_with_the_job_types_defaults():
+    """One source of a job's demand: what the policy plans from (dl2d.core.jobs), not a second set of
+    defaults. resnet-50's default worker is 1 GPU, 2 cores, 8 GB; its PS 2 cores, 4 GB."""
+    silent = JobRequest(1, "resnet-50", 5, {"command": "true"})
+    assert job_demand(silent) == JobDemand(TaskDemand(1, 2, 8), TaskDemand(0, 2, 4), JobKind.PS)
+    two = JobRequest(1, "resnet-50", 5, {"worker": {"gpus": 2}, "ps": {"mem_gb": 1}})
+    assert job_demand(two) == JobDemand(TaskDemand(2, 2, 8), TaskDemand(0, 2, 1), JobKind.PS)
+    assert job_demand(JobRequest(1, "dssm", 5, {})).worker.gpus == 0  # a CPU-only type
+    with pytest.raises(ValueError, match="unknown job type"):
+        job_demand(JobRequest(1, "gpt-9", 5, {}))
+    with pytest.raises(ValueError, match="worker.gpus"):
+        job_demand(JobRequest(1, "resnet-50", 5, {"worker": {"gpus": -1}}))
+    with pytest.raises(ValueError, match="ps.cpus"):
+        job_demand(JobRequest(1, "resnet-50", 5, {"ps": {"cpus": "two"}}))
+
+
+def test_slurm_gets_whole_gpus_and_cpus():
+    assert TaskSize.of(TaskDemand(0.5, 1.5, 2.5)) == TaskSize(1, 2, 2.5)
+    assert TaskSize.of(TaskDemand(2.0, 0.0, 0.0)) == TaskSize(2, 0, 0.0)
+    # Half a GPU per worker is a whole one here: 4 such workers fill a 4-GPU node.
+    assert allocation_for(5, 0, demand(gpus=0.5), SHAPE) == SlurmAllocation(2, 3)
+
+
+# -- the allocation rule -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers,ps,dem,expected", [
+    (1, 1, demand(), SlurmAllocation(1, 1)),
+    (3, 1, demand(), SlurmAllocation(1, 3)),
+    (4, 2, demand(), SlurmAllocation(1, 4)),
+    (5, 1, demand(), SlurmAllocation(2, 3)),
+    (6, 4, demand(), SlurmAllocation(2, 3)),
+    (8, 0, demand(gpus=2), SlurmAllocation(4, 4)),
+    (3, 0, demand(gpus=2), SlurmAllocation(2, 4)),  # a worker's 2 GPUs are on one node: 2 + 1 workers
+    (0, 3, demand(), SlurmAllocation(1, 0)),  # PS only: no GPUs
+    (2, 2, demand(gpus=0, cpus=8, ps_cpus=4), SlurmAllocation(2, 0)),
+    (1, 1, demand(mem_gb=10, ps_mem_gb=10), SlurmAllocation(2, 1)),
+    (3, 1, demand(cpus=2, mem_gb=8, ps_cpus=2, ps_mem_gb=4), SlurmAllocation(3, 1)),  # resnet-50's: 8 GB each
+    (2, 1, demand(cpus=5), SlurmAllocation(1, 2)),
+    (3, 1, demand(cpus=5, ps_cpus=2), SlurmAllocation(2, 2)),  # 3 x 5 + 2 cores > 16
+    (5, 0, demand(cpus=6), SlurmAllocation(3, 2)),  # tasks do not split: 2 workers of 6 cores per node
+])
+def test_allocation_rule(workers, ps, dem, expected):
+    assert allocation_for(workers, ps, dem, SHAPE) == expected
+
+
+def test_allocation_rejects_tasks_bigger_than_a_node_and_empty_targets():
+    with pytest.raises(ValueError, match="5 GPUs"):
+        allocation_for(1, 1, demand(gpus=5), SHAPE)
+    with pytest.raises(ValueError, match="CPUs"):
+        allocation_for(1, 1, demand(ps_cpus=17), SHAPE)
+    with pytest.raises(ValueError, match="memory"):
+        allocation_for(1, 0, demand(mem_gb=16), SHAPE)
+    with pytest.raises(ValueError, match="non-zero"):
+        allocation_for(0, 0, demand(), SHAPE)
+
+
+def test_unknown_node_cpus_and_memory_are_no_limit():
+    assert allocation_for(4, 4, demand(cpus=8, mem_gb=100), NodeShape(4, 0, 0.0)) == SlurmAllocation(1, 4)
+
+
+def test_node_shape_is_the_smallest_usable_node():
+    nodes = [NodeInfo("a", 4, 16, 16.0), NodeInfo("b", 2, 32, 64.0),
+             NodeInfo("c", 1, 1, 1.0, usable=False)]
+    assert node_shape(nodes) == NodeShape(2, 16, 16.0)
+    assert node_shape([NodeInfo("c", 1, 1, 1.0, usable=False)]) is None
+
+
+def test_sinfo_memory_is_parsed_and_mapped_to_node_info():
+    nodes = parse_sinfo_json((FIXTURES / "sinfo-22.05.json").read_text())
+    assert nodes and all(n.mem_mb == 16000 for n in nodes)
+    info = node_info(nodes[0])
+    assert info.mem_gb == pytest.approx(16000 / 1024)
+    drained = node_info(SlurmNode("n9", "idle", flags=("DRAIN",), cpus=4, gpus=2))
+    assert not drained.usable and drained.reason == "idle,DRAIN"
+
+
+# -- what the nodes a running job holds can host ------------------------------------------------
+
+@pytest.mark.parametrize("held,workers,ps,dem,expected", [
+    (SlurmAllocation(2, 2), 4, 1, demand(), 2),  # 2 workers per node: both nodes
+    (SlurmAllocation(2, 2), 2, 1, demand(), 1),  # one node is enough: the other can go
+    (SlurmAllocation(2, 2), 5, 1, demand(), None),  # a 5th GPU: Slurm cannot add one
+    (SlurmAllocation(2, 3), 4, 2, demand(), 2),  # 2 + 2 workers, though a new allocation would be 1 x 4
+    (SlurmAllocation(1, 4), 2, 2, demand(gpus=2), 1),
+    (SlurmAllocation(1, 4), 3, 1, demand(gpus=2), None),
+    (SlurmAllocation(1, 2), 1, 1, demand(cpus=2, mem_gb=8, ps_cpus=2, ps_mem_gb=4), 1),
+    (SlurmAllocation(1, 2), 1, 2, demand(cpus=2, mem_gb=8, ps_cpus=2, ps_mem_gb=4), None),  # 8 + 2 x 4 GB > 15.6
+    (SlurmAllocation(2, 0), 0, 3, demand(), 1),
+])
+def test_nodes_to_host(held, workers, ps, dem, expected):
+    assert nodes_to_host(held, workers, ps, dem, SHAPE) == expected
+
+
+def test_an_allocation_hosts_what_it_was_sized_for():
+    """Else a running job would be restarted at the same size forever."""
+    for dem in (demand(), demand(gpus=2), demand(gpus=0.5, cpus=3, mem_gb=5, ps_cpus=3, ps_mem_gb=2),
+                demand(gpus=0, cpus=7, ps_cpus=5)):
+        for workers in range(0, 9):
+            for ps in range(0, 5):
+                if workers + ps == 0:
+                    continue
+                a = allocation_for(workers, ps, dem, SHAPE)
+                assert nodes_to_host(a, workers, ps, dem, SHAPE) == a.nodes, (dem, workers, ps, a)
+
+
+# -- node selection from a placement (DLTAP) ----------------------------------------------------
+
+def test_slurm_node_selection_by_hand():
+    # DLTAP Fig. 1(b) with s1..s3 = n0..n2: wk1, wk3, ps1 on n0; ps2 on n1; wk2 on n2
+    sel = slurm_node_selection([0, 2, 0], [0, 1], ["n0", "n1", "n2"])
+    assert sel.nodelist == ("n0", "n1", "n2") and sel.tasks_per_node == (3, 1, 1)
+    assert sel.hostfile == ("n0", "n1", "n0", "n2", "n0")
+    assert sel.roles == ("ps", "ps", "worker", "worker", "worker")
+    assert sel.sbatch_args() == ["--nodes=3", "--nodelist=n0,n1,n2", "--ntasks=5", "--distribution=arbitrary"]
+    sel = slurm_node_selection([3, 3], [1], ["a", "b", "c", "d"])
+    assert sel.nodelist == ("d", "b") and sel.tasks_per_node == (2, 1)
+    with pytest.raises(ValueError):
+        slurm_node_selection([], [], ["a"])
+    with pytest.raises(ValueError):
+        slurm_node_selection([5], [0], ["a"])
+
+
+def test_target_selection_and_its_allocation():
+    assert target_selection(Target(2, 1)) is None
+    # DLTAP Fig. 1(b): wk1, wk3, ps1 on node1; ps2 on node2; wk2 on node3
+    sel = target_selection(Target(3, 2, ("node1", "node3", "node1"), ("node1", "node2")))
+    assert sel.nodelist == ("node1", "node2", "node3") and sel.tasks_per_node == (3, 1, 1)
+    assert sel.hostfile == ("node1", "node2", "node1", "node3", "node1")
+    assert allocation_for_selection(sel, demand()) == SlurmAllocation(3, 2)  # node1 holds 2 workers
+    assert allocation_for_selection(sel, demand(gpus=2)) == SlurmAllocation(3, 4)
+    assert allocation_for_selection(sel, demand(gpus=1.5)) == SlurmAllocation(3, 4)  # whole GPUs
+    ps_only = target_selection(Target(0, 2, (), ("node4", "node4")))
+    assert ps_only.nodelist == ("node4",) and allocation_for_selection(ps_only, demand()) == SlurmAllocation(1, 0)
+    with pytest.raises(ValueError, match="places 1 workers / 1 PS on nodes but asks for 2/1"):
+        target_selection(Target(2, 1, ("node1",), ("node1",)))

@@ -1,0 +1,195 @@
+"""dl2d.daemon.slurm.planning (pure): the apply plan (start / hot / restart / shrink / stop / noop), whether
+a job's runtime can be resized hot now, progress and status."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dl2d.core.jobs import JobDemand, TaskDemand
+from dl2d.daemon.backend import (
+    FAILED,
+    FINISHED,
+    HOT,
+    NOOP,
+    PENDING,
+    RESTART,
+    RUNNING,
+    SHRINK,
+    START,
+    STOP,
+    Target,
+)
+from dl2d.daemon.slurm.mapping import (
+    NodeShape,
+    SlurmAllocation,
+    allocation_for,
+    nodes_to_host,
+)
+from dl2d.daemon.slurm.planning import (
+    Current,
+    Plan,
+    epochs_from_progress,
+    is_elastic,
+    plan_apply,
+    runtime_scales_hot,
+    status_from,
+)
+from dl2d.slurm.driver import SlurmJob
+
+SHAPE = NodeShape(gpus=4, cpus=16, mem_gb=15.6)
+DEMAND = JobDemand(TaskDemand(1, 1, 0), TaskDemand(0, 1, 0))  # 1 GPU and 1 core per worker, 1 core per PS
+
+
+def plan(cur: Current, target: Target, needed: SlurmAllocation | None = None) -> Plan:
+    """plan_apply with the facts the backend gathers: ``needed`` by the allocation rule (unless given),
+    how few of the running job's nodes host the target."""
+    if needed is None and (target.workers, target.ps) != (0, 0):
+        needed = allocation_for(target.workers, target.ps, DEMAND, SHAPE)
+    hosting = None
+    if cur.slurm_state == "RUNNING" and cur.allocation is not None and needed is not None:
+        hosting = nodes_to_host(cur.allocation, target.workers, target.ps, DEMAND, SHAPE)
+    return plan_apply(cur, target, needed, hosting)
+
+
+def test_is_elastic():
+    assert is_elastic({"command": "dl2-run --workers $DL2D_WORKERS --ps 1"})
+    assert is_elastic({"command": "exec /opt/venv/bin/dl2-run --epochs 3"})
+    assert is_elastic({"command": "python -m dl2d.elastic.launcher --local"})
+    assert not is_elastic({"command": "python train.py"})
+    assert not is_elastic({"command": "dl2-run", "elastic": False})
+    assert is_elastic({"script": "#!/bin/sh\n...", "elastic": True})
+    assert not is_elastic({"command": "echo 'unbalanced"})
+
+
+# -- the apply plan --------------------------------------------------------------------------
+
+RUN2 = Current("RUNNING", SlurmAllocation(2, 2), (4, 1))  # a job that is not elastic
+HOT2 = replace(RUN2, elastic=True, hot_scaling=True)  # elastic, its runtime ready to be resized
+COLD2 = replace(RUN2, elastic=True, hot_scaling=False)  # elastic, but its runtime cannot be resized now
+
+
+@pytest.mark.parametrize("cur,target,needed,expected", [
+    (Current(None, None, (0, 0)), Target(2, 1), None, START),
+    (Current(None, None, (0, 0)), Target(0, 0), None, NOOP),
+    (Current(None, None, (0, 0), finished=True), Target(2, 1), None, NOOP),
+    (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(2, 1), None, NOOP),
+    (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(6, 1), None, START),
+    (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(0, 0), None, STOP),
+    (RUN2, Target(4, 1), None, NOOP),
+    (HOT2, Target(4, 1), None, NOOP),
+    (HOT2, Target(0, 0), None, STOP),
+    (RUN2, Target(2, 1), None, SHRINK),
+    (HOT2, Target(2, 1), None, SHRINK),
+    (COLD2, Target(2, 1), None, RESTART),  # scaled down hot before nodes go: not possible now
+    (RUN2, Target(3, 2), None, NOOP),  # its nodes host it; not elastic: it keeps its allocation
+    (HOT2, Target(3, 2), None, HOT),
+    (HOT2, Target(4, 3), None, HOT),  # more PS on the held nodes
+    (HOT2, Target(6, 1), None, RESTART),  # 3 workers per node: more GPUs per node than held
+    (HOT2, Target(9, 1), None, RESTART),
+    (RUN2, Target(9, 1), None, RESTART),
+    (HOT2, Target(4, 0), None, RESTART),  # the elastic runtime needs a PS
+])
+def test_plan_apply(cur, target, needed, expected):
+    assert plan(cur, target, needed).method == expected
+
+
+def test_a_grow_the_held_nodes_host_stays_hot():
+    """2 -> 4 workers on 2 nodes x 2 GPUs: a new allocation would be 1 node x 4 GPUs, but the nodes the
+    job holds host 2 workers each, and its runtime can take them: no restart."""
+    cur = replace(HOT2, applied=(2, 1))
+    assert plan(cur, Target(4, 2)) == Plan(HOT)
+    assert plan(cur, Target(3, 1)) == Plan(HOT)
+
+
+def test_a_grow_restarts_when_the_runtime_cannot_scale_hot():
+    for cur in (replace(COLD2, applied=(2, 1)),  # elastic, but not now (starting, busy, or an old coordinator)
+                replace(HOT2, applied=(2, 0))):  # the elastic runtime needs >= 1 PS on both sides
+        assert plan(cur, Target(4, 2)) == Plan(RESTART, SlurmAllocation(1, 4))
+    # A job that is not elastic keeps its allocation (it may re-read $DL2D_TARGET_FILE).
+    assert plan(replace(RUN2, applied=(2, 1)), Target(4, 2)) == Plan(NOOP)
+
+
+def test_a_grow_beyond_the_held_nodes_restarts_even_when_the_runtime_could_scale_hot():
+    """Slurm adds neither nodes nor GPUs per node to a running allocation."""
+    cur = replace(HOT2, applied=(2, 1))
+    assert plan(cur, Target(5, 1)) == Plan(RESTART, SlurmAllocation(2, 3))
+    assert plan(cur, Target(16, 1)) == Plan(RESTART, SlurmAllocation(4, 4))
+    assert plan_apply(cur, Target(4, 1), SlurmAllocation(1, 4), None) == Plan(RESTART, SlurmAllocation(1, 4))
+
+
+def test_shrink_keeps_the_fewest_nodes_that_host_the_target():
+    cur = Current("RUNNING", SlurmAllocation(3, 3), (9, 1))
+    assert plan(cur, Target(5, 1)) == Plan(SHRINK, SlurmAllocation(2, 3))
+    assert plan(cur, Target(1, 1)) == Plan(SHRINK, SlurmAllocation(1, 3))
+    # A placed target keeps its spread: 1 worker + 1 PS placed on 2 nodes do not shrink to one.
+    placed = Current("RUNNING", SlurmAllocation(2, 1), (1, 1))
+    assert plan(placed, Target(1, 1), needed=SlurmAllocation(2, 1)) == Plan(NOOP)
+    assert plan(placed, Target(1, 1)) == Plan(SHRINK, SlurmAllocation(1, 1))
+
+
+def test_plan_apply_needs_an_allocation_for_a_nonzero_target():
+    with pytest.raises(ValueError):
+        plan_apply(RUN2, Target(1, 1), None, None)
+
+
+# -- can the runtime be resized hot now? -------------------------------------------------------
+
+COORD = {"address": "node1:4000", "job_id": "7", "pid": 12}
+
+
+@pytest.mark.parametrize("elastic,coordinator,written,started,progress,expected", [
+    (True, COORD, 1000.5, 1000, {"state": "running"}, True),
+    (True, COORD, 1000.5, None, None, True),  # no start time, no progress: nothing says no
+    (False, COORD, 1000.5, 1000, {"state": "running"}, False),  # not an elastic runtime
+    (True, None, None, 1000, {"state": "running"}, False),  # no coordinator published
+    (True, {"job_id": "7"}, 1000.5, 1000, {"state": "running"}, False),  # no address in it
+    (True, COORD, 990.0, 1000, {"state": "running"}, False),  # left by an earlier run
+    (True, COORD, 1000.5, 1000, {"state": "starting"}, False),
+    (True, COORD, 1000.5, 1000, {"state": "scaling"}, False),  # busy with a resize
+    (True, COORD, 1000.5, 1000, {"state": "checkpointing"}, False),
+])
+def test_runtime_scales_hot(elastic, coordinator, written, started, progress, expected):
+    assert runtime_scales_hot(elastic, coordinator, written, started, progress) is expected
+
+
+# -- progress and status ---------------------------------------------------------------------
+
+def test_epochs_from_progress():
+    assert epochs_from_progress(None) == 0.0
+    assert epochs_from_progress({"epoch": 3, "epochs": 8, "status": "running"}) == 3.0
+    # dl2-run: 2.5 epochs done of 4 at 10 steps per epoch
+    assert epochs_from_progress({"epoch": 2, "step": 25, "total_steps": 40, "epochs": 4,
+                                 "state": "running"}) == pytest.approx(2.5)
+    assert epochs_from_progress({"epoch": "garbage"}) == 0.0
+
+
+def sjob(state="RUNNING", job_id="7", nodes=("node1",), reason="", **kw) -> SlurmJob:
+    return SlurmJob(job_id=job_id, name="dl2d-1", state=state, reason=reason, nodes=nodes,
+                    num_nodes=len(nodes), gpus_per_node=1, comment="dl2d:1", **kw)
+
+
+REC = {"slurm_job_id": "7", "applied": {"workers": 2, "ps": 1}, "elastic": True}
+
+
+@pytest.mark.parametrize("record,slurm,progress,state,workers,message", [
+    (REC, sjob(), {"epoch": 2}, RUNNING, 2, ""),
+    (REC, sjob("PENDING", nodes=(), reason="Resources"), None, PENDING, 2, "Resources"),
+    (REC, sjob("COMPLETED"), {"epoch": 8, "status": "done"}, FINISHED, 0, "done"),
+    (REC, sjob("FAILED", reason="NonZeroExitCode"), {"epoch": 1, "status": "running"}, FAILED, 0,
+     "ended FAILED (NonZeroExitCode)"),
+    (REC, sjob("COMPLETED"), {"epoch": 1, "status": "running"}, FAILED, 0, "ended COMPLETED"),
+    (REC, sjob("COMPLETED"), {"epoch": 3, "status": "checkpointed"}, PENDING, 0, "checkpointed"),
+    (REC, sjob("FAILED"), {"epoch": 3, "state": "checkpointed"}, PENDING, 0, "checkpointed"),
+    ({**REC, "stopped": True}, sjob("CANCELLED"), {"epoch": 3}, PENDING, 0, "stopped"),
+    ({**REC, "cancelled": True}, sjob("CANCELLED"), None, FAILED, 0, "cancelled"),
+    ({**REC, "final": FAILED, "message": "boom"}, None, None, FAILED, 0, "boom"),
+    (REC, None, {"epoch": 3}, PENDING, 0, "gone"),
+    ({}, None, None, PENDING, 0, "not submitted"),
+])
+def test_status_from(record, slurm, progress, state, workers, message):
+    st = status_from(1, record, slurm, progress)
+    assert (st.state, st.workers) == (state, workers), st
+    assert message in st.message
+    assert st.epochs_done == epochs_from_progress(progress)
