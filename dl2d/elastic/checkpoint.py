@@ -11,37 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
+
+from dl2d.core.files import atomic_open
 
 CHECKPOINT_NAME = "checkpoint.npz"
 
 
 def _atomic_npz(path: str, **arrays) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    with atomic_open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def save_checkpoint(directory: str, meta: dict, params: np.ndarray, momentum: np.ndarray) -> str:

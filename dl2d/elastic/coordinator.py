@@ -16,6 +16,10 @@ one *reconfiguration* run by a single background thread, one at a time
 The same pause-at-clock is used to take a consistent checkpoint.  Other
 requests: ``PROGRESS``/``SUSPENDED``/``RESUMED``/``DONE`` from workers,
 ``STATUS``, ``SCALE {workers, ps, method}``, ``CHECKPOINT {exit}``, ``SHUTDOWN``.
+
+One module (about 700 lines) on purpose: it is one state machine, the coordinator's membership, clock and
+reconfiguration steps share one lock and one background thread, and the pure parts it builds on are already
+their own modules (assignment, clock, checkpoint, protocol).
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ Progress (epoch, step, samples/s, workers, PSs) is written to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+from dl2d.core.files import write_json_atomic
 
 from .checkpoint import load_checkpoint
 from .cluster import ProcessSpawner
@@ -121,10 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                         advertise_host=adv, spawner=spawner, checkpoint_dir=args.checkpoint_dir,
                         progress=progress).start()
     spawner.coord_addr = coord.address
-    with open(os.path.join(args.checkpoint_dir, "coordinator.json.tmp"), "w") as f:
-        json.dump({"address": coord.address, "job_id": args.job_id, "pid": os.getpid()}, f)
-    os.replace(os.path.join(args.checkpoint_dir, "coordinator.json.tmp"),
-               os.path.join(args.checkpoint_dir, "coordinator.json"))
+    write_json_atomic(os.path.join(args.checkpoint_dir, "coordinator.json"),
+                      {"address": coord.address, "job_id": args.job_id, "pid": os.getpid()}, fsync=False)
     signalled: list[int] = []
     for s in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, lambda n, f: signalled.append(n))

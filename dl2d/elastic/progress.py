@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 import urllib.request
+
+from dl2d.core.files import write_atomic
 
 
 class ProgressReporter:
@@ -49,12 +50,7 @@ class ProgressReporter:
         body = json.dumps(rec, default=str)
         if self.path:
             try:
-                d = os.path.dirname(os.path.abspath(self.path))
-                os.makedirs(d, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=".progress-", dir=d)
-                with os.fdopen(fd, "w") as f:
-                    f.write(body)
-                os.replace(tmp, self.path)
+                write_atomic(self.path, body, fsync=False)
             except OSError:
                 self.failures += 1
         if self.url:

@@ -6,7 +6,6 @@ file of another kind, a newer format or a config/parameter mismatch each fail wi
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import jax
 import optax
 from flax import serialization
 
+from dl2d.core.files import write_atomic
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import init_params
 
@@ -45,9 +45,7 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
         "opt_state": serialization.to_state_dict(jax.device_get(ckpt.opt_state)) if ckpt.opt_state is not None else None,
         "meta": ckpt.meta,
     }
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(serialization.msgpack_serialize(doc))
-    os.replace(tmp, path)
+    write_atomic(path, serialization.msgpack_serialize(doc))
 
 
 def load(path: str | Path, lr: float | None = None) -> Checkpoint:
