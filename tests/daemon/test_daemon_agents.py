@@ -3,44 +3,15 @@ in node_samples; a killed agent's node is drained in the backend after K silent 
 places nothing there."""
 from __future__ import annotations
 
-import os
-import re
-import socket
-import subprocess
-import sys
 
 from sqlalchemy import func, select
+from testkit.agents import TOKEN, start_agent, stop_agents
 
 from dl2d.daemon.config import build_config
 from dl2d.daemon.main import build_loop
-from dl2d.db import store
 from dl2d.db.engine import session_scope
+from dl2d.db.jobs import submit_job
 from dl2d.db.models import Event, EventKind, NodeSample
-
-TOKEN = "daemon-test-token-77"
-
-
-def start_agent(token_file, node, *extra):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen([sys.executable, "-m", "dl2d.agents.main", "--bind", "127.0.0.1", "--port", str(port),
-                          "--token-file", token_file, "--node-name", node, "--fake-gpus", "2", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    line = p.stdout.readline()
-    m = re.search(r"listening on (http://\S+)", line)
-    assert m, (line, p.stderr.read())
-    return p, m.group(1)
-
-
-def stop_agents(procs):
-    for p, _ in procs:
-        if p.poll() is None:
-            p.terminate()
-            p.wait(10)
-        p.stdout.close()
-        p.stderr.close()
 
 
 def test_samples_stored_and_silent_node_drained(tmp_path):
@@ -56,9 +27,9 @@ def test_samples_stored_and_silent_node_drained(tmp_path):
                                        "token_file": str(tok), "stale_after": 2, "timeout": 2.0}}, {})
         loop = build_loop(cfg)
         with session_scope(loop.engine) as s:
-            store.submit_job(s, {"name": "big", "owner": "bob", "job_type": "resnet-50", "total_epochs": 9000,
-                                 "command": "python t.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
-                                 "ps": {"cpus": 2, "mem_gb": 4}})
+            submit_job(s, {"name": "big", "owner": "bob", "job_type": "resnet-50", "total_epochs": 9000,
+                           "command": "python t.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
+                           "ps": {"cpus": 2, "mem_gb": 4}})
         loop.run(max_slots=2)
         with session_scope(loop.engine) as s:
             rows = list(s.scalars(select(NodeSample)))

@@ -1,7 +1,6 @@
 import pytest
 
 from dl2d.elastic.cluster import LocalCluster
-from elastictest_helpers import assert_matches_reference, full_loss, long_cfg  # noqa: F401  (re-exported)
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ import time
 
 import numpy as np
 import pytest
+from testkit.elastic import assert_matches_reference, long_cfg
 
-from elastictest_helpers import assert_matches_reference, long_cfg
 from dl2d.elastic.checkpoint import load_checkpoint, save_checkpoint
 
 

@@ -4,8 +4,8 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from testkit.elastic import long_cfg
 
-from elastictest_helpers import long_cfg
 from dl2d.elastic import control
 from dl2d.elastic.control import JobCaps, choose_resize_method
 from dl2d.elastic.progress import ProgressReporter

@@ -1,7 +1,8 @@
 """Scaling-time instrumentation (bench/bench_elastic.py reads it) and the role process environment."""
 import time
 
-from elastictest_helpers import long_cfg
+from testkit.elastic import long_cfg
+
 from dl2d.elastic.cluster import BLAS_THREAD_VARS, ProcessSpawner, role_env
 
 
@@ -50,8 +51,8 @@ def test_role_processes_get_one_blas_thread_unless_set():
 
 def test_frozen_pull_sends_no_parameters():
     from dl2d.elastic import protocol as P
-    from dl2d.elastic.ps import ParameterServer
     from dl2d.elastic.model import TrainConfig
+    from dl2d.elastic.ps import ParameterServer
     ps = ParameterServer("127.0.0.1:1")
     ps.server.start()
     ps.cfg = TrainConfig()

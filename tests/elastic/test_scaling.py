@@ -3,9 +3,10 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from testkit.elastic import assert_matches_reference, full_loss, long_cfg
 
-from elastictest_helpers import assert_matches_reference, full_loss, long_cfg
 from dl2d.elastic.cluster import LocalCluster
 
 

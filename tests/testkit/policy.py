@@ -1,5 +1,5 @@
-"""Shared constants and helpers of the DL2 policy tests (a unique module name: every test directory has a
-conftest, so `from conftest import ...` would depend on which one pytest imported last)."""
+"""Shared constants and helpers of the DL2 policy tests: a small policy config, its simulator setting, tiny
+traces."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,12 +1,12 @@
-"""Hand-made traces and slot views for the simulator tests (imported by name: keep this basename unique)."""
+"""Hand-made traces and slot views for the simulator and policy tests."""
 from __future__ import annotations
 
 import numpy as np
 
+from dl2d.core.contract import SlotView
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.engine import SlotView
-from dl2d.sim.jobtypes import type_index
 from dl2d.sim.trace import Trace
+from dl2d.workload.jobtypes import demand_fields, type_index
 
 
 def make_trace(jobs, *, speed_factor=None) -> Trace:
@@ -26,14 +26,14 @@ def make_view(types, *, servers=4, spec: ClusterSpec | None = None, arrival=None
     spec = spec or ClusterSpec(servers)
     cap = spec.empty()
     return SlotView(
-        slot=slot, jobs=np.arange(n), type_idx=np.array([type_index(t) for t in types], int),
+        slot=slot, job_ids=np.arange(n), type_idx=np.array([type_index(t) for t in types], int),
         arrival_slot=np.array(arrival if arrival is not None else range(n), int),
         slots_run=np.zeros(n, int),
         epochs_done=np.array(done if done is not None else [0.0] * n, float),
         est_epochs=np.array(est if est is not None else [10.0] * n, float),
         prev_workers=np.zeros(n, int), prev_ps=np.zeros(n, int),
         free=cap.copy() if free is None else np.array(free, float), capacity=cap,
-        max_workers=max_workers, max_ps=max_ps,
+        max_workers=max_workers, max_ps=max_ps, **demand_fields([type_index(t) for t in types]),
     )
 
 

@@ -10,14 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from dl2d.policy.nets import masked_logits, policy_logits
-from dl2d.sim.engine import PS_DEMAND, WORKER_DEMAND
+
+
+def job_demands(win):
+    """Each job's own (worker [J, 3], PS [J, 3]) demand, from the window's demand table."""
+    row = np.asarray(win.demand_row)
+    return np.asarray(win.demands_w, float)[row], np.asarray(win.demands_p, float)[row]
 
 
 def features(cfg, win, w, u):
     t = np.asarray(win.type_idx)
     cap = np.asarray(win.capacity, float)
     total = cap.sum(axis=0)
-    used = w[:, None] * WORKER_DEMAND[t] + u[:, None] * PS_DEMAND[t]
+    WD, PD = job_demands(win)
+    used = w[:, None] * WD + u[:, None] * PD
     r = np.max(np.where(total > 0, used / np.where(total > 0, total, 1), 0.0), axis=1)
     f = np.zeros((cfg.max_jobs, cfg.features_per_job))
     f[np.arange(cfg.max_jobs), t] = 1.0
@@ -55,11 +61,11 @@ def mask_of(cfg, win, w, u, free):
     cap = np.asarray(win.capacity, float)
     m = np.zeros(cfg.num_actions, bool)
     m[-1] = True
+    WD, PD = job_demands(win)
     for j in range(cfg.max_jobs):
         if not bool(win.valid[j]):
             continue
-        t = int(win.type_idx[j])
-        wd, pd = WORKER_DEMAND[t], PS_DEMAND[t]
+        wd, pd = WD[j], PD[j]
         m[3 * j] = w[j] < cfg.max_workers and place(free, cap, [wd])[0] is not None
         m[3 * j + 1] = u[j] < cfg.max_ps and place(free, cap, [pd])[0] is not None
         m[3 * j + 2] = w[j] < cfg.max_workers and u[j] < cfg.max_ps and place(free, cap, [wd, pd])[0] is not None
@@ -88,11 +94,11 @@ def reference_window(cfg, params, key, win, mode, epsilon=0.0):
     cap = np.asarray(win.capacity, float)
     free = np.asarray(win.free, float).copy()
     w, u = np.asarray(win.w0).astype(int).copy(), np.asarray(win.u0).astype(int).copy()
-    types = np.asarray(win.type_idx)
+    WD, PD = job_demands(win)
     if cfg.starting_bundle:
         for j in range(cfg.max_jobs):
             if w[j] == 0 and u[j] == 0 and mask_of(cfg, win, w, u, free)[3 * j + 2]:
-                free, _ = place(free, cap, [WORKER_DEMAND[types[j]], PS_DEMAND[types[j]]])
+                free, _ = place(free, cap, [WD[j], PD[j]])
                 w[j] += 1
                 u[j] += 1
     A = cfg.num_actions
@@ -117,8 +123,7 @@ def reference_window(cfg, params, key, win, mode, epsilon=0.0):
         if a == A - 1:
             break
         j, kind = divmod(a, 3)
-        t = types[j]
-        demands = {0: [WORKER_DEMAND[t]], 1: [PS_DEMAND[t]], 2: [WORKER_DEMAND[t], PS_DEMAND[t]]}[kind]
+        demands = {0: [WD[j]], 1: [PD[j]], 2: [WD[j], PD[j]]}[kind]
         free, _ = place(free, cap, demands)
         w[j] += kind != 1
         u[j] += kind != 0

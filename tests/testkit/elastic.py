@@ -1,4 +1,4 @@
-"""Helpers of the elastic tests (a unique module name; see tests/policy/policytest_helpers.py for why)."""
+"""Helpers of the elastic tests: small training configs and the single-process reference run."""
 import numpy as np
 
 from dl2d.elastic.model import TrainConfig, grad_sum, make_dataset, reference_train
