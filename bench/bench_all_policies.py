@@ -40,9 +40,9 @@ import bench_placement as BP  # noqa: E402  (metrics of a run)
 from bench_chic import train_with_progress  # noqa: E402
 from dl2d.sim import engine as E  # noqa: E402
 from dl2d.sim import hetero  # noqa: E402
-from dl2d.sim.baselines import BASELINES, make_baseline  # noqa: E402
+from dl2d.policy.registry import make_heuristic, names as policy_names  # noqa: E402
 from dl2d.sim.cluster import ClusterSpec, preset  # noqa: E402
-from dl2d.sim.placement import with_dltap  # noqa: E402
+from dl2d.policy.dltap import with_dltap  # noqa: E402
 from dl2d.sim.trace import TraceConfig, generate  # noqa: E402
 
 LEARNED = ("dl2", "chic", "chic-pair")
@@ -67,6 +67,7 @@ def train_dl2(args, path: Path, log) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dl2d.policy import train as TR
+    from dl2d.policy import learn as LN
     from dl2d.policy.checkpoint import Checkpoint, make_optimizer, save
     from dl2d.policy.config import PolicyConfig
     from dl2d.policy.nets import init_params
@@ -84,37 +85,28 @@ def train_dl2(args, path: Path, log) -> dict:
                   "rl_slots": args.dl2_rl_slots, "val_seed": args.val_seed, "config": cfg.to_dict()}
     with Progress(*cols, transient=False) as prog:
         task = prog.add_task(f"DL2 SL samples ({args.dl2_teacher})", total=args.dl2_sl_traces, info="")
-        parts = []
-        for s in range(1, args.dl2_sl_traces + 1):
-            parts.append(TR.teacher_samples(cfg, params, generate(tc, seed=s), sim, args.dl2_teacher, seed=s,
-                                            max_slots=args.dl2_sl_slots))
-            prog.advance(task)
-        data = tuple(np.concatenate(x) for x in zip(*parts))
+        data = TR.sl_data(cfg, params, ((generate(tc, seed=s), s) for s in range(1, args.dl2_sl_traces + 1)), sim,
+                          args.dl2_teacher, max_slots=args.dl2_sl_slots, on_trace=lambda: prog.advance(task))
         task = prog.add_task("DL2 SL epochs", total=args.dl2_sl_epochs, info="")
-        params, losses = TR.supervised(cfg, params, data, args.dl2_sl_epochs,
+        params, losses = LN.supervised(cfg, params, data, args.dl2_sl_epochs,
                                        on_epoch=lambda ep, loss, _p: prog.update(task, advance=1,
                                                                                  info=f"loss {loss:.3f}"))
         info["sl_samples"] = int(len(data[2]))
         info["sl_final_loss"] = round(losses[-1], 4) if losses else None
-        info["imitation_accuracy"] = round(TR.imitation_accuracy(cfg, params, data), 4)
+        info["imitation_accuracy"] = round(LN.imitation_accuracy(cfg, params, data), 4)
         info["val_jct_slots_sl"] = round(TR.validate(cfg, params, val, sim).avg_jct_slots, 3)
         log(f"DL2 SL: {info['sl_samples']} samples, accuracy {info['imitation_accuracy']}, "
             f"val JCT {info['val_jct_slots_sl']} slots")
-        st = TR.RLState(params, make_optimizer(cfg.rl_lr).init(params), TR.Replay(cfg, seed=0))
+        st = LN.RLState(params, make_optimizer(cfg.rl_lr).init(params), LN.Replay(cfg, seed=0))
         task = prog.add_task("DL2 RL slots", total=args.dl2_rl_slots, info="")
-        done, ep = 0, 0
 
         def on_slot(_n, reward):
-            nonlocal done
-            done += 1
             prog.update(task, advance=1, info=f"updates {st.steps} reward {reward:.3f}")
 
-        while done < args.dl2_rl_slots:
-            seed = 100 + ep  # RL training traces 100, 101, ...
-            TR.rl_episode(cfg, st, generate(tc, seed=seed), sim, seed=seed, max_slots=args.dl2_rl_slots - done,
-                          on_slot=on_slot)
-            ep += 1
-        info["rl_traces"] = list(range(100, 100 + ep))
+        # RL training traces 100, 101, ...
+        info["rl_traces"] = TR.rl_slots(cfg, st, sim, args.dl2_rl_slots,
+                                        lambda k: (generate(tc, seed=100 + k), 100 + k), on_slot)
+        done = args.dl2_rl_slots
         info["rl_updates"] = st.steps
         info["val_jct_slots_sl_rl"] = round(TR.validate(cfg, st.params, val, sim).avg_jct_slots, 3)
         log(f"DL2 RL: {done} slots, {st.steps} updates, val JCT {info['val_jct_slots_sl_rl']} slots")
@@ -154,11 +146,8 @@ def checkpoint_meta(pol: str, path: Path) -> dict:
 
 
 def make_learned(pol: str, path: Path):
-    if pol == "dl2":
-        from dl2d.policy.scheduler import load_scheduler
-        return load_scheduler(str(path))
-    from dl2d.policy.chic import load_scheduler
-    return load_scheduler(path, name=pol)
+    from dl2d.policy import registry
+    return registry.build(pol, registry.PolicyOptions(checkpoint=str(path)))
 
 
 # ---------------------------------------------------------------- evaluation
@@ -176,15 +165,15 @@ def headline(rows: list[dict]) -> dict:
     for pol in ("dl2", "chic", "chic-pair"):
         out[f"{pol}_vs_drf_jct_pct"] = pct(mean(pol, "own"), mean("drf", "own"))
         out[f"{pol}_vs_optimus_jct_pct"] = pct(mean(pol, "own"), mean("optimus", "own"))
-    for pol in (*BASELINES, *LEARNED):
+    for pol in (*policy_names(heuristic=True), *LEARNED):
         gb = "cross_node_gb_total"
         out[f"dltap_{pol}_traffic_pct"] = pct(mean(pol, "dltap", gb), mean(pol, "own", gb))
         out[f"dltap_{pol}_jct_pct"] = pct(mean(pol, "dltap"), mean(pol, "own"))
-    tr = [out[f"dltap_{p}_traffic_pct"] for p in (*BASELINES, *LEARNED) if out[f"dltap_{p}_traffic_pct"] is not None]
-    jc = [out[f"dltap_{p}_jct_pct"] for p in (*BASELINES, *LEARNED) if out[f"dltap_{p}_jct_pct"] is not None]
+    tr = [out[f"dltap_{p}_traffic_pct"] for p in (*policy_names(heuristic=True), *LEARNED) if out[f"dltap_{p}_traffic_pct"] is not None]
+    jc = [out[f"dltap_{p}_jct_pct"] for p in (*policy_names(heuristic=True), *LEARNED) if out[f"dltap_{p}_jct_pct"] is not None]
     out["dltap_mean_traffic_pct"] = round(float(np.mean(tr)), 1) if tr else None
     out["dltap_mean_jct_pct"] = round(float(np.mean(jc)), 1) if jc else None
-    heur = {p: mean(p, "own") for p in BASELINES}
+    heur = {p: mean(p, "own") for p in policy_names(heuristic=True)}
     heur = {p: v for p, v in heur.items() if v is not None}
     if heur:
         best = min(heur, key=heur.get)
@@ -221,7 +210,7 @@ def evaluate(args, ckpts: dict, log) -> list[dict]:
             elif pol in LEARNED:
                 sched = make_learned(pol, ckpts[pol])
             else:
-                sched = make_baseline(pol)
+                sched = make_heuristic(pol)
             if placement == "dltap":
                 sched = with_dltap(sched)
             row = {"seed": seed, "policy": pol, "placement": placement}
@@ -254,7 +243,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for r in rows:
         if (r["policy"], r["placement"]) not in seen:
             seen.append((r["policy"], r["placement"]))
-    order = [*BASELINES, *LEARNED, "dual-agent"]
+    order = [*policy_names(heuristic=True), *LEARNED, "dual-agent"]
     seen.sort(key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k[1] != "own"))
     for pol, pl in seen:
         sel = [r for r in rows if r["policy"] == pol and r["placement"] == pl]
@@ -313,7 +302,7 @@ def main(argv=None):
     ap.add_argument("--max-slots", type=int, default=8000,
                     help="a test run longer than this is reported as not finished")
     ap.add_argument("--train-max-slots", type=int, default=4000)
-    ap.add_argument("--policies", default=",".join((*BASELINES, *LEARNED, "dual-agent")))
+    ap.add_argument("--policies", default=",".join((*policy_names(heuristic=True), *LEARNED, "dual-agent")))
     ap.add_argument("--train-only", choices=LEARNED, help="train this learned policy into --ckpt-dir and stop")
     ap.add_argument("--ckpt-dir", default="runs")
     for pol in LEARNED:

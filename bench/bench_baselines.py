@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dl2d.sim import baselines as B
+from dl2d.policy import heuristics as B
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import preset
@@ -37,7 +38,7 @@ METRICS = ("avg_jct_slots", "avg_jct_hours", "makespan_slots", "makespan_hours",
 
 
 def policies(thresholds) -> dict:
-    out = {name: B.make_baseline(name) for name in ("drf", "tetris", "optimus", "fifo", "srtf")}
+    out = {name: make_heuristic(name) for name in ("drf", "tetris", "optimus", "fifo", "srtf")}
     for k in thresholds:
         out[f"tetris(k={k})"] = functools.partial(B.tetris, task_threshold=k)
     return out

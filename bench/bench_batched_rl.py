@@ -18,6 +18,7 @@ import numpy as np
 from dl2d.policy import batched as B
 from dl2d.policy import dagger as D
 from dl2d.policy import train as TR
+from dl2d.policy import learn as LN
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import init_params
@@ -71,7 +72,7 @@ def main():
         data = tuple(np.concatenate([a, b]) for a, b in zip(data, new))
         params, opt_state, _ = D.fit(cfg, params, data, 10, labels="action", seed=s, opt_state=opt_state)
         emit(stage=f"dagger{it + 1}", val_jct=val_jct(params))
-    st = TR.RLState(params, make_optimizer(cfg.rl_lr).init(params), TR.Replay(cfg, seed=0))
+    st = LN.RLState(params, make_optimizer(cfg.rl_lr).init(params), LN.Replay(cfg, seed=0))
     for r in range(args.rounds):
         traces = [T.generate(tc, seed=100 + r * args.k + k) for k in range(args.k)]
         totals = B.rl_batch(cfg, st, traces, sim, seed=100 + r * args.k, max_slots=args.slots)

@@ -23,15 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from dl2d.policy import chic as CH  # noqa: E402
+from dl2d.policy import chic_train as CT  # noqa: E402
 from dl2d.sim import cluster as C  # noqa: E402
 from dl2d.sim import engine as E  # noqa: E402
 from dl2d.sim import trace as T  # noqa: E402
-from dl2d.sim.baselines import BASELINES, make_baseline  # noqa: E402
+from dl2d.policy.registry import make_heuristic, names as policy_names  # noqa: E402
 
 
 def train_with_progress(cfg: CH.ChicConfig, train_traces, sim, iterations, val_traces=(), seed=0, log=print,
-                        val_every: int = 2) -> CH.TrainResult:
-    """`chic.train` under a rich progress bar (iterations, and episodes of the current iteration)."""
+                        val_every: int = 2) -> CT.TrainResult:
+    """`chic_train.train` under a rich progress bar (iterations, and episodes of the current iteration)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     cols = (TextColumn("{task.description:>22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -43,14 +44,14 @@ def train_with_progress(cfg: CH.ChicConfig, train_traces, sim, iterations, val_t
         def on_episode(done, total):
             prog.update(ep_task, completed=done, total=total)
 
-        def on_iteration(h: CH.IterationLog):
+        def on_iteration(h: CT.IterationLog):
             val = f" val JCT {h.val_jct:.2f}" if h.val_jct is not None else ""
             info = f"xi {h.xi:.0f} mean R {h.mean_return:.0f} elites {h.elites}{val}"
             prog.update(it_task, advance=1, info=info)
             prog.update(ep_task, completed=0)
             log(f"{cfg.name} iteration {h.iteration}: {info} ({h.seconds:.1f}s)")
 
-        return CH.train(cfg, train_traces, sim, iterations, val_traces=val_traces, val_every=val_every, seed=seed,
+        return CT.train(cfg, train_traces, sim, iterations, val_traces=val_traces, val_every=val_every, seed=seed,
                         on_episode=on_episode, on_iteration=on_iteration)
 
 
@@ -110,8 +111,8 @@ def main():
         }
         log(f"{name}: held-out avg JCT {np.mean(jct):.2f} slots {[round(x, 1) for x in jct]}")
 
-    for name in () if args.skip_baselines else BASELINES:
-        score(name, lambda name=name: make_baseline(name))
+    for name in () if args.skip_baselines else policy_names(heuristic=True):
+        score(name, lambda name=name: make_heuristic(name))
 
     for pol in [p.strip() for p in args.policies.split(",") if p.strip()]:
         cfg = CH.ChicConfig(pair=(pol == "chic-pair"), num_jobs=args.num_jobs, episodes=args.episodes,

@@ -18,9 +18,9 @@ import time
 
 from dl2d.daemon.config import build_config
 from dl2d.daemon.main import build_loop
-from dl2d.db import store
 from dl2d.db.engine import session_scope
-from dl2d.sim.jobtypes import JOB_TYPES
+from dl2d.db.jobs import submit_job
+from dl2d.workload.jobtypes import JOB_TYPES
 
 
 def bench(policy: str, nodes: int, jobs: int, slots: int) -> dict:
@@ -32,9 +32,9 @@ def bench(policy: str, nodes: int, jobs: int, slots: int) -> dict:
     with session_scope(loop.engine) as s:
         for i in range(jobs):
             t = JOB_TYPES[i % len(JOB_TYPES)]
-            store.submit_job(s, {"name": f"b{i}", "owner": "bench", "job_type": t.name, "total_epochs": 1e5,
-                                 "command": "x", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
-                                 "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}})
+            submit_job(s, {"name": f"b{i}", "owner": "bench", "job_type": t.name, "total_epochs": 1e5,
+                           "command": "x", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
+                           "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}})
     ticks, decides, intents = [], [], []
     for _ in range(slots):
         t0 = time.perf_counter()

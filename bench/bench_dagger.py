@@ -25,7 +25,7 @@ from dl2d.policy.nets import init_params
 from dl2d.sim import cluster as C
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
-from dl2d.sim.baselines import make_baseline
+from dl2d.policy.registry import make_heuristic
 
 
 def main():
@@ -66,7 +66,7 @@ def main():
         return round(TR.validate(cfg, p, val, sim).avg_jct_slots, 4)
 
     for name in (args.teacher, "drf"):
-        emit(stage=name, val_jct=round(E.run(val, make_baseline(name), sim, seed=0).avg_jct_slots, 4))
+        emit(stage=name, val_jct=round(E.run(val, make_heuristic(name), sim, seed=0).avg_jct_slots, 4))
     params = init_params(cfg, jax.random.PRNGKey(args.seed))
     parts = [D.collect(cfg, params, T.generate(tc, seed=args.seed + i), sim, args.teacher, seed=args.seed + i,
                        driver="teacher", max_slots=args.max_slots, per_slot=args.per_slot)

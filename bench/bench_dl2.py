@@ -18,17 +18,18 @@ import jax
 import numpy as np
 
 from dl2d.policy import train as TR
+from dl2d.policy import learn as LN
 from dl2d.policy.checkpoint import Checkpoint, make_optimizer, save
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import init_params
 from dl2d.sim import cluster as C
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
-from dl2d.sim.baselines import BASELINES, make_baseline
+from dl2d.policy.registry import make_heuristic, names as policy_names
 
 
 def curve(cfg, params, sim, tc, val, episodes, seed0, label, log):
-    st = TR.RLState(params, make_optimizer(cfg.rl_lr).init(params), TR.Replay(cfg, seed=seed0))
+    st = LN.RLState(params, make_optimizer(cfg.rl_lr).init(params), LN.Replay(cfg, seed=seed0))
     points = [(0, TR.validate(cfg, st.params, val, sim).avg_jct_slots)]
     log(f"{label}: step 0 val JCT {points[-1][1]:.2f} slots")
     for ep in range(episodes):
@@ -74,8 +75,8 @@ def main():
     tc = T.TraceConfig(num_jobs=args.jobs)
     val = T.generate(tc, seed=args.val_seed)
     res = {"args": vars(args), "baselines": {}}
-    for name in BASELINES:
-        r = E.run(val, make_baseline(name), sim)
+    for name in policy_names(heuristic=True):
+        r = E.run(val, make_heuristic(name), sim)
         res["baselines"][name] = r.summary()
         log(f"{name}: avg JCT {r.avg_jct_slots:.2f} slots")
 
@@ -91,8 +92,8 @@ def main():
             sl_curve.append((ep + 1, loss, TR.validate(cfg, params, val, sim).avg_jct_slots))
             log(f"SL epoch {ep + 1}: loss {loss:.3f} val JCT {sl_curve[-1][2]:.2f}")
 
-    sl_params, _ = TR.supervised(cfg, init, data, args.sl_epochs, on_epoch=on_epoch)
-    res["sl"] = {"curve": sl_curve, "accuracy": TR.imitation_accuracy(cfg, sl_params, data)}
+    sl_params, _ = LN.supervised(cfg, init, data, args.sl_epochs, on_epoch=on_epoch)
+    res["sl"] = {"curve": sl_curve, "accuracy": LN.imitation_accuracy(cfg, sl_params, data)}
     slrl_params, slrl = curve(cfg, sl_params, sim, tc, val, args.episodes, 1000, "SL+RL", log)
     rl_eps = args.episodes if args.rl_only_episodes is None else args.rl_only_episodes
     rl_only = curve(cfg, init, sim, tc, val, rl_eps, 1000, "RL only", log)[1] if rl_eps > 0 else []

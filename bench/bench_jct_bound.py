@@ -1,6 +1,6 @@
 """How far below Optimus can any scheduler get on this simulator? The speed oracle's JCT bound per trace.
 
-Runs the speed oracle (dl2d.sim.oracle: every job its fastest configuration on the simulator's own speed
+Runs the speed oracle (dl2d.policy.oracle: every job its fastest configuration on the simulator's own speed
 table) beside Optimus and DRF on the same traces, with the configured slot noise and with none. Where the
 oracle never had to give a job less than its fastest configuration ("binding job-slots" 0), its average JCT
 is a lower bound for every scheduler on that trace, so "oracle vs Optimus" is the most any scheduler (DL2
@@ -17,11 +17,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dl2d.sim import baselines as B
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import preset
-from dl2d.sim.oracle import SpeedOracle
+from dl2d.policy.oracle import SpeedOracle
 
 
 def one_trace(cluster: str, jobs: int, seed: int, slot_noise: float) -> dict:
@@ -31,7 +31,7 @@ def one_trace(cluster: str, jobs: int, seed: int, slot_noise: float) -> dict:
     row = {"cluster": cluster, "jobs": jobs, "seed": seed, "slot_noise": slot_noise,
            "oracle": E.run(trace, oracle, cfg, seed=seed).avg_jct_slots, "binding_job_slots": oracle.short_job_slots}
     for name in ("optimus", "drf"):
-        row[name] = E.run(trace, B.make_baseline(name), cfg, seed=seed).avg_jct_slots
+        row[name] = E.run(trace, make_heuristic(name), cfg, seed=seed).avg_jct_slots
     row["oracle_vs_optimus_pct"] = 100 * (row["oracle"] / row["optimus"] - 1)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
 

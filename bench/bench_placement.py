@@ -14,12 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.policy.dual_agent import DualAgent, train_ordering_cem
+from dl2d.policy.dual_agent import DualAgent
+from dl2d.policy.dual_agent_train import train_ordering_cem
 from dl2d.sim import engine as E
 from dl2d.sim import hetero
-from dl2d.sim.baselines import BASELINES, make_baseline
+from dl2d.policy.registry import make_heuristic, names as policy_names
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.placement import with_dltap
+from dl2d.policy.dltap import with_dltap
 from dl2d.sim.trace import TraceConfig, generate
 
 VARIANTS = {
@@ -60,9 +61,9 @@ def main(argv=None):
     for seed in range(args.seeds):
         trace = generate(tcfg, seed=seed)
         run_cfg = E.SimConfig(**{**cfg.__dict__, "hetero_seed": seed})
-        for name in BASELINES:
+        for name in policy_names(heuristic=True):
             for variant, wrap in VARIANTS.items():
-                r = E.run(trace, wrap(make_baseline(name)), run_cfg, seed=seed)
+                r = E.run(trace, wrap(make_heuristic(name)), run_cfg, seed=seed)
                 rows.append({"seed": seed, "policy": name, "placement": variant, **metrics(r)})
                 print(rows[-1], flush=True)
         agents = [("dual-agent (SRTF theta)", DualAgent())]

@@ -40,6 +40,7 @@ def main() -> None:
     from dl2d.policy.nets import init_params
     from dl2d.policy.slot import SAMPLE, pad_window, run_window
     from dl2d.sim.cluster import ClusterSpec
+    from dl2d.workload.jobtypes import demand_fields
 
     dev = jax.devices()[0]
     print(f"device: {dev.platform} {dev.device_kind}; jax {jax.__version__}", file=sys.stderr)
@@ -50,8 +51,10 @@ def main() -> None:
         params["policy"]["out"]["bias"] = params["policy"]["out"]["bias"].at[-1].set(-5.0)
         rng = np.random.default_rng(J)
         cap = ClusterSpec(J).empty()
-        win = pad_window(cfg, rng.integers(0, cfg.num_types, J), rng.integers(0, 50, J), rng.uniform(1, 300, J),
-                         cap, cap)
+        types = rng.integers(0, cfg.num_types, J)
+        fields = demand_fields(types)
+        win = pad_window(cfg, types, rng.integers(0, 50, J), rng.uniform(1, 300, J), cap, cap,
+                         worker_demand=fields["worker_demand"], ps_demand=fields["ps_demand"])
         for record in (False, True):
             if record and J > args.record_max_jobs:
                 continue
@@ -78,6 +81,7 @@ def main() -> None:
 
     if not args.skip_rl:
         from dl2d.policy import train as T
+        from dl2d.policy import learn as LN
         from dl2d.policy.checkpoint import make_optimizer
         from dl2d.sim.cluster import preset
         from dl2d.sim.engine import SimConfig
@@ -88,7 +92,7 @@ def main() -> None:
             cfg = PolicyConfig()
             sim = SimConfig(cluster=preset(name))
             params = init_params(cfg, jax.random.PRNGKey(0))
-            st = T.RLState(params, make_optimizer(cfg.rl_lr).init(params), T.Replay(cfg))
+            st = LN.RLState(params, make_optimizer(cfg.rl_lr).init(params), LN.Replay(cfg))
             t = time.perf_counter()
             T.rl_episode(cfg, st, generate(TraceConfig(num_jobs=jobs), seed=1), sim, seed=1, max_slots=10)
             warm = time.perf_counter() - t

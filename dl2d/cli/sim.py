@@ -7,20 +7,19 @@ the per-slot GPU utilisation) as pure JSON on stdout, with the progress bar off.
 """
 from __future__ import annotations
 
-import functools
-import importlib
 import json
 from pathlib import Path
 
 import click
 
-BASELINE_NAMES = ("drf", "tetris", "optimus", "fifo", "srtf")
-#: Learned policies: name -> (module with load_scheduler(path), the command that trains one).
-LEARNED = {"dl2": ("dl2d.policy.scheduler", "dl2ctl train"),
-           "chic": ("dl2d.policy.chic", "bench/bench_chic.py"),
-           "chic-pair": ("dl2d.policy.chic", "bench/bench_chic.py")}
-POLICIES = (*BASELINE_NAMES, *LEARNED)
-CLUSTERS = ("dl2", "testbed", "small", "tiny")
+from dl2d.policy import registry
+from dl2d.sim.cluster import PRESETS
+
+#: Every registered policy (dl2d.policy.registry); learned ones need --checkpoint.
+POLICIES = registry.names()
+BASELINE_NAMES = registry.names(heuristic=True)
+LEARNED = registry.names(learned=True)
+CLUSTERS = tuple(PRESETS)
 #: Options that only shape a generated trace: rejected together with --trace.
 GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estimate_error", "interference")
 SPARK = "▁▂▃▄▅▆▇█"
@@ -59,32 +58,20 @@ def parse_checkpoints(values, names: list[str]) -> dict[str, Path]:
         out[name] = Path(path)
     for n in learned:
         if n not in out:
-            raise click.UsageError(f"--policy {n} needs --checkpoint PATH (trained with {LEARNED[n][1]})")
+            raise click.UsageError(f"--policy {n} needs --checkpoint PATH (trained with "
+                                   f"{registry.get(n).trained_by})")
     return out
 
 
-def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None):
-    """A scheduler callable for `name`. Learned policies are imported lazily (JAX, a checkpoint)."""
-    if name in LEARNED:
-        module, trainer = LEARNED[name]
-        if checkpoint is None:
-            raise click.UsageError(f"--policy {name} needs --checkpoint PATH (trained with {trainer})")
-        try:
-            load_scheduler = importlib.import_module(module).load_scheduler
-        except ModuleNotFoundError as e:
-            raise click.ClickException(f"the {name} policy is not available in this installation ({e}); "
-                                       f"use one of the baselines: {', '.join(BASELINE_NAMES)}") from None
-        try:
-            return load_scheduler(str(checkpoint)) if name == "dl2" else load_scheduler(str(checkpoint), name=name)
-        except Exception as e:  # a checkpoint error or an unreadable file: report it, never a traceback
-            raise click.ClickException(f"cannot load {name} checkpoint {checkpoint}: {e}") from None
-    from dl2d.sim import baselines as B
-
-    if name == "tetris" and tetris_threshold is not None:
-        fn = functools.partial(B.tetris, task_threshold=tetris_threshold)
-        fn.name = f"tetris(k={tetris_threshold})"
-        return fn
-    return B.make_baseline(name)
+def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured"):
+    """A policy by name from the registry; any problem (a missing or unreadable checkpoint) is a clear error."""
+    options = registry.PolicyOptions(checkpoint=str(checkpoint) if checkpoint else "",
+                                     tetris_threshold=tetris_threshold, speed_model=speed_model)
+    try:
+        return registry.build(name, options)
+    except registry.PolicyBuildError as e:
+        raise click.ClickException(f"cannot load {name} checkpoint {checkpoint}: {e}" if checkpoint else str(e)) \
+            from None
 
 
 def sparkline(values, width: int = 24) -> str:
@@ -175,7 +162,13 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
     import numpy as np
     from rich import box
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     from rich.table import Table
 
     from dl2d.sim import engine as E
@@ -204,7 +197,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
             raise click.BadParameter(f"cannot write {save_trace}: {e.strerror}", param_hint="--save-trace") from None
 
     spec = ClusterSpec(servers) if servers else preset(cluster)
-    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold) for n in names]
+    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
         cfg = getattr(s, "cfg", None)
@@ -264,7 +257,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
         for r in results:
             pt.add_column(r.policy, justify="right")
         per = [r.per_type_jct_hours() for r in results]
-        from dl2d.sim.jobtypes import TYPE_NAMES
+        from dl2d.workload.jobtypes import TYPE_NAMES
 
         for t, tname in enumerate(TYPE_NAMES):
             count = int(np.sum(trace.type_idx == t))

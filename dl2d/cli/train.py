@@ -12,8 +12,11 @@ from pathlib import Path
 
 import click
 
-TEACHERS = ("drf", "fifo", "srtf", "tetris", "optimus")
-CLUSTERS = ("tiny", "small", "testbed", "dl2")
+from dl2d.policy import registry
+from dl2d.sim.cluster import PRESETS
+
+TEACHERS = registry.names(heuristic=True)
+CLUSTERS = tuple(PRESETS)
 
 
 def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
@@ -81,15 +84,22 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
     import jax
     import numpy as np
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     from rich.table import Table
 
     from dl2d.policy import checkpoint as C
+    from dl2d.policy import learn as LN
     from dl2d.policy import train as T
     from dl2d.policy.config import PolicyConfig
     from dl2d.policy.nets import init_params
+    from dl2d.policy.registry import make_heuristic
     from dl2d.sim import engine as E
-    from dl2d.sim.baselines import make_baseline
     from dl2d.sim.cluster import ClusterSpec, preset
     from dl2d.sim.trace import TraceConfig, generate
 
@@ -124,7 +134,7 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
     t0 = time.perf_counter()
     result: dict = {"teacher": teacher, "cluster": {"servers": spec.num_servers}, "jobs": jobs, "seed": seed,
                     "val_seed": val_seed, "config": cfg.to_dict(), "init": str(init_path) if init_path else None}
-    teacher_jct = E.run(val_trace, make_baseline(teacher), sim, seed=0).avg_jct_slots
+    teacher_jct = E.run(val_trace, make_heuristic(teacher), sim, seed=0).avg_jct_slots
     result["val_jct_slots"] = {teacher: round(teacher_jct, 4)}
     if init_path is not None:
         result["val_jct_slots"]["init"] = round(val_jct(params), 4)
@@ -135,18 +145,15 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
         # ---------------------------------------------------------------- supervised warm-up
         if sl_epochs > 0:
             task = progress.add_task(f"SL from {teacher}: samples", total=sl_traces, info="")
-            parts = []
-            for i in range(sl_traces):
-                parts.append(T.teacher_samples(cfg, params, generate(tcfg, seed=seed + i), sim, teacher, seed=seed + i))
-                progress.advance(task)
-            data = tuple(np.concatenate(x) for x in zip(*parts))
+            data = T.sl_data(cfg, params, ((generate(tcfg, seed=seed + i), seed + i) for i in range(sl_traces)), sim,
+                             teacher, on_trace=lambda: progress.advance(task))
             task = progress.add_task(f"SL from {teacher}: epochs", total=sl_epochs, info="")
 
             def on_epoch(ep, loss, _p):
                 progress.update(task, advance=1, info=f"loss {loss:.3f}")
 
-            params, losses = T.supervised(cfg, params, data, sl_epochs, seed=seed, on_epoch=on_epoch)
-            acc = T.imitation_accuracy(cfg, params, data)
+            params, losses = LN.supervised(cfg, params, data, sl_epochs, seed=seed, on_epoch=on_epoch)
+            acc = LN.imitation_accuracy(cfg, params, data)
             sl = val_jct(params)
             progress.update(task, info=f"loss {losses[-1]:.3f}, accuracy {acc:.3f}, val JCT {sl:.2f}")
             result["sl"] = {"samples": int(len(data[2])), "epochs": sl_epochs, "losses": [round(x, 5) for x in losses],
@@ -156,9 +163,9 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
         if rl_steps > 0:
             if opt_state is None:
                 opt_state = C.make_optimizer(cfg.rl_lr).init(params)
-            st = T.RLState(params, opt_state, T.Replay(cfg, seed=seed))
+            st = LN.RLState(params, opt_state, LN.Replay(cfg, seed=seed))
             task = progress.add_task("RL", total=rl_steps, info="")
-            done, curve, episodes, rewards = 0, [], 0, []
+            done, curve, rewards = 0, [], []
 
             def on_slot(_n, reward):
                 nonlocal done
@@ -170,11 +177,9 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
                     info += f", val JCT {curve[-1][1]:.2f}"
                 progress.update(task, advance=1, info=info)
 
-            while done < rl_steps:
-                trace = generate(tcfg, seed=seed + sl_traces + episodes)
-                T.rl_episode(cfg, st, trace, sim, seed=seed + sl_traces + episodes, max_slots=rl_steps - done,
-                             on_slot=on_slot)
-                episodes += 1
+            first = seed + sl_traces  # RL episode k trains on trace seed + sl_traces + k
+            episodes = len(T.rl_slots(cfg, st, sim, rl_steps, lambda k: (generate(tcfg, seed=first + k), first + k),
+                                      on_slot))
             params, opt_state = st.params, st.opt_state
             rl = val_jct(params)
             progress.update(task, info=f"updates {st.steps}, val JCT {rl:.2f}")

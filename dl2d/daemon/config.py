@@ -18,13 +18,16 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, get_type_hints
 
+from dl2d.daemon.slurm.settings import SlurmSection
+from dl2d.policy import registry
+
 DEFAULT_CONFIG = "/etc/dl2d/dl2d.toml"
 DEFAULT_STATE_DIR = "/var/lib/dl2d"
-HEURISTICS = ("drf", "tetris", "optimus", "fifo", "srtf")
-#: chic / chic-pair load a Chic checkpoint (.npz, bench/bench_chic.py); dual-agent needs none.
-POLICIES = ("dl2", *HEURISTICS, "chic", "chic-pair", "dual-agent")
+#: policy.name: every policy of the registry fit for a real cluster; guardrails.fallback: its heuristics.
+POLICIES = registry.names(daemon=True)
+HEURISTICS = registry.names(heuristic=True)
 #: policy.placement: balance = the policy's own placement (load balancing); dltap = DLTAP re-places its tasks.
-PLACEMENTS = ("balance", "dltap")
+PLACEMENTS = registry.PLACEMENTS
 BACKENDS = ("sim", "slurm")
 
 
@@ -47,7 +50,7 @@ class SimSection:
 class PolicySection:
     name: str = "drf"  # one of POLICIES
     checkpoint: str = ""  # dl2: trained policy (dl2ctl train), required unless allow_untrained; chic/chic-pair: required
-    placement: str = "balance"  # balance | dltap (dl2d.sim.placement.with_dltap around the policy)
+    placement: str = "balance"  # balance | dltap (dl2d.policy.dltap.with_dltap around the policy)
     allow_untrained: bool = False  # dl2 without a checkpoint: random initial parameters (tests, benchmarks)
     online_rl: bool = False  # learn from every slot's reward (DL2 section 4.2)
     checkpoint_every: int = 10  # slots between saves of the online policy
@@ -89,7 +92,7 @@ class DaemonConfig:
     admin_group: str = "dl2d-admin"  # read by dl2ctl
     retention_every: int = 1  # slots between node-sample retention passes
     sim: SimSection = SimSection()
-    slurm: dict[str, Any] = field(default_factory=dict)  # passed to SlurmBackend as keyword arguments
+    slurm: SlurmSection = SlurmSection()  # the Slurm backend's [slurm] table (dl2d.daemon.slurm.settings)
     policy: PolicySection = PolicySection()
     agents: AgentsSection = AgentsSection()
     metrics: MetricsSection = MetricsSection()
@@ -150,15 +153,14 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     p = cfg.policy
     need(p.name in POLICIES, "policy.name", f"must be one of {', '.join(POLICIES)}, got {p.name!r}")
     need(p.checkpoint_every >= 1, "policy.checkpoint_every", f"must be >= 1, got {p.checkpoint_every}")
-    if p.name == "dl2" and not p.checkpoint and not p.allow_untrained:
-        bad.append(("policy.checkpoint", "policy dl2 needs a trained checkpoint (dl2ctl train ... --out FILE); "
-                    "set policy.checkpoint, or policy.name = \"drf\""))
-    if p.name in ("chic", "chic-pair") and not p.checkpoint:
-        bad.append(("policy.checkpoint", f"policy {p.name} needs a trained Chic checkpoint (.npz, "
-                    "bench/bench_chic.py); set policy.checkpoint, or policy.name = \"drf\""))
+    if p.name in POLICIES:
+        for option, msg in registry.problems(p.name, policy_options(cfg)):
+            bad.append((f"policy.{option}", f"{msg}; set policy.{option}, or policy.name = \"drf\""))
+        if p.online_rl and not registry.get(p.name).online:
+            online = [n for n, e in registry.entries().items() if e.online]
+            bad.append(("policy.online_rl", f"online RL needs policy.name = one that learns online "
+                        f"({', '.join(online)}), not {p.name!r}"))
     need(p.placement in PLACEMENTS, "policy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {p.placement!r}")
-    if p.online_rl and p.name != "dl2":
-        bad.append(("policy.online_rl", f"online RL needs policy.name = \"dl2\", not {p.name!r}"))
     a = cfg.agents
     need(a.poll_interval > 0, "agents.poll_interval", f"must be > 0, got {a.poll_interval}")
     need(a.timeout > 0, "agents.timeout", f"must be > 0, got {a.timeout}")
@@ -173,6 +175,13 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(g.fallback in HEURISTICS, "guardrails.fallback",
          f"must be a heuristic ({', '.join(HEURISTICS)}), got {g.fallback!r}")
     return bad
+
+
+def policy_options(cfg: DaemonConfig) -> registry.PolicyOptions:
+    """The [policy] section as the registry's options."""
+    p = cfg.policy
+    return registry.PolicyOptions(checkpoint=p.checkpoint, seed=p.seed, online_rl=p.online_rl,
+                                  allow_untrained=p.allow_untrained, resume=cfg.policy_save_path)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

@@ -20,9 +20,8 @@ import numpy as np
 
 from dl2d.agents.features import job_gpu_features
 from dl2d.daemon.backend import FAILED, FINISHED, JobStatus
-from dl2d.sim.engine import BATCHES_PER_EPOCH
-from dl2d.sim.jobtypes import type_index
-from dl2d.sim.speed import lookup
+from dl2d.workload.jobtypes import type_index
+from dl2d.workload.speed import epochs_trained
 
 #: a job is flagged ``slow`` when its speed factor stayed below LOW_FACTOR for SLOW_SLOTS measured slots
 LOW_FACTOR = 0.8
@@ -61,10 +60,9 @@ class JobSlotStats:
 
 
 def predicted_epochs_per_s(table: np.ndarray, job_type: str, workers: int, ps: int) -> float:
-    """Epochs per second the speed model gives a job of this type at (workers, ps) (the simulator's
-    ``epochs_per_slot`` over one second, factor 1)."""
-    t = type_index(job_type)
-    return float(lookup(table, np.array([t]), np.array([ps]), np.array([workers]))[0] / BATCHES_PER_EPOCH[t])
+    """Epochs per second the speed model gives a job of this type at (workers, ps) (the simulator's formula
+    over one second, factor 1)."""
+    return float(epochs_trained(table, np.array([type_index(job_type)]), np.array([ps]), np.array([workers]))[0])
 
 
 def gpu_features_by_job(samples: Iterable[Mapping[str, Any]], statuses: Mapping[int, JobStatus]) -> dict[int, dict]:

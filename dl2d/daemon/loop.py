@@ -21,58 +21,53 @@ itself the k-th time it reaches ``point`` (planned, issued, applied, ended, clos
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
-from dl2d.daemon import plan as P
+from dl2d.core.files import write_json_atomic
 from dl2d.daemon import jobstats as JS
-from dl2d.daemon.backend import FAILED, FINISHED, BackendError, ClusterBackend, JobRequest, JobStatus
+from dl2d.daemon import plan as P
+from dl2d.daemon.backend import (
+    FAILED,
+    FINISHED,
+    BackendError,
+    ClusterBackend,
+    JobRequest,
+    JobStatus,
+)
+from dl2d.daemon.crash import CrashHook
 from dl2d.daemon.metrics import Metrics
 from dl2d.daemon.notify import Notifier
-from dl2d.db import store
+from dl2d.db import events as db_events
+from dl2d.db import intents as db_intents
+from dl2d.db import jobs as db_jobs
+from dl2d.db import samples as db_samples
+from dl2d.db import slots as db_slots
+from dl2d.db.digest import state_digest
 from dl2d.db.engine import session_scope
 from dl2d.db.models import (
-    Allocation as AllocRow, EventKind, Intent, IntentKind, IntentState, Job, JobState, Slot, utcnow,
+    EventKind,
+    Intent,
+    IntentKind,
+    IntentState,
+    Job,
+    JobState,
+    utcnow,
 )
-from dl2d.sim.engine import Allocation, SlotView
+from dl2d.policy.registry import Policy
 
 log = logging.getLogger("dl2d")
 
-ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.RESIZING, JobState.CHECKPOINTING)
 METHOD_EVENT = {"start": EventKind.START, "hot": EventKind.HOT_SCALE, "restart": EventKind.RELAUNCH,
                 "shrink": EventKind.RESIZE, "stop": EventKind.RESIZE}
-
-
-class CrashHook:
-    """``DL2D_DEBUG_CRASH=point:k[,point:k]``: SIGKILL ourselves the k-th time ``point`` is reached."""
-
-    def __init__(self, spec: str = ""):
-        self.at: dict[str, int] = {}
-        for part in filter(None, (s.strip() for s in spec.split(","))):
-            name, _, k = part.partition(":")
-            self.at[name] = int(k or 1)
-        self.seen: dict[str, int] = {}
-
-    def __call__(self, point: str) -> None:
-        if point not in self.at:
-            return
-        self.seen[point] = self.seen.get(point, 0) + 1
-        if self.seen[point] == self.at[point]:
-            log.warning("DL2D_DEBUG_CRASH: killing myself at %s #%d", point, self.seen[point])
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -103,8 +98,7 @@ def _request(job: Job) -> JobRequest:
 
 
 class SlotLoop:
-    def __init__(self, engine, backend: ClusterBackend, policy: Callable[[SlotView], Allocation] | None,
-                 fallback: Callable[[SlotView], Allocation], *, slot_seconds: float, starve_slots: int = 6,
+    def __init__(self, engine, backend: ClusterBackend, policy: Policy | None, fallback: Policy, *, slot_seconds: float, starve_slots: int = 6,
                  clock: Callable[[], datetime] = utcnow, pace: bool = True, metrics: Metrics | None = None,
                  notifier: Notifier | None = None, poller=None, poll_interval: float = 10.0,
                  retention_every: int = 1, feeder: Callable[[Session, int, datetime], int] | None = None,
@@ -125,7 +119,7 @@ class SlotLoop:
         self.state = LoopState()
         self.stop = threading.Event()
         self._closed = 0
-        self._limits: dict[int, tuple[int, int]] = {}  # job id -> (max_workers, max_ps) from its spec
+        self._specs: dict[int, dict[str, Any]] = {}  # job id -> its submitted spec (demand, limits)
         self.started_at = time.time()
         # per-job measurements (dl2d.daemon.jobstats): the agents' samples of the current slot, each job's last
         # JS.SLOW_SLOTS stats (from the DB at recover), and the speed model the measured speed is compared with
@@ -133,7 +127,7 @@ class SlotLoop:
         self._job_hist: dict[int, list[JS.JobSlotStats]] = {}
         self._speed_table = getattr(backend, "table", None)
         if self._speed_table is None:
-            from dl2d.sim.speed import speed_table
+            from dl2d.workload.speed import speed_table
             self._speed_table = speed_table("measured")
 
     # ------------------------------------------------------------------------------ agents
@@ -141,29 +135,29 @@ class SlotLoop:
     def _on_stale(self, node: str, reason: str) -> None:
         self.backend.drain(node, reason)
         with session_scope(self.engine) as s:
-            store.record_event(s, EventKind.NODE_STALE, None, {"node": node, "reason": reason}, ts=self.clock())
+            db_events.record_event(s, EventKind.NODE_STALE, None, {"node": node, "reason": reason}, ts=self.clock())
         log.warning("node %s drained: %s", node, reason)
 
     def _on_recover(self, node: str) -> None:
         self.backend.resume(node)
         with session_scope(self.engine) as s:
-            store.record_event(s, EventKind.NODE_RECOVERED, None, {"node": node}, ts=self.clock())
+            db_events.record_event(s, EventKind.NODE_RECOVERED, None, {"node": node}, ts=self.clock())
         log.info("node %s resumed: its agent answers again", node)
 
     def poll_agents(self, retention: bool = False) -> int:
         """One poll round; returns the samples stored."""
         if self.poller is None:
             return 0
-        from dl2d.agents.retention import sample_to_row
+        from dl2d.agents.sample import sample_to_row
 
         self.poller.on_stale, self.poller.on_recover = self._on_stale, self._on_recover
         rnd = self.poller.poll_round()
         self._slot_samples.extend(rnd.samples.values())
         rows = [sample_to_row(s) for s in rnd.samples.values()]
         with session_scope(self.engine) as s:
-            n = store.insert_node_samples(s, rows)
+            n = db_samples.insert_node_samples(s, rows)
             if retention:
-                store.apply_retention(s, utcnow())
+                db_samples.apply_retention(s, utcnow())
         self.metrics.stale_nodes.set(len(self.poller.stale_nodes))
         for node, err in rnd.errors.items():
             log.debug("agent %s: %s", node, err)
@@ -173,7 +167,7 @@ class SlotLoop:
 
     def reconcile(self, s: Session, statuses: dict[int, JobStatus], now: datetime) -> None:
         """Level-triggered sync of the DB's jobs with what the backend reports."""
-        jobs = {j.id: j for j in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)).options(defer(Job.spec)))}
+        jobs = {j.id: j for j in db_jobs.active_jobs(s, spec=False)}
         for job in jobs.values():
             st = statuses.get(job.id)
             if st is None:
@@ -187,12 +181,12 @@ class SlotLoop:
             if st.state == FINISHED:
                 job.state, job.workers, job.ps = JobState.COMPLETED, 0, 0
                 job.finished_at = st.finished_at or now
-                store.record_event(s, EventKind.FINISH, job, {"epochs_done": job.epochs_done}, ts=job.finished_at)
+                db_events.record_event(s, EventKind.FINISH, job, {"epochs_done": job.epochs_done}, ts=job.finished_at)
                 log.info("job %d (%s) finished", job.id, job.name)
             elif st.state == FAILED:
                 job.state, job.workers, job.ps = JobState.FAILED, 0, 0
                 job.finished_at = st.finished_at or now
-                store.record_event(s, EventKind.FAIL, job, {"message": st.message}, ts=job.finished_at)
+                db_events.record_event(s, EventKind.FAIL, job, {"message": st.message}, ts=job.finished_at)
                 log.warning("job %d (%s) failed: %s", job.id, job.name, st.message)
             else:
                 job.workers, job.ps = int(st.workers), int(st.ps)
@@ -206,11 +200,11 @@ class SlotLoop:
 
     def _cancel_intents(self, s: Session) -> None:
         """Carry out `dl2ctl cancel`'s journalled cancel intents."""
-        for it in store.pending_intents(s):
+        for it in db_intents.pending_intents(s):
             if it.kind == IntentKind.CANCEL:
-                store.mark_issued(s, it)
+                db_intents.mark_issued(s, it)
                 self.backend.cancel(it.job_id)
-                store.mark_done(s, it)
+                db_intents.mark_done(s, it)
 
     # ------------------------------------------------------------------------------ crash recovery
 
@@ -218,35 +212,35 @@ class SlotLoop:
         """Replay the journal and close a slot left open; returns the intents replayed."""
         n = 0
         with session_scope(self.engine) as s:
-            pending = [it.id for it in store.pending_intents(s)]
+            pending = [it.id for it in db_intents.pending_intents(s)]
         replay: list[int] = []
         for intent_id in pending:
             with session_scope(self.engine) as s:
                 it = s.get_one(Intent, intent_id)
                 job = s.get_one(Job, it.job_id)
                 if it.kind == IntentKind.CANCEL:
-                    store.mark_issued(s, it)
+                    db_intents.mark_issued(s, it)
                     self.backend.cancel(job.id)
-                    store.mark_done(s, it)
+                    db_intents.mark_done(s, it)
                     n += 1
                     continue
                 if JobState(job.state).terminal:
-                    store.mark_failed(s, it, f"job {job.id} is {job.state.value}; not replayed")
+                    db_intents.mark_failed(s, it, f"job {job.id} is {job.state.value}; not replayed")
                     continue
-                store.mark_issued(s, it)
+                db_intents.mark_issued(s, it)
             replay.append(intent_id)
         self._apply_intents(replay, replay=True)
         with session_scope(self.engine) as s:
-            active = s.scalars(select(Job.id).where(Job.state.in_(ACTIVE_STATES))).all()
+            active = db_jobs.active_job_ids(s)
             self._job_hist = {j: [JS.JobSlotStats(**{k: r[k] for k in JS.JobSlotStats.__dataclass_fields__})
                                   for r in rows]
-                              for j, rows in store.recent_job_slot_stats(s, active, JS.SLOW_SLOTS).items()}
+                              for j, rows in db_slots.recent_job_slot_stats(s, active, JS.SLOW_SLOTS).items()}
         n += len(replay)
         self.metrics.replayed.inc(n)
         if n:
             log.info("replayed %d journal intent(s)", n)
         with session_scope(self.engine) as s:
-            open_slots = [x.id for x in s.scalars(select(Slot).where(Slot.ended_at.is_(None)).order_by(Slot.number))]
+            open_slots = db_slots.open_slot_ids(s)
         for slot_id in open_slots:
             log.info("closing slot id %d left open by a previous run", slot_id)
             self.close_slot(slot_id, tick_ms=None)
@@ -262,8 +256,8 @@ class SlotLoop:
         if not intent_ids:
             return {}
         with session_scope(self.engine) as s:
-            its = {it.id: it for it in s.scalars(select(Intent).where(Intent.id.in_(intent_ids)))}
-            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({it.job_id for it in its.values()})))}
+            its = db_intents.intents_by_id(s, intent_ids)
+            jobs = db_jobs.jobs_by_id(s, {it.job_id for it in its.values()})
             work = [(iid, its[iid].kind, _request(jobs[its[iid].job_id]), P.target_from_json(its[iid].target))
                     for iid in intent_ids]
         results: list[tuple[int, JobRequest, Any, Any]] = []  # (intent, request, target, ApplyResult | error)
@@ -284,12 +278,11 @@ class SlotLoop:
         applied: dict[str, int] = {}
         with session_scope(self.engine) as s:
             done = [r for r in results if not isinstance(r[3], BackendError)]
-            store.transition_intents(s, [r[0] for r in done], IntentState.DONE)
+            db_intents.transition_intents(s, [r[0] for r in done], IntentState.DONE)
             for iid, _, _, err in results:
                 if isinstance(err, BackendError):
-                    store.mark_failed(s, iid, str(err))
-            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({r[1].job_id for r in done}))
-                                               .options(defer(Job.spec)))}
+                    db_intents.mark_failed(s, iid, str(err))
+            jobs = db_jobs.jobs_by_id(s, {r[1].job_id for r in done}, spec=False)
             events = []
             for _, req, target, res in done:
                 job = jobs[req.job_id]
@@ -312,34 +305,27 @@ class SlotLoop:
                                    {"workers": target.workers, "ps": target.ps, "method": res.method,
                                     **({"replayed": True} if replay else {})}, now))
                 applied[res.method] = applied.get(res.method, 0) + 1
-            store.record_events(s, events)
+            db_events.record_events(s, events)
         for method, k in applied.items():
             self.metrics.resizes.labels(method).inc(k)
         self.metrics.intent_failures.inc(len(results) - len(done))
         return applied
 
     def _job_rows(self, s: Session) -> list[P.JobRow]:
-        jobs = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)
-                              .options(defer(Job.spec))))
+        jobs = db_jobs.active_jobs(s, spec=False)
         ids = [j.id for j in jobs]
-        counts = dict(s.execute(select(AllocRow.job_id, func.count()).where(AllocRow.job_id.in_(ids))
-                                .group_by(AllocRow.job_id)).all()) if jobs else {}
-        missing = [i for i in ids if i not in self._limits]  # a spec never changes: read each job's once
-        for i in range(0, len(missing), 500):
-            for job_id, spec in s.execute(select(Job.id, Job.spec).where(Job.id.in_(missing[i:i + 500]))):
-                spec = spec or {}
-                self._limits[job_id] = (int(spec.get("max_workers") or P.MAX_WORKERS),
-                                        int(spec.get("max_ps") or P.MAX_PS))
-        return [P.JobRow(j.id, j.job_type, float(j.total_epochs), float(j.epochs_done), int(j.workers), int(j.ps),
-                         int(counts.get(j.id, 0)), *self._limits[j.id], j.name) for j in jobs]
+        counts = db_slots.allocation_counts(s, ids)
+        missing = [i for i in ids if i not in self._specs]  # a spec never changes: read each job's once
+        self._specs.update((i, dict(spec)) for i, spec in db_jobs.job_specs(s, missing).items())
+        return [P.job_row(j.id, j.job_type, float(j.total_epochs), float(j.epochs_done), int(j.workers), int(j.ps),
+                          int(counts.get(j.id, 0)), self._specs[j.id], j.name) for j in jobs]
 
     def tick(self) -> SlotOutcome:
         """Everything of a slot before the wait: poll, reconcile, decide, journal, apply."""
         t0 = time.perf_counter()
         now = self.clock()
         with session_scope(self.engine) as s:
-            last = s.scalar(select(func.max(Slot.number)))
-            number = 0 if last is None else last + 1
+            number = db_slots.next_slot_number(s)
         self._slot_samples = []
         if self.poller is not None:
             self.poll_agents(retention=number % self.retention_every == 0)
@@ -357,25 +343,25 @@ class SlotLoop:
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
         decide_ms = 1000 * (time.perf_counter() - td)
-        if g.source == "fallback" and self.learner is not None:
-            self.learner.discard_decision()
+        if self.policy is not None:  # the policy hears what is carried out: its own decision, or the fallback's
+            self.policy.applied(view, g.allocation, overridden=g.source == "fallback")
         self.state.starved = P.update_starved(view, g.allocation, self.state.starved)
         planned, sizes = P.plan_targets(view, g.allocation, [n.name for n in nodes],
                                         {r.id: (r.max_workers, r.max_ps) for r in rows})
         version = getattr(self.learner, "version", None)
         with session_scope(self.engine) as s:
-            allocs = [store.AllocationRecord(r.id, *sizes[r.id], r.workers, r.ps) for r in rows]
-            decision = store.DecisionRecord(
-                state_digest=store.state_digest(P.view_digest_input(view)),
+            allocs = [db_slots.AllocationRecord(r.id, *sizes[r.id], r.workers, r.ps) for r in rows]
+            decision = db_slots.DecisionRecord(
+                state_digest=state_digest(P.view_digest_input(view)),
                 actions=[[r.id, *sizes[r.id]] for r in rows], source=g.source, fallback_reason=g.reason,
                 policy_version=version, latency_ms=decide_ms,
                 job_flags={str(j): f for j, f in flags.items()} or None)
-            slot = store.record_slot(s, number, now, allocs, decision, policy_version=version)
+            slot = db_slots.record_slot(s, number, now, allocs, decision, policy_version=version)
             slot_id = slot.id
-            intent_ids = [it.id for it in store.plan_intents(
+            intent_ids = [it.id for it in db_intents.plan_intents(
                 s, slot, [(t.job_id, t.kind, P.target_to_json(t.target)) for t in planned])]
             if g.source == "fallback":
-                store.record_event(s, EventKind.FALLBACK, None, {"slot": number, "reason": g.reason}, ts=now)
+                db_events.record_event(s, EventKind.FALLBACK, None, {"slot": number, "reason": g.reason}, ts=now)
         self.crash("planned")
         if g.source == "fallback":
             self.state.fallbacks += 1
@@ -383,7 +369,7 @@ class SlotLoop:
             log.warning("slot %d: fallback to %s: %s", number, getattr(self.fallback, "name", "heuristic"), g.reason)
         if intent_ids:  # issued together, then carried out in order (shrinks first)
             with session_scope(self.engine) as s:
-                store.transition_intents(s, intent_ids, IntentState.ISSUED)
+                db_intents.transition_intents(s, intent_ids, IntentState.ISSUED)
         applied = self._apply_intents(intent_ids)
         tick_ms = 1000 * (time.perf_counter() - t0)
         self.metrics.decisions.labels(g.source).inc()
@@ -399,15 +385,15 @@ class SlotLoop:
         statuses = self.backend.observe()
         now = self.clock()
         with session_scope(self.engine) as s:
-            jobs = list(s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))))
+            jobs = db_jobs.active_jobs(s)
             before = {j.id: float(j.epochs_done) for j in jobs}
             totals = {j.id: float(j.total_epochs) for j in jobs}
             reward = P.slot_reward(before, statuses, totals)
-            store.finish_slot(s, slot_id, now, reward, duration_ms=tick_ms)
+            db_slots.finish_slot(s, slot_id, now, reward, duration_ms=tick_ms)
             measured = JS.measure_slot([JS.RanJob(j.id, j.job_type, int(j.workers), int(j.ps), before[j.id])
                                         for j in jobs], statuses, self._slot_samples, self.slot_seconds,
                                        self._speed_table)
-            store.record_job_slot_stats(s, slot_id, [m.row() for m in measured])
+            db_slots.record_job_slot_stats(s, slot_id, [m.row() for m in measured])
             for m in measured:
                 self._job_hist[m.job_id] = [*self._job_hist.get(m.job_id, []), m][-JS.SLOW_SLOTS:]
             self._job_hist = {j: h for j, h in self._job_hist.items() if j in before}
@@ -415,8 +401,10 @@ class SlotLoop:
             self._count_jobs(s)
         self.crash("closed")
         self.metrics.reward.set(reward)
+        if self.policy is not None:
+            self.policy.observe(reward)
         if self.learner is not None:
-            stats = self.learner.observe(reward)
+            stats = self.learner.stats
             self.metrics.policy_version.set(self.learner.version)
             self._closed += 1
             if self.checkpoint_path and stats.updates and self._closed % self.checkpoint_every == 0:
@@ -425,7 +413,7 @@ class SlotLoop:
         return reward
 
     def _count_jobs(self, s: Session) -> None:
-        counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+        counts = db_jobs.count_jobs_by_state(s)
         for st in JobState:
             self.metrics.jobs.labels(st.value).set(counts.get(st, 0))
 
@@ -470,7 +458,7 @@ class SlotLoop:
     def idle(self) -> bool:
         """No active job in the DB."""
         with session_scope(self.engine) as s:
-            return not s.scalar(select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE_STATES)))
+            return not db_jobs.count_active_jobs(s)
 
     def write_status(self, state: str) -> None:
         if not self.status_file:
@@ -482,10 +470,7 @@ class SlotLoop:
                "last_source": last.source if last else None, "fallbacks": self.state.fallbacks,
                "stale_nodes": sorted(self.poller.stale_nodes) if self.poller is not None else [],
                "policy_version": getattr(self.learner, "version", None), **self.info}
-        p = Path(self.status_file)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, p)
+        write_json_atomic(self.status_file, doc, fsync=False, indent=1)
 
     def run(self, max_slots: int = 0, until_idle: Callable[[], bool] | None = None) -> int:
         """Recover, then run slots until stopped, ``max_slots`` reached or ``until_idle()`` says so.

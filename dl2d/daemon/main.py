@@ -18,7 +18,15 @@ from typing import Any
 
 import click
 
-from dl2d.daemon.config import PLACEMENTS, POLICIES, ConfigError, DaemonConfig, agent_targets, load_config
+from dl2d.daemon.config import (
+    PLACEMENTS,
+    POLICIES,
+    ConfigError,
+    DaemonConfig,
+    agent_targets,
+    load_config,
+    policy_options,
+)
 
 log = logging.getLogger("dl2d")
 
@@ -40,67 +48,31 @@ def make_backend(cfg: DaemonConfig, hidden=None):
         return SimBackend(spec, cfg.slot_seconds, cfg.sim.noise, cfg.sim.seed, cfg.sim.speed_model,
                           state_file=cfg.sim_state_file, hidden=hidden)
     try:
-        from dl2d.daemon.slurm_backend import backend_from_table
+        from dl2d.daemon.slurm.backend import backend_from_section
         from dl2d.slurm.driver import SlurmError
     except ImportError as e:
         raise ConfigError(f"config error: backend: the Slurm backend is not available ({e})") from None
-    # policy.placement = "dltap": DLTAP's placement becomes the jobs' --nodelist, unless [slurm] says otherwise.
-    table = {"placement": "target", **cfg.slurm} if cfg.policy.placement == "dltap" else cfg.slurm
     try:
-        return backend_from_table(table, cfg.state_dir)
+        # policy.placement = "dltap": DLTAP's placement becomes the jobs' --nodelist, unless [slurm] says otherwise.
+        return backend_from_section(cfg.slurm, cfg.state_dir, cfg.policy.placement)
     except (ValueError, SlurmError) as e:  # SlurmError: driver = "pyslurm" without a usable pyslurm
         raise ConfigError(f"config error: {e}") from None
 
 
 def make_policy(cfg: DaemonConfig):
-    """(policy callable, online learner or None); policy.placement = "dltap" wraps the policy with DLTAP."""
-    policy, learner = _base_policy(cfg)
-    if cfg.policy.placement == "dltap":
-        from dl2d.sim.placement import with_dltap
+    """(policy, online learner or None), built by the policy registry; policy.placement = "dltap" wraps the
+    policy with DLTAP (trimmed to the tasks placed, as the guardrails require)."""
+    from dl2d.policy import registry
+    from dl2d.policy.dltap import DLTAP
 
-        policy = with_dltap(policy, trim=True)  # counts = tasks placed, as the guardrails require
-    return policy, learner
-
-
-def _base_policy(cfg: DaemonConfig):
-    p = cfg.policy
-    if p.name in ("chic", "chic-pair"):
-        from dl2d.policy.chic import ChicCheckpointError, load_scheduler
-
-        try:
-            sched = load_scheduler(p.checkpoint, name=p.name)
-        except ChicCheckpointError as e:
-            raise ConfigError(f"config error: policy.checkpoint: {e}") from None
-        if sched.cfg.pair != (p.name == "chic-pair"):
-            raise ConfigError(f"config error: policy.checkpoint: {p.checkpoint} is a {sched.cfg.name} checkpoint, "
-                              f"policy.name is {p.name!r}")
-        log.info("policy: %s from %s", p.name, p.checkpoint)
-        return sched, None
-    if p.name == "dual-agent":
-        from dl2d.policy.dual_agent import DualAgent
-
-        return DualAgent(seed=p.seed), None
-    if p.name != "dl2":
-        from dl2d.sim.baselines import make_baseline
-
-        return make_baseline(p.name), None
-    from dl2d.policy.checkpoint import CheckpointError
-    from dl2d.policy.online import OnlineLearner
-
-    saved = Path(cfg.policy_save_path)
     try:
-        if p.online_rl and saved.exists():
-            learner = OnlineLearner.from_checkpoint(saved, learn=True, seed=p.seed)
-            log.info("policy: online checkpoint %s (version %d)", saved, learner.version)
-        elif p.checkpoint:
-            learner = OnlineLearner.from_checkpoint(p.checkpoint, learn=p.online_rl, seed=p.seed)
-            log.info("policy: dl2 from %s%s", p.checkpoint, ", learning online" if p.online_rl else "")
-        else:
-            learner = OnlineLearner.untrained(learn=p.online_rl, seed=p.seed)
-            log.warning("policy: dl2 with UNTRAINED parameters (policy.allow_untrained)")
-    except CheckpointError as e:
+        policy = registry.build(cfg.policy.name, policy_options(cfg), cfg.policy.placement, trim=True)
+    except registry.PolicyBuildError as e:
         raise ConfigError(f"config error: policy.checkpoint: {e}") from None
-    return learner, learner
+    base = policy.inner if isinstance(policy, DLTAP) else policy
+    if cfg.policy.name != "dl2":
+        log.info("policy: %s", policy.name)
+    return policy, base if isinstance(base, registry.Learner) else None
 
 
 def make_poller(cfg: DaemonConfig):
@@ -133,20 +105,17 @@ class DemoFeeder:
         self.submitted: set[str] | None = None
 
     def __call__(self, session, number: int, now) -> int:
-        from sqlalchemy import select
-
-        from dl2d.db import store
-        from dl2d.db.models import Job
-        from dl2d.sim.jobtypes import JOB_TYPES
+        from dl2d.db.jobs import job_names_with_prefix, submit_job
+        from dl2d.workload.jobtypes import JOB_TYPES
 
         if self.submitted is None:
-            self.submitted = set(session.scalars(select(Job.name).where(Job.name.like("demo-%"))))
+            self.submitted = job_names_with_prefix(session, "demo-")
         n = 0
         for i, name in enumerate(self.names):
             if name in self.submitted or self.trace.arrival_slot[i] - self.first > number:
                 continue
             t = JOB_TYPES[int(self.trace.type_idx[i])]
-            store.submit_job(session, {
+            submit_job(session, {
                 "name": name, "owner": "demo", "job_type": t.name, "total_epochs": float(self.trace.est_epochs[i]),
                 "command": "simulated", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
                 "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}}, now=now)
@@ -163,7 +132,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
     from dl2d.daemon.metrics import Metrics
     from dl2d.daemon.notify import Notifier
     from dl2d.db.engine import make_engine, upgrade
-    from dl2d.sim.baselines import make_baseline
+    from dl2d.policy.registry import make_heuristic
 
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
     engine = make_engine(cfg.database_url)
@@ -175,7 +144,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
     from dl2d.db.models import utcnow
 
     loop = SlotLoop(
-        engine, backend, policy, make_baseline(cfg.guardrails.fallback), slot_seconds=cfg.slot_seconds,
+        engine, backend, policy, make_heuristic(cfg.guardrails.fallback), slot_seconds=cfg.slot_seconds,
         starve_slots=cfg.guardrails.starve_slots, clock=clock or utcnow,
         pace=cfg.backend != "sim" or cfg.sim.pace, metrics=metrics or Metrics(), notifier=notifier or Notifier(),
         poller=poller, poll_interval=cfg.agents.poll_interval, retention_every=cfg.retention_every, feeder=feeder,
@@ -195,19 +164,20 @@ def _safe_url(url: str) -> str:
 def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> dict[str, Any]:
     """The demo's result: JCTs from the daemon's DB, and the bare simulator on the same trace for reference."""
     import numpy as np
-    from sqlalchemy import func, select
 
     from dl2d.db.engine import session_scope
-    from dl2d.db.models import Decision, Event, EventKind, Job, JobState, Slot
+    from dl2d.db.events import SIZE_EVENT_KINDS, count_events
+    from dl2d.db.jobs import jobs_with_name_prefix
+    from dl2d.db.models import DecisionSource, JobState
+    from dl2d.db.slots import count_decisions, count_slots
 
     with session_scope(loop.engine) as s:
-        jobs = list(s.scalars(select(Job).where(Job.name.like("demo-%"))))
+        jobs = jobs_with_name_prefix(s, "demo-")
         done = [j for j in jobs if j.state == JobState.COMPLETED]
         jct_h = np.array([(j.finished_at - j.submitted_at).total_seconds() / 3600 for j in done])
-        slots = s.scalar(select(func.count()).select_from(Slot))
-        resizes = s.scalar(select(func.count()).select_from(Event).where(
-            Event.kind.in_([EventKind.START, EventKind.RESIZE, EventKind.HOT_SCALE, EventKind.RELAUNCH])))
-        fallbacks = s.scalar(select(func.count()).select_from(Decision).where(Decision.source == "fallback"))
+        slots = count_slots(s)
+        resizes = count_events(s, SIZE_EVENT_KINDS)
+        fallbacks = count_decisions(s, DecisionSource.FALLBACK)
         first = min(j.submitted_at for j in jobs) if jobs else None
         last = max((j.finished_at for j in done), default=None)
     out = {"policy": cfg.policy.name, "jobs": len(jobs), "completed": len(done),

@@ -1,6 +1,6 @@
 """The slot loop's logic, as pure functions: no database, no backend, no clock.
 
-* :func:`build_view` — the policy's input (a simulator ``SlotView``) from the DB's jobs and the backend's nodes;
+* :func:`build_view` — the policy's input (a ``dl2d.core.contract.SlotView``) from the DB's jobs and the backend's nodes;
 * :func:`guard` — guardrails on the policy's output: NaN / out-of-range / over-capacity / starvation fall
   back to a heuristic, with the reason;
 * :func:`plan_targets` — the allocation as per-job backend ``Target``s, only where the size changes,
@@ -14,18 +14,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from dl2d.core.contract import Allocation, CapacityError, SlotView
+from dl2d.core.jobs import JobDemand, demand_from_spec
+from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.core.placement import place
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
 from dl2d.db.models import IntentKind
-from dl2d.sim.engine import Allocation, CapacityError, SlotView, place
-from dl2d.sim.jobtypes import type_index
-
-MAX_WORKERS = 16
-MAX_PS = 16
+from dl2d.workload.jobtypes import JOB_TYPES, type_index
 
 
 @dataclass(frozen=True)
 class JobRow:
-    """What the planner needs of one active (not terminal) DB job."""
+    """What the planner needs of one active (not terminal) DB job.
+
+    ``demand`` is the job's per-task demand from its spec (dl2d.core.jobs.demand_from_spec, the job type's
+    default where the spec is silent): the one the Slurm backend sizes the job with."""
 
     id: int
     job_type: str
@@ -38,6 +41,18 @@ class JobRow:
     max_ps: int = MAX_PS
     name: str = ""
     spec: Mapping[str, Any] = field(default_factory=dict)
+    demand: JobDemand = None  # type: ignore[assignment]  # None: from the spec
+
+    def __post_init__(self):
+        if self.demand is None:
+            object.__setattr__(self, "demand", demand_from_spec(self.spec, JOB_TYPES[type_index(self.job_type)].demand))
+
+
+def job_row(job_id: int, job_type: str, total_epochs: float, epochs_done: float, workers: int, ps: int,
+            slots_run: int, spec: Mapping[str, Any], name: str = "") -> JobRow:
+    """A JobRow whose limits and demand come from the job's submitted spec."""
+    return JobRow(job_id, job_type, total_epochs, epochs_done, workers, ps, slots_run,
+                  int(spec.get("max_workers") or MAX_WORKERS), int(spec.get("max_ps") or MAX_PS), name, spec)
 
 
 def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
@@ -46,16 +61,17 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
                shared_gpu: Mapping[int, bool] | None = None) -> SlotView:
     """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
 
-    The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived).
-    ``speed_factor`` / ``shared_gpu`` (by job id, from dl2d.daemon.jobstats) become the view's optional
-    ``job_speed_factor`` (NaN for jobs not measured) / ``job_shared_gpu`` (False for jobs not seen)."""
+    The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived). Each job's
+    demand is its own (``JobRow.demand``). ``speed_factor`` / ``shared_gpu`` (by job id, from
+    dl2d.daemon.jobstats) become the view's optional ``job_speed_factor`` (NaN for jobs not measured) /
+    ``job_shared_gpu`` (False for jobs not seen)."""
     jobs = sorted(jobs, key=lambda j: j.id)
     cap = np.array([[n.gpus, n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
     usable = np.array([n.usable for n in nodes], dtype=bool)
     free = cap * usable[:, None]
     slots_run = np.array([j.slots_run for j in jobs], int)
     return SlotView(
-        slot=slot, jobs=np.array([j.id for j in jobs], int),
+        slot=slot, job_ids=np.array([j.id for j in jobs], int),
         type_idx=np.array([type_index(j.job_type) for j in jobs], int),
         arrival_slot=slot - slots_run, slots_run=slots_run,
         epochs_done=np.array([j.epochs_done for j in jobs], float),
@@ -65,23 +81,25 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
         job_speed_factor=None if speed_factor is None else
         np.array([speed_factor.get(j.id, np.nan) for j in jobs], float),
         job_shared_gpu=None if shared_gpu is None else np.array([bool(shared_gpu.get(j.id)) for j in jobs], bool),
+        worker_demand=np.array([j.demand.worker.as_array() for j in jobs], float).reshape(-1, 3),
+        ps_demand=np.array([j.demand.ps.as_array() for j in jobs], float).reshape(-1, 3),
+        kind=tuple(j.demand.kind.value for j in jobs), node_names=tuple(n.name for n in nodes),
     )
 
 
 def view_digest_input(view: SlotView) -> dict[str, Any]:
     """The policy input as plain JSON (hashed into decisions.state_digest)."""
-    return {"slot": int(view.slot), "jobs": view.jobs.tolist(), "type": view.type_idx.tolist(),
+    return {"slot": int(view.slot), "jobs": view.job_ids.tolist(), "type": view.type_idx.tolist(),
             "slots_run": view.slots_run.tolist(), "epochs_done": np.round(view.epochs_done, 6).tolist(),
             "est": view.est_epochs.tolist(), "prev": [view.prev_workers.tolist(), view.prev_ps.tolist()],
-            "free": view.free.tolist(),
+            "free": view.free.tolist(), "demand": [view.worker_demand.tolist(), view.ps_demand.tolist()],
             **({"speed_factor": [None if np.isnan(x) else round(float(x), 6) for x in view.job_speed_factor]}
                if view.job_speed_factor is not None else {}),
             **({"shared_gpu": view.job_shared_gpu.tolist()} if view.job_shared_gpu is not None else {})}
 
 
 def empty_allocation(n: int) -> Allocation:
-    z = np.zeros(n, int)
-    return Allocation(z, z.copy(), tuple(() for _ in range(n)), tuple(() for _ in range(n)))
+    return Allocation.empty(n)
 
 
 # ------------------------------------------------------------------------------------------ guardrails
@@ -109,9 +127,9 @@ def check_allocation(view: SlotView, alloc: Any) -> str | None:
         servers = len(view.free)
         for j in range(n):
             if len(ws[j]) != w[j] or len(ps_[j]) != p[j]:
-                return f"job {int(view.jobs[j])}: placement has {len(ws[j])}/{len(ps_[j])} tasks, counts {int(w[j])}/{int(p[j])}"
+                return f"job {int(view.job_ids[j])}: placement has {len(ws[j])}/{len(ps_[j])} tasks, counts {int(w[j])}/{int(p[j])}"
             if any(not 0 <= s < servers for s in (*ws[j], *ps_[j])):
-                return f"job {int(view.jobs[j])}: placement on a server that does not exist"
+                return f"job {int(view.job_ids[j])}: placement on a server that does not exist"
     fixed = Allocation(w.astype(int), p.astype(int), ws, ps_)
     try:
         _, pw, pp = place(view, fixed)
@@ -124,12 +142,12 @@ def check_allocation(view: SlotView, alloc: Any) -> str | None:
 
 def starving(view: SlotView, alloc: Allocation, starved: Mapping[int, int], limit: int) -> list[int]:
     """Jobs that would reach ``limit`` consecutive slots without a worker with this allocation."""
-    return [int(j) for j, w in zip(view.jobs, alloc.workers) if w == 0 and starved.get(int(j), 0) + 1 >= limit]
+    return [int(j) for j, w in zip(view.job_ids, alloc.workers) if w == 0 and starved.get(int(j), 0) + 1 >= limit]
 
 
 def update_starved(view: SlotView, alloc: Allocation, starved: Mapping[int, int]) -> dict[int, int]:
     """Consecutive slots without a worker, per active job (jobs that left are dropped)."""
-    return {int(j): (starved.get(int(j), 0) + 1 if w == 0 else 0) for j, w in zip(view.jobs, alloc.workers)}
+    return {int(j): (starved.get(int(j), 0) + 1 if w == 0 else 0) for j, w in zip(view.job_ids, alloc.workers)}
 
 
 @dataclass(frozen=True)
@@ -163,7 +181,7 @@ def guard(view: SlotView, policy: Callable[[SlotView], Allocation] | None, fallb
         starved_jobs = starving(view, alloc, starved, starve_limit)
         if starved_jobs:
             fb = fallback(view)
-            rescued = [j for j in starved_jobs if fb.workers[list(view.jobs).index(j)] > 0]
+            rescued = [j for j in starved_jobs if fb.workers[list(view.job_ids).index(j)] > 0]
             if rescued:
                 reason = (f"policy starves job(s) {', '.join(map(str, rescued[:10]))} for {starve_limit} slots")
     if reason is None:
@@ -201,7 +219,7 @@ def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
     limits = job_limits or {}
     planned: list[PlannedTarget] = []
     sizes: dict[int, tuple[int, int]] = {}
-    for j, job_id in enumerate(int(x) for x in view.jobs):
+    for j, job_id in enumerate(int(x) for x in view.job_ids):
         mw, mp = limits.get(job_id, (view.max_workers, view.max_ps))
         w, p = min(int(alloc.workers[j]), mw), min(int(alloc.ps[j]), mp)
         sizes[job_id] = (w, p)

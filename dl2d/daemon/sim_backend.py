@@ -2,7 +2,7 @@
 
 The daemon drives it exactly as it drives Slurm (``observe`` / ``apply`` / ``cancel`` / ``drain`` /
 ``resume``), and :meth:`SimBackend.end_slot` trains every running job for one slot with the simulator's
-speed model (``dl2d.sim.engine.epochs_per_slot``: measured speed table x the job's hidden interference
+speed model (``dl2d.workload.speed.epochs_trained``: measured speed table x the job's hidden interference
 factor x a per-slot noise drawn as the simulator draws it). Time is virtual: :meth:`SimBackend.now` is the
 start time plus ``slot`` x ``slot_seconds``, so the daemon's timestamps (and the DB's JCTs) are simulated time.
 
@@ -23,7 +23,6 @@ as on a real cluster between two resizes; the state that runs must fit).
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,14 +32,28 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from dl2d.core.files import write_json_atomic
+from dl2d.core.jobs import demand_from_spec
 from dl2d.daemon.backend import (
-    FAILED, FINISHED, HOT, NOOP, PENDING, RUNNING, SHRINK, START, STOP,
-    ApplyResult, BackendError, JobRequest, JobStatus, NodeInfo, Target,
+    FAILED,
+    FINISHED,
+    HOT,
+    NOOP,
+    PENDING,
+    RUNNING,
+    SHRINK,
+    START,
+    STOP,
+    ApplyResult,
+    BackendError,
+    JobRequest,
+    JobStatus,
+    NodeInfo,
+    Target,
 )
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.engine import BATCHES_PER_EPOCH, PS_DEMAND, WORKER_DEMAND
-from dl2d.sim.jobtypes import TYPE_NAMES, type_index
-from dl2d.sim.speed import lookup, speed_table
+from dl2d.workload.jobtypes import JOB_TYPES, TYPE_NAMES, type_index
+from dl2d.workload.speed import epochs_trained, speed_table
 
 STATE_FORMAT = "dl2d-sim-cluster"
 STATE_VERSION = 1
@@ -106,10 +119,9 @@ class SimBackend:
         if self._batch_depth:
             self._dirty = True
             return
-        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        with open(tmp, "w") as f:  # no fsync: a killed process loses nothing the kernel has; power loss
-            json.dump(self._doc(), f)  # is not what this simulated cluster models
-        os.replace(tmp, self.state_file)
+        # no fsync: a killed process loses nothing the kernel has; power loss is not what this simulated
+        # cluster models
+        write_json_atomic(self.state_file, self._doc(), fsync=False)
 
     @contextmanager
     def batch(self):
@@ -135,6 +147,10 @@ class SimBackend:
                                f"{self.cluster.num_servers}; remove the file to start a new simulated cluster")
         self.slot, self.origin = int(doc["slot"]), float(doc["origin"])
         self.jobs = {int(k): v for k, v in doc["jobs"].items()}
+        for j in self.jobs.values():  # state files written before jobs carried their own demand
+            if "worker_demand" not in j:
+                d = JOB_TYPES[j["type"]].demand
+                j["worker_demand"], j["ps_demand"] = d.worker.as_array().tolist(), d.ps.as_array().tolist()
         self.drained = dict(doc["drained"])
         self.rng = np.random.default_rng()
         self.rng.bit_generator.state = doc["rng"]
@@ -185,10 +201,12 @@ class SimBackend:
                 return ApplyResult(job.job_id, NOOP, ref)
             try:
                 t = type_index(job.job_type)
+                demand = demand_from_spec(job.spec, JOB_TYPES[t].demand)
             except ValueError as e:
                 raise BackendError(f"job {job.job_id}: {e}") from None
             hid = self.hidden.get(str(job.spec.get("name", "")), Hidden(job.total_epochs))
             j = {"type": t, "est": float(job.total_epochs), "true": float(hid.true_epochs),
+                 "worker_demand": demand.worker.as_array().tolist(), "ps_demand": demand.ps.as_array().tolist(),
                  "factor": float(hid.speed_factor), "epochs_done": 0.0, "workers": 0, "ps": 0,
                  "worker_nodes": [], "ps_nodes": [], "state": PENDING, "finished_at": None}
             self.jobs[job.job_id] = j
@@ -233,7 +251,7 @@ class SimBackend:
     def _check_capacity(self, running: list[tuple[int, dict[str, Any]]]) -> None:
         total = np.zeros(3)
         for _, j in running:
-            total += j["workers"] * WORKER_DEMAND[j["type"]] + j["ps"] * PS_DEMAND[j["type"]]
+            total += j["workers"] * np.asarray(j["worker_demand"]) + j["ps"] * np.asarray(j["ps_demand"])
         cap = self.cluster.server_capacity * len(self._names)
         if np.any(total > cap + 1e-6):
             raise BackendError(f"running jobs need {total.tolist()} (GPUs, CPUs, GB), the cluster has {cap.tolist()}")
@@ -247,9 +265,8 @@ class SimBackend:
         for (jid, j), nz in zip(active, noise):
             if j["workers"] == 0:
                 continue
-            t = np.array([j["type"]])
-            ep = float(lookup(self.table, t, np.array([j["ps"]]), np.array([j["workers"]]))[0]
-                       * (j["factor"] * nz) * self.slot_seconds / BATCHES_PER_EPOCH[j["type"]])
+            ep = float(epochs_trained(self.table, np.array([j["type"]]), np.array([j["ps"]]),
+                                      np.array([j["workers"]]), j["factor"] * nz, self.slot_seconds)[0])
             left = j["true"] - j["epochs_done"]
             if ep >= left - 1e-12:
                 frac = min(max(left / ep, 0.0), 1.0) if ep > 0 else 1.0

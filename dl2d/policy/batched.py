@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.config import PolicyConfig
+from dl2d.policy.learn import RLState, _push, rl_update
 from dl2d.policy.scheduler import WindowRecord, _collect_servers
 from dl2d.policy.slot import SAMPLE, pad_window, run_window
-from dl2d.policy.train import RLState, _push, rl_update
 from dl2d.sim import engine as E
 from dl2d.sim.trace import Trace
 
@@ -30,12 +31,13 @@ def run_windows(cfg: PolicyConfig, params, keys, wins, epsilon=0.0, mode: str = 
     return jax.vmap(lambda k, w: run_window(cfg, params, k, w, mode=mode, epsilon=epsilon, record=True))(keys, wins)
 
 
-def decide_batch(cfg: PolicyConfig, params, key, views: list[E.SlotView], epsilon: float = 0.0, mode: str = SAMPLE):
+def decide_batch(cfg: PolicyConfig, params, key, views: list[SlotView], epsilon: float = 0.0, mode: str = SAMPLE):
     """(allocation, record) per view, from one vmapped slot loop."""
     for v in views:
         if len(v) > cfg.max_jobs:
             raise ValueError(f"{len(v)} jobs in a slot: batched rollouts support one window of {cfg.max_jobs}")
-    wins = [pad_window(cfg, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity) for v in views]
+    wins = [pad_window(cfg, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity,
+                       worker_demand=v.worker_demand, ps_demand=v.ps_demand) for v in views]
     stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *wins)
     out = jax.device_get(run_windows(cfg, params, jax.random.split(key, len(views)), stacked, epsilon, mode=mode))
     res = []
@@ -45,8 +47,7 @@ def decide_batch(cfg: PolicyConfig, params, key, views: list[E.SlotView], epsilo
         w_srv: list[list[int]] = [[] for _ in range(n)]
         p_srv: list[list[int]] = [[] for _ in range(n)]
         _collect_servers(0, slice(0, n), o, steps, w_srv, p_srv)
-        alloc = E.Allocation(np.array([len(s) for s in w_srv], int), np.array([len(s) for s in p_srv], int),
-                             tuple(map(tuple, w_srv)), tuple(map(tuple, p_srv)))
+        alloc = Allocation.from_servers(w_srv, p_srv)
         rec = WindowRecord(o.states[:steps], o.masks[:steps], o.actions[:steps], o.explored[:steps])
         res.append((alloc, rec))
     return res

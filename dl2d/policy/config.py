@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from dl2d.core.limits import MAX_PS, MAX_WORKERS
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
     # state / action space
     max_jobs: int = 40  # J: the scheduling window; more concurrent jobs are scheduled in windows of J
     num_types: int = 8  # L
-    max_workers: int = 16
-    max_ps: int = 16
+    max_workers: int = MAX_WORKERS
+    max_ps: int = MAX_PS
     starting_bundle: bool = True  # give every job one worker + one PS before the network decides (no starvation)
     # networks
     hidden: int = 256

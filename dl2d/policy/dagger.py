@@ -29,14 +29,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dl2d.core.contract import Allocation
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.config import PolicyConfig
+from dl2d.policy.learn import fit_epochs
 from dl2d.policy.nets import masked_logits, policy_logits
+from dl2d.policy.registry import make_heuristic
 from dl2d.policy.scheduler import decide
 from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER, teacher_action
-from dl2d.policy.train import fit_epochs
 from dl2d.sim import engine as E
-from dl2d.sim.baselines import make_baseline
 from dl2d.sim.trace import Trace
 
 
@@ -80,7 +81,7 @@ def set_update(cfg, opt, params, opt_state, states, masks, good):
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-def _window_targets(cfg: PolicyConfig, alloc: E.Allocation, i: int, n: int):
+def _window_targets(cfg: PolicyConfig, alloc: Allocation, i: int, n: int):
     """The teacher's targets for window i of a view of n jobs, padded to J."""
     sl = slice(i * cfg.max_jobs, min((i + 1) * cfg.max_jobs, n))
     tw, tu = np.zeros(cfg.max_jobs, np.int32), np.zeros(cfg.max_jobs, np.int32)
@@ -99,7 +100,7 @@ def collect(cfg: PolicyConfig, params, trace: Trace, sim: E.SimConfig, teacher: 
         raise ValueError(f"driver must be teacher, greedy or sample, not {driver!r}")
     rng = np.random.default_rng(seed)
     pick = np.random.default_rng(seed + 1)
-    heuristic = make_baseline(teacher)
+    heuristic = make_heuristic(teacher)
     key = jax.random.PRNGKey(seed)
     state = E.replace(E.SimState.initial(len(trace)), slot=int(trace.arrival_slot.min()))
     out: list[list[np.ndarray]] = [[], [], [], []]

@@ -26,7 +26,7 @@ What is the paper's, and what differs (read this before quoting a figure):
   waiting time, GPU demand, model size) and the squeezed cluster message (the mean predicted machine speed,
   entering as a product with the remaining time in place of the paper's learned gate). The paper's
   Transformer encoder, the FFN features and MAPPO training are NOT implemented: theta is learned with the
-  cross-entropy method on training traces (`train_ordering_cem`, objective: average JCT), the documented
+  cross-entropy method on training traces (`dl2d.policy.dual_agent_train.train_ordering_cem`, objective: average JCT), the documented
   simpler learning rule. Default theta = shortest-remaining-time-first.
 - The paper's jobs run to completion on fixed gangs; here, as for every policy of this simulator, the
   allocation is re-decided every slot.
@@ -38,11 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dl2d.sim.baselines import AllocationBuilder, remaining_time_estimate
-from dl2d.sim.engine import Allocation, SimConfig, SlotView, run
-from dl2d.sim.jobtypes import JOB_TYPES
-from dl2d.sim.placement import aggregation_degree, default_scores
-from dl2d.sim.speed import lookup, speed_table
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.policy.dltap import aggregation_degree, default_scores
+from dl2d.policy.heuristics import AllocationBuilder, remaining_time_estimate
+from dl2d.policy.registry import PolicyEntry, register
+from dl2d.workload.jobtypes import JOB_TYPES
+from dl2d.workload.speed import lookup, speed_table
 
 MODEL_MB = np.array([t.model_size_mb for t in JOB_TYPES])
 EPS = 1e-9
@@ -245,41 +246,32 @@ class DualAgent:
         self._gpu_used = np.where(cap > 0, 1.0 - b.placer.free[:, 0] / np.where(cap > 0, cap, 1), 0.0)
         return b.allocation()
 
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
+        """Overridden: the machines carry the fallback's tasks, not ours; read the next slot's speeds against
+        the GPU share the fallback placed (unknown without its placement)."""
+        if not overridden:
+            return
+        if allocation.worker_servers is None:
+            self._gpu_used = None
+            return
+        cap = view.capacity[:, 0]
+        used = view.capacity[:, 0] - view.free[:, 0]
+        for j, servers in enumerate(allocation.worker_servers):
+            for srv in servers:
+                used[srv] += view.worker_demand[j][0]
+        self._gpu_used = np.where(cap > 0, used / np.where(cap > 0, cap, 1), 0.0)
 
-# ---------------------------------------------------------------- the documented simpler learning rule
-
-def train_ordering_cem(traces, cfg: SimConfig, iters: int = 4, population: int = 8, elite: int = 2,
-                       sigma: float = 0.5, seed: int = 0, theta0=SRTF_THETA, on_iter=None, **agent_kw):
-    """Cross-entropy method over the ordering agent's theta: sample a population around the mean, run each
-    on the training traces, refit mean and std to the `elite` lowest average JCTs. Returns
-    (best theta seen, its average JCT in slots, history of (iteration, best, mean of elites))."""
-    rng = np.random.default_rng(seed)
-    mean = np.asarray(theta0, float).copy()
-    std = np.full_like(mean, sigma)
-    best = (np.inf, mean.copy())
-    hist = []
-
-    def score(theta):
-        return float(np.mean([run(t, DualAgent(theta, **agent_kw), cfg, seed=k).avg_jct_slots
-                              for k, t in enumerate(traces)]))
-
-    for it in range(iters):
-        pop = [mean.copy()] + [mean + std * rng.standard_normal(len(mean)) for _ in range(population - 1)]
-        scores = np.array([score(th) for th in pop])
-        idx = np.argsort(scores)[:elite]
-        elites = np.stack([pop[i] for i in idx])
-        mean, std = elites.mean(axis=0), elites.std(axis=0) + 0.05
-        if scores[idx[0]] < best[0]:
-            best = (float(scores[idx[0]]), pop[idx[0]].copy())
-        hist.append((it, float(scores[idx[0]]), float(scores[idx].mean())))
-        if on_iter:
-            on_iter(hist[-1])
-    return best[1], best[0], hist
+    def observe(self, reward: float) -> None:
+        """The placement agent learns from the machines' observed speeds in the next view, not the reward."""
 
 
 def make_dual_agent(**kw) -> DualAgent:
     return DualAgent(**kw)
 
 
+register(PolicyEntry("dual-agent", "dual-agent: an ordering agent's priorities, a placement agent's RWGP speeds",
+                     lambda options: DualAgent(seed=options.seed), options=("seed",)))
+
+
 __all__ = ["DualAgent", "RWGP", "Spectrum", "gp_posterior", "log_rw_kernel", "machine_graph", "matern52",
-           "rw_kernel", "rw_similarity", "train_ordering_cem", "job_features"]
+           "rw_kernel", "rw_similarity", "job_features"]

@@ -14,13 +14,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.checkpoint import Checkpoint, load, make_optimizer, save
 from dl2d.policy.config import PolicyConfig
+from dl2d.policy.learn import Replay, rl_update
 from dl2d.policy.nets import init_params
 from dl2d.policy.scheduler import Decision, WindowRecord, decide
 from dl2d.policy.slot import GREEDY, SAMPLE
-from dl2d.policy.train import Replay, rl_update
-from dl2d.sim.engine import SlotView
 
 
 def first_state(cfg: PolicyConfig, records: list[WindowRecord]) -> np.ndarray:
@@ -56,7 +56,7 @@ class OnlineLearner:
         self.cfg, self.params, self.learn = cfg, params, learn
         self.opt = make_optimizer(cfg.rl_lr)
         self.opt_state = opt_state if opt_state is not None else self.opt.init(params)
-        self.replay = Replay(cfg, seed=seed)
+        self.replay = Replay(cfg, seed=seed) if learn else None  # tens of MB: only when learning
         self.key = jax.random.PRNGKey(seed)
         self.version = version  # bumped by every update; recorded with each decision
         self.stats = OnlineStats()
@@ -82,9 +82,10 @@ class OnlineLearner:
         self._last = d
         return d.allocation
 
-    def discard_decision(self) -> None:
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
         """The guardrails overrode the last decision: its actions were not carried out, do not learn from them."""
-        self._last = None
+        if overridden:
+            self._last = None
 
     def observe(self, reward: float) -> OnlineStats:
         """The reward of the slot just decided; learns when enough transitions are buffered."""

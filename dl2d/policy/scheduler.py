@@ -11,9 +11,9 @@ from functools import partial
 import jax
 import numpy as np
 
+from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER, pad_window, run_window
-from dl2d.sim.engine import Allocation, SlotView
 
 
 @dataclass
@@ -44,7 +44,8 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
     subs = jax.device_get(_split_chain(key, len(starts)))  # the keys of `key, sub = split(key)` per window
     for i, start in enumerate(starts):
         sl = slice(start, min(start + cfg.max_jobs, n))
-        win = pad_window(cfg, view.type_idx[sl], view.slots_run[sl], view.remaining_epochs[sl], free, view.capacity)
+        win = pad_window(cfg, view.type_idx[sl], view.slots_run[sl], view.remaining_epochs[sl], free, view.capacity,
+                         worker_demand=view.worker_demand[sl], ps_demand=view.ps_demand[sl])
         tw = tu = None
         if targets is not None:
             tw = np.zeros(cfg.max_jobs, np.int32)
@@ -60,8 +61,7 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
         free = np.asarray(out.free, dtype=float)
         if record:
             records.append(WindowRecord(out.states[:steps], out.masks[:steps], acts, out.explored[:steps]))
-    alloc = Allocation(np.array([len(s) for s in w_srv], int), np.array([len(s) for s in p_srv], int),
-                       tuple(map(tuple, w_srv)), tuple(map(tuple, p_srv)))
+    alloc = Allocation.from_servers(w_srv, p_srv)
     return Decision(alloc, records)
 
 

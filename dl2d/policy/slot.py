@@ -11,9 +11,14 @@ allocation); the step's state and mask, which training needs and which dominate 
 1.7 GB at J = 1000), only with `record=True`. The first layer of the policy network is
 updated incrementally: only the acting job's features change in a step, so h = x W + b is patched with that
 job's rows of W instead of recomputed. Likewise the fit checks and the least-loaded-server search: a step
-changes at most two servers, so per block of ~sqrt(S) servers and job type the loop keeps the block's
+changes at most two servers, so per block of ~sqrt(S) servers and demand row the loop keeps the block's
 least-loaded fitting server and fit count (`FitCache`) and recomputes only the changed servers' blocks;
 masks and placements are the same as a full scan's (ties to the lowest index).
+
+Demand: every job asks for its own (worker, PS) demand (dl2d.core.contract.SlotView). A window keeps the
+distinct demand pairs of its jobs as a small table (`Window.demands_w` / `demands_p`, L rows, padded with
+rows that fit nowhere; L = 8 or the next power of two, so jit compiles for a few sizes only) and each job's
+row in it (`Window.demand_row`): the fit checks work per row, not per job.
 """
 from __future__ import annotations
 
@@ -25,11 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from dl2d.policy.config import PolicyConfig
-from dl2d.sim.engine import PS_DEMAND, WORKER_DEMAND
 
-WD = jnp.asarray(WORKER_DEMAND, jnp.float32)
-PD = jnp.asarray(PS_DEMAND, jnp.float32)
 EPS = 1e-6
+MIN_DEMAND_ROWS = 8  # demand rows of a window: at least this many, else the next power of two
+NO_FIT = 1e30  # a padding demand row's amount of every resource: fits on no server
 
 SAMPLE, GREEDY, TEACHER = "sample", "greedy", "teacher"
 
@@ -37,7 +41,7 @@ SAMPLE, GREEDY, TEACHER = "sample", "greedy", "teacher"
 class Window(NamedTuple):
     """Up to J jobs (padded) and the cluster as they stand at the start of the window."""
 
-    type_idx: jax.Array  # int32 [J]
+    type_idx: jax.Array  # int32 [J], the job's model class (a feature)
     valid: jax.Array  # bool [J]
     slots_run: jax.Array  # f32 [J]
     remaining: jax.Array  # f32 [J], estimated remaining epochs
@@ -45,6 +49,9 @@ class Window(NamedTuple):
     u0: jax.Array  # int32 [J]
     free: jax.Array  # f32 [S, 3]
     capacity: jax.Array  # f32 [S, 3]
+    demand_row: jax.Array  # int32 [J]: the job's row of demands_w / demands_p
+    demands_w: jax.Array  # f32 [L, 3]: a worker's demand per row
+    demands_p: jax.Array  # f32 [L, 3]: a PS's demand per row
 
 
 class SlotOut(NamedTuple):
@@ -66,7 +73,7 @@ def job_features(cfg: PolicyConfig, win: Window, w, u):
     """[J, F]: one-hot type, slots run, remaining epochs, dominant share (x J), workers, PS; zero if padding."""
     total = win.capacity.sum(axis=0)
     inv = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
-    used = w[:, None] * WD[win.type_idx] + u[:, None] * PD[win.type_idx]
+    used = w[:, None] * win.demands_w[win.demand_row] + u[:, None] * win.demands_p[win.demand_row]
     r = jnp.max(used * inv, axis=1)
     cols = jnp.stack([
         win.slots_run / cfg.slots_scale, win.remaining / cfg.epochs_scale, r * cfg.max_jobs,
@@ -94,18 +101,19 @@ def best_server(free, capacity, demand, load=None):
     return jnp.argmin(jnp.where(ok, load, jnp.inf)), jnp.any(ok)
 
 
-def type_fits(free, capacity, load=None):
-    """Per job type: does a worker fit, a PS, and a worker then a PS (placed one after the other)?
+def row_fits(free, capacity, demands_w, demands_p, load=None):
+    """Per demand row: does a worker fit, a PS, and a worker then a PS (placed one after the other)?
 
-    The bundle test does not copy the cluster per type: after the worker goes to server s, a PS fits if it
+    The bundle test does not copy the cluster per row: after the worker goes to server s, a PS fits if it
     fits on another server (free unchanged there) or on s with what the worker left."""
+    WD, PD = demands_w, demands_p
     load = server_load(free, capacity) if load is None else load
     fits_w = jnp.all(free[None] >= WD[:, None] - EPS, axis=2)  # [L, S]
     fits_p = jnp.all(free[None] >= PD[:, None] - EPS, axis=2)
     fw, fp = jnp.any(fits_w, axis=1), jnp.any(fits_p, axis=1)
-    s = jnp.argmin(jnp.where(fits_w, load[None], jnp.inf), axis=1)  # [L]: where each type's worker goes
-    types = jnp.arange(WD.shape[0])
-    elsewhere = jnp.sum(fits_p, axis=1) - fits_p[types, s] > 0
+    s = jnp.argmin(jnp.where(fits_w, load[None], jnp.inf), axis=1)  # [L]: where each row's worker goes
+    rows = jnp.arange(WD.shape[0])
+    elsewhere = jnp.sum(fits_p, axis=1) - fits_p[rows, s] > 0
     on_s = jnp.all(free[s] + (-WD) >= PD - EPS, axis=1)
     return fw, fp, fw & (elsewhere | on_s)
 
@@ -113,7 +121,7 @@ def type_fits(free, capacity, load=None):
 class FitCache(NamedTuple):
     """What the slot loop keeps of the cluster between steps, so that a step scans two blocks of servers
     instead of all of them. The servers (padded with ones that fit nothing) form B blocks of K; per demand
-    row r (rows 0..L-1: a worker of type r, rows L..2L-1: a PS of type r - L) and block b: the load of the
+    row r (rows 0..L-1: a worker of demand row r, rows L..2L-1: a PS of demand row r - L) and block b: the load of the
     least-loaded server of the block where it fits (inf if none), that server, and on how many of the
     block's servers it fits. Every entry is a function of the block's free resources alone, so after a
     placement only the placed server's block is recomputed; the least-loaded fitting server of the cluster
@@ -138,31 +146,34 @@ def _pad_servers(free, capacity, K):
             jnp.concatenate([capacity, jnp.zeros((n, 3), capacity.dtype)]))
 
 
-DEMANDS = jnp.concatenate([WD, PD])  # [2L, 3]: FitCache's rows
+def _cache_rows(win: Window):
+    """[2L, 3]: FitCache's rows, the workers' demands then the PS'."""
+    return jnp.concatenate([win.demands_w, win.demands_p])
 
 
-def _block_fits(free, capacity, start):
+def _block_fits(free, capacity, start, demands):
     """(least-loaded load, [server, count]) per demand row over the servers `free` (one block [K, 3], or
     the whole cluster as [B, K, 3]; `start`: the index of each block's first server)."""
     load = server_load(free, capacity)  # [..., K]
-    ok = jnp.all(free[..., None, :, :] >= DEMANDS[:, None] - EPS, axis=-1)  # [..., 2L, K]
+    ok = jnp.all(free[..., None, :, :] >= demands[:, None] - EPS, axis=-1)  # [..., 2L, K]
     key = jnp.where(ok, load[..., None, :], jnp.inf)
     server = jnp.argmin(key, axis=-1).astype(jnp.int32) + start[..., None]
     return jnp.min(key, axis=-1), jnp.stack([server, jnp.sum(ok, axis=-1, dtype=jnp.int32)])
 
 
-def _fit_cache(free_p, cap_p, K) -> FitCache:
+def _fit_cache(free_p, cap_p, K, demands) -> FitCache:
     B = free_p.shape[0] // K
-    load, sc = _block_fits(free_p.reshape(B, K, 3), cap_p.reshape(B, K, 3), K * jnp.arange(B, dtype=jnp.int32))
+    load, sc = _block_fits(free_p.reshape(B, K, 3), cap_p.reshape(B, K, 3), K * jnp.arange(B, dtype=jnp.int32),
+                           demands)
     return FitCache(load.T, jnp.swapaxes(sc, 1, 2))  # blocks last
 
 
-def _refresh(cache: FitCache, free_p, cap_p, s, K) -> FitCache:
+def _refresh(cache: FitCache, free_p, cap_p, s, K, demands) -> FitCache:
     """The cache after server s changed: its block recomputed."""
     b = s // K
     start = b * K
     load, sc = _block_fits(jax.lax.dynamic_slice_in_dim(free_p, start, K),
-                           jax.lax.dynamic_slice_in_dim(cap_p, start, K), start)
+                           jax.lax.dynamic_slice_in_dim(cap_p, start, K), start, demands)
     return FitCache(cache.load.at[:, b].set(load), cache.server_count.at[:, :, b].set(sc))
 
 
@@ -173,8 +184,9 @@ def _cluster_best(load, server):
     return jnp.take_along_axis(server, b[:, None], axis=1)[:, 0]
 
 
-def cached_type_fits(cache: FitCache, free_p):
-    """`type_fits` from the cache: (fw, fp, fb, the server each type's worker would go to)."""
+def cached_row_fits(win: Window, cache: FitCache, free_p):
+    """`row_fits` from the cache: (fw, fp, fb, the server each row's worker would go to)."""
+    WD, PD = win.demands_w, win.demands_p
     L = WD.shape[0]
     count = jnp.sum(cache.server_count[1], axis=1)  # [2L]
     fw, fp = count[:L] > 0, count[L:] > 0
@@ -187,7 +199,7 @@ def cached_type_fits(cache: FitCache, free_p):
 
 
 def _mask_from_fits(cfg: PolicyConfig, win: Window, w, u, fw, fp, fb):
-    t = win.type_idx
+    t = win.demand_row
     room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
     m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
                    win.valid & room_w & room_p & fb[t]], axis=1)
@@ -195,29 +207,30 @@ def _mask_from_fits(cfg: PolicyConfig, win: Window, w, u, fw, fp, fb):
 
 
 def _cached_apply(cfg: PolicyConfig, win: Window, w, u, free_p, cap_p, cache: FitCache, worker_server, a, K):
-    """`apply_action` on the padded cluster with the cache; `worker_server` [L] is where each type's worker
-    goes (from `cached_type_fits`). Returns (w, u, free_p, cache, worker server or -1, PS server or -1)."""
+    """`apply_action` on the padded cluster with the cache; `worker_server` [L] is where each row's worker
+    goes (from `cached_row_fits`). Returns (w, u, free_p, cache, worker server or -1, PS server or -1)."""
     void = a == 3 * cfg.max_jobs
     j = jnp.minimum(a // 3, cfg.max_jobs - 1)
     kind = a % 3
-    t = win.type_idx[j]
+    t = win.demand_row[j]
     add_w = ~void & (kind != 1)
     add_p = ~void & (kind != 0)
+    rows = _cache_rows(win)
     sw = worker_server[t]
-    free_p = free_p.at[sw].set(jnp.where(add_w, free_p[sw] + (-WD[t]), free_p[sw]))
-    cache = _refresh(cache, free_p, cap_p, sw, K)
-    r = WD.shape[0] + t  # the PS row
+    free_p = free_p.at[sw].set(jnp.where(add_w, free_p[sw] + (-win.demands_w[t]), free_p[sw]))
+    cache = _refresh(cache, free_p, cap_p, sw, K, rows)
+    r = win.demands_w.shape[0] + t  # the PS row
     sp = _cluster_best(cache.load[r][None], cache.server_count[0, r][None])[0]
-    free_p = free_p.at[sp].set(jnp.where(add_p, free_p[sp] + (-PD[t]), free_p[sp]))
-    cache = _refresh(cache, free_p, cap_p, sp, K)
+    free_p = free_p.at[sp].set(jnp.where(add_p, free_p[sp] + (-win.demands_p[t]), free_p[sp]))
+    cache = _refresh(cache, free_p, cap_p, sp, K, rows)
     w = w.at[j].add(add_w.astype(w.dtype))
     u = u.at[j].add(add_p.astype(u.dtype))
     return w, u, free_p, cache, jnp.where(add_w, sw, -1), jnp.where(add_p, sp, -1)
 
 
 def action_mask(cfg: PolicyConfig, win: Window, w, u, free, load=None):
-    fw, fp, fb = type_fits(free, win.capacity, load)
-    t = win.type_idx
+    fw, fp, fb = row_fits(free, win.capacity, win.demands_w, win.demands_p, load)
+    t = win.demand_row
     room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
     m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
                    win.valid & room_w & room_p & fb[t]], axis=1)
@@ -231,13 +244,14 @@ def apply_action(cfg: PolicyConfig, win: Window, w, u, free, a, load=None):
     void = a == 3 * cfg.max_jobs
     j = jnp.minimum(a // 3, cfg.max_jobs - 1)
     kind = a % 3
-    t = win.type_idx[j]
+    t = win.demand_row[j]
+    wd, pd = win.demands_w[t], win.demands_p[t]
     add_w = ~void & (kind != 1)
     add_p = ~void & (kind != 0)
-    sw, _ = best_server(free, win.capacity, WD[t], load)
-    free = jnp.where(add_w, free.at[sw].add(-WD[t]), free)
-    sp, _ = best_server(free, win.capacity, PD[t])
-    free = jnp.where(add_p, free.at[sp].add(-PD[t]), free)
+    sw, _ = best_server(free, win.capacity, wd, load)
+    free = jnp.where(add_w, free.at[sw].add(-wd), free)
+    sp, _ = best_server(free, win.capacity, pd)
+    free = jnp.where(add_p, free.at[sp].add(-pd), free)
     w = w.at[j].add(add_w.astype(w.dtype))
     u = u.at[j].add(add_p.astype(u.dtype))
     return w, u, free, jnp.where(add_w, sw, -1), jnp.where(add_p, sp, -1)
@@ -280,7 +294,8 @@ def starting_bundles(cfg: PolicyConfig, win: Window):
     """One worker + one PS for each job without one, in window order, where it fits."""
     K = _block_size(win.free.shape[0])
     free_p, cap_p = _pad_servers(win.free, win.capacity, K)
-    w, u, free_p, _, _, _ = _starting_bundles(cfg, win, free_p, cap_p, _fit_cache(free_p, cap_p, K), K)
+    w, u, free_p, _, _, _ = _starting_bundles(cfg, win, free_p, cap_p, _fit_cache(free_p, cap_p, K, _cache_rows(win)),
+                                              K)
     return w, u, free_p[: win.free.shape[0]]
 
 
@@ -289,8 +304,8 @@ def _starting_bundles(cfg: PolicyConfig, win: Window, free_p, cap_p, cache: FitC
 
     def body(j, carry):
         w, u, free_p, cache, bw, bp = carry
-        _, _, fb, worker_server = cached_type_fits(cache, free_p)
-        fits = win.valid[j] & (w[j] < cfg.max_workers) & (u[j] < cfg.max_ps) & fb[win.type_idx[j]]
+        _, _, fb, worker_server = cached_row_fits(win, cache, free_p)
+        fits = win.valid[j] & (w[j] < cfg.max_workers) & (u[j] < cfg.max_ps) & fb[win.demand_row[j]]
         a = jnp.where((w[j] == 0) & (u[j] == 0) & fits, 3 * j + 2, 3 * cfg.max_jobs)
         w, u, free_p, cache, sw, sp = _cached_apply(cfg, win, w, u, free_p, cap_p, cache, worker_server, a, K)
         return w, u, free_p, cache, bw.at[j].set(sw), bp.at[j].set(sp)
@@ -318,7 +333,7 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
     S = win.free.shape[0]
     K = _block_size(S)
     free, cap_p = _pad_servers(win.free, win.capacity, K)
-    cache = _fit_cache(free, cap_p, K)
+    cache = _fit_cache(free, cap_p, K, _cache_rows(win))
     if cfg.starting_bundle:
         w, u, free, cache, bundle_w, bundle_p = _starting_bundles(cfg, win, free, cap_p, cache, K)
     else:
@@ -337,7 +352,7 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
 
     def body(c):
         w, u, free, cache, feats, h1 = c["w"], c["u"], c["free"], c["cache"], c["feats"], c["h1"]
-        fw, fp, fb, worker_server = cached_type_fits(cache, free)
+        fw, fp, fb, worker_server = cached_row_fits(win, cache, free)
         mask = _mask_from_fits(cfg, win, w, u, fw, fp, fb)
         logits = masked_logits(head(h1), mask)
         key = c["key"]  # split only where sampled
@@ -374,8 +389,25 @@ def run_window(cfg: PolicyConfig, params, key, win: Window, mode: str = SAMPLE, 
     return SlotOut(c["w"], c["u"], c["free"][:S], c["t"], *c["rec"], bundle_w, bundle_p)
 
 
-def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None) -> Window:
-    """A Window from NumPy arrays of up to J jobs (padding the rest)."""
+def demand_table(worker_demand, ps_demand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each job's row, workers' demand rows [L, 3], PS' demand rows [L, 3]): the distinct (worker, PS) demand
+    pairs of the jobs, in order of first appearance, padded to L rows that fit nowhere."""
+    pairs = np.concatenate([np.asarray(worker_demand, np.float32).reshape(-1, 3),
+                            np.asarray(ps_demand, np.float32).reshape(-1, 3)], axis=1)
+    rows: dict[bytes, int] = {}
+    job_row = np.array([rows.setdefault(p.tobytes(), len(rows)) for p in pairs], np.int32)
+    n = max(len(rows), 1)
+    L = MIN_DEMAND_ROWS if n <= MIN_DEMAND_ROWS else 1 << (n - 1).bit_length()
+    table = np.full((L, 6), NO_FIT, np.float32)
+    for key, r in rows.items():
+        table[r] = np.frombuffer(key, np.float32)
+    return job_row, table[:, :3].copy(), table[:, 3:].copy()
+
+
+def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None, *,
+               worker_demand, ps_demand) -> Window:
+    """A Window from NumPy arrays of up to J jobs (padding the rest); `worker_demand` / `ps_demand` [n, 3]
+    are the jobs' own per-task demands."""
     n = len(type_idx)
     if n > cfg.max_jobs:
         raise ValueError(f"{n} jobs in a window of {cfg.max_jobs}")
@@ -387,8 +419,10 @@ def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity
         return out
 
     zeros = np.zeros(n)
-    return Window(*jax.device_put((  # one transfer call for all eight arrays
+    job_row, demands_w, demands_p = demand_table(worker_demand, ps_demand)
+    return Window(*jax.device_put((  # one transfer call for all the arrays
         pad(type_idx, np.int32), np.arange(J) < n, pad(slots_run, np.float32), pad(remaining, np.float32),
         pad(zeros if w0 is None else w0, np.int32), pad(zeros if u0 is None else u0, np.int32),
         np.asarray(free, np.float32), np.asarray(capacity, np.float32),
+        pad(job_row, np.int32), demands_w, demands_p,
     )))

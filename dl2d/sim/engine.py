@@ -17,23 +17,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
+from dl2d.core.contract import Allocation, SlotView, validate
+from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.core.placement import place_servers
 from dl2d.sim import hetero, network
-from dl2d.sim.cluster import ClusterSpec, Placer
-from dl2d.sim.jobtypes import JOB_TYPES, TYPE_NAMES
-from dl2d.sim.speed import lookup, speed_table
+from dl2d.sim.cluster import ClusterSpec
 from dl2d.sim.trace import Trace
-
-WORKER_DEMAND = np.array([t.worker_demand for t in JOB_TYPES])  # [types, 3]
-PS_DEMAND = np.array([t.ps_demand for t in JOB_TYPES])
-BATCHES_PER_EPOCH = np.array([t.batches_per_epoch for t in JOB_TYPES], dtype=float)
-
-
-class CapacityError(RuntimeError):
-    """An allocation asked for more than the cluster has: a scheduler bug, never silently accepted."""
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES, demand_fields
+from dl2d.workload.speed import epochs_trained, speed_table
 
 
 @dataclass(frozen=True)
@@ -42,8 +37,8 @@ class SimConfig:
     slot_seconds: float = 1200.0
     speed_model: str = "measured"  # measured (testbed data) | parametric (Optimus-style fit)
     slot_noise: float = 0.1  # per job and slot speed factor 1 + noise * U(-1, 1)
-    max_workers: int = 16
-    max_ps: int = 16
+    max_workers: int = MAX_WORKERS
+    max_ps: int = MAX_PS
     resize_overhead_s: float = 0.0  # training time a job loses when its allocation changes
     max_slots: int = 50_000
     # Cross-node PS <-> worker communication (dl2d.sim.network). Traffic is always measured and reported;
@@ -99,72 +94,15 @@ class SimState:
         return bool(np.all(~np.isnan(self.finish_time)))
 
 
-@dataclass(frozen=True)
-class SlotView:
-    """What a scheduler knows at the start of a slot (row j = the j-th active job by arrival)."""
-
-    slot: int
-    jobs: np.ndarray  # trace indices (job ids)
-    type_idx: np.ndarray
-    arrival_slot: np.ndarray
-    slots_run: np.ndarray
-    epochs_done: np.ndarray
-    est_epochs: np.ndarray
-    prev_workers: np.ndarray
-    prev_ps: np.ndarray
-    free: np.ndarray  # [servers, 3] free at the start of the slot
-    capacity: np.ndarray  # [servers, 3]
-    max_workers: int
-    max_ps: int
-    server_speed: np.ndarray | None = None  # [servers] speeds observed last slot (heterogeneous runs only)
-    # the daemon's measurements (dl2d.daemon.jobstats), optional; no policy needs them, the baselines ignore them:
-    job_speed_factor: np.ndarray | None = None  # [jobs] measured / predicted speed, recent slots; NaN: not measured
-    job_shared_gpu: np.ndarray | None = None  # [jobs] a GPU of the job also ran another job's processes
-
-    def __len__(self) -> int:
-        return len(self.jobs)
-
-    @property
-    def worker_demand(self) -> np.ndarray:
-        return WORKER_DEMAND[self.type_idx]
-
-    @property
-    def ps_demand(self) -> np.ndarray:
-        return PS_DEMAND[self.type_idx]
-
-    @property
-    def remaining_epochs(self) -> np.ndarray:
-        return np.maximum(self.est_epochs - self.epochs_done, 0.0)
-
-    @property
-    def total_capacity(self) -> np.ndarray:
-        return self.capacity.sum(axis=0)
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """Workers and PS per job of the view; optionally the server of every task (else the engine places)."""
-
-    workers: np.ndarray
-    ps: np.ndarray
-    worker_servers: tuple[tuple[int, ...], ...] | None = None
-    ps_servers: tuple[tuple[int, ...], ...] | None = None
-
-
-class Scheduler(Protocol):
-    name: str
-
-    def __call__(self, view: SlotView) -> Allocation: ...
-
-
 def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
     idx = state.active(trace)
     cap = cfg.cluster.empty()
     return SlotView(
-        slot=state.slot, jobs=idx, type_idx=trace.type_idx[idx], arrival_slot=trace.arrival_slot[idx],
+        slot=state.slot, job_ids=idx, type_idx=trace.type_idx[idx], arrival_slot=trace.arrival_slot[idx],
         slots_run=state.slots_run[idx], epochs_done=state.epochs_done[idx], est_epochs=trace.est_epochs[idx],
         prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
         max_workers=cfg.max_workers, max_ps=cfg.max_ps, server_speed=server_speeds(state, cfg),
+        **demand_fields(trace.type_idx[idx]),
     )
 
 
@@ -176,50 +114,9 @@ def server_speeds(state: SimState, cfg: SimConfig) -> np.ndarray | None:
     return hetero.speeds(base, state.server_perf)
 
 
-def place(view: SlotView, alloc: Allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Usage [servers, 3] of an allocation, and the workers/PS actually placed per job.
-
-    With servers given, checks them (CapacityError on any overflow); without, places each job's tasks
-    (worker, PS, worker, PS, ...) on the least-loaded server that fits and drops what fits nowhere.
-    """
-    return place_servers(view, alloc)[:3]
-
-
-def place_servers(view: SlotView, alloc: Allocation):
-    """`place`, plus the servers of every placed task: (usage, workers, ps, worker_servers, ps_servers)."""
-    free = view.free.copy()
-    w_dem, p_dem = view.worker_demand, view.ps_demand
-    if alloc.worker_servers is not None:
-        for j in range(len(view)):
-            for servers, demand in ((alloc.worker_servers[j], w_dem[j]), (alloc.ps_servers[j], p_dem[j])):
-                for s in servers:
-                    free[s] -= demand
-        if np.any(free < -1e-6):
-            raise CapacityError(f"allocation overflows server(s) {np.flatnonzero((free < -1e-6).any(1)).tolist()}")
-        placed_w = np.array([len(s) for s in alloc.worker_servers], int)
-        placed_p = np.array([len(s) for s in alloc.ps_servers], int)
-        return view.free - free, placed_w, placed_p, tuple(alloc.worker_servers), tuple(alloc.ps_servers)
-    placer = Placer(view.free, view.capacity)
-    placed_w = np.zeros(len(view), int)
-    placed_p = np.zeros(len(view), int)
-    w_srv: list[list[int]] = [[] for _ in range(len(view))]
-    p_srv: list[list[int]] = [[] for _ in range(len(view))]
-    for j in range(len(view)):
-        for k in range(max(int(alloc.workers[j]), int(alloc.ps[j]))):
-            for want, placed, demand, srv in ((alloc.workers, placed_w, w_dem[j], w_srv),
-                                              (alloc.ps, placed_p, p_dem[j], p_srv)):
-                if k < want[j]:
-                    s = placer.add(demand)
-                    if s >= 0:
-                        placed[j] += 1
-                        srv[j].append(s)
-    return (view.free - placer.free, placed_w, placed_p,
-            tuple(tuple(s) for s in w_srv), tuple(tuple(s) for s in p_srv))
-
-
 def epochs_per_slot(table, types, ps, workers, factor, seconds) -> np.ndarray:
     """Epochs each job trains in `seconds` with (ps, workers): pure, element-wise."""
-    return lookup(table, types, ps, workers) * factor * seconds / BATCHES_PER_EPOCH[types]
+    return epochs_trained(table, types, ps, workers, factor, seconds)
 
 
 def advance(state: SimState, trace: Trace, jobs, epochs) -> tuple[SimState, float, np.ndarray]:
@@ -238,14 +135,6 @@ def advance(state: SimState, trace: Trace, jobs, epochs) -> tuple[SimState, floa
     return replace(state, slot=state.slot + 1, epochs_done=done, finish_time=finish, slots_run=slots_run), reward, trained
 
 
-def validate(view: SlotView, alloc: Allocation) -> None:
-    w, p = np.asarray(alloc.workers), np.asarray(alloc.ps)
-    if w.shape != (len(view),) or p.shape != (len(view),):
-        raise ValueError(f"allocation for {w.shape}/{p.shape} jobs, the view has {len(view)}")
-    if np.any(w < 0) or np.any(p < 0) or np.any(w > view.max_workers) or np.any(p > view.max_ps):
-        raise ValueError("allocation outside [0, max_workers] / [0, max_ps]")
-
-
 def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: np.random.Generator,
          table: np.ndarray | None = None) -> tuple[SimState, float, dict]:
     """One slot. Pure given `rng`: the same inputs and generator state give the same outputs."""
@@ -253,7 +142,7 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     validate(view, alloc)
     usage, w, p, w_srv, p_srv = place_servers(view, alloc)
     table = speed_table(cfg.speed_model) if table is None else table
-    jobs = view.jobs
+    jobs = view.job_ids
     noise = 1 + cfg.slot_noise * rng.uniform(-1, 1, len(jobs))
     changed = (w != state.workers[jobs]) | (p != state.ps[jobs])
     seconds = cfg.slot_seconds - cfg.resize_overhead_s * changed

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dl2d.sim.jobtypes import JOB_TYPES
+from dl2d.workload.jobtypes import JOB_TYPES
 
 MODEL_SIZE_MB = np.array([t.model_size_mb for t in JOB_TYPES])
 INTER_BW_MBPS = np.array([t.inter_bw_mbps for t in JOB_TYPES])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.sim.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES, type_index
+from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES, type_index
 
 FORMAT = "dl2d-trace"
 VERSION = 1

@@ -13,15 +13,15 @@ import sys
 import numpy as np
 import pytest
 from sqlalchemy import select
+from testkit.agents import TOKEN, start_agent, stop_agents
 
 from dl2d.daemon.config import build_config
 from dl2d.daemon.main import build_loop
 from dl2d.daemon.sim_backend import Hidden
-from dl2d.db import store
 from dl2d.db.engine import session_scope
+from dl2d.db.jobs import submit_job
 from dl2d.db.models import Decision, JobSlotStat, Slot
-
-from test_daemon_agents import TOKEN, start_agent, stop_agents
+from dl2d.policy.registry import StatelessPolicy
 
 SPEC = {"owner": "bob", "job_type": "resnet-50", "total_epochs": 9000, "command": "python t.py",
         "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8}, "ps": {"cpus": 2, "mem_gb": 4}}
@@ -35,7 +35,7 @@ class Feeder:
     def __call__(self, session, number, now):
         if number == 0:
             for name in ("slow", "fast"):  # ids 1, 2 -> Slurm ids sim-1, sim-2
-                store.submit_job(session, {**SPEC, "name": name}, now=now)
+                submit_job(session, {**SPEC, "name": name}, now=now)
         return 0
 
 
@@ -53,7 +53,7 @@ def test_job_stats_recorded_flagged_in_view_and_reported(tmp_path):
         loop = build_loop(cfg, feeder=Feeder())
         views = []
         policy = loop.policy
-        loop.policy = lambda v: (views.append(v), policy(v))[1]
+        loop.policy = StatelessPolicy(lambda v: (views.append(v), policy(v))[1], "spy")
         loop.run(max_slots=4)
 
         with session_scope(loop.engine) as s:
@@ -76,7 +76,7 @@ def test_job_stats_recorded_flagged_in_view_and_reported(tmp_path):
                          {"1": ["slow"], "2": ["shared_gpu"]}]
         assert views[0].job_speed_factor.size == 2 and np.isnan(views[0].job_speed_factor).all()
         last = views[-1]
-        assert last.jobs.tolist() == [1, 2] and last.job_shared_gpu.tolist() == [False, True]
+        assert last.job_ids.tolist() == [1, 2] and last.job_shared_gpu.tolist() == [False, True]
         assert last.job_speed_factor == pytest.approx([0.5, 1.0], rel=0.11)
 
         # a restarted daemon reloads each job's recent stats: the flags are there at its first decision

@@ -9,13 +9,13 @@ from sqlalchemy import select
 
 from dl2d.daemon.config import build_config
 from dl2d.daemon.main import build_loop
-from dl2d.db import store
 from dl2d.db.engine import session_scope
+from dl2d.db.jobs import submit_job
 from dl2d.db.models import Decision, Slot
 from dl2d.policy.checkpoint import Checkpoint, load, save
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import init_params
-from dl2d.sim.jobtypes import JOB_TYPES
+from dl2d.workload.jobtypes import JOB_TYPES
 
 # small networks and minibatch so that updates start after a couple of slots
 TINY = PolicyConfig(max_jobs=8, hidden=32, minibatch=16, replay_size=1024, rl_lr=1e-3)
@@ -51,9 +51,9 @@ def test_online_rl_learns_checkpoints_and_resumes(tmp_path):
     with session_scope(loop.engine) as s:  # long jobs: all of them run through every slot of the test
         for i in range(12):
             t = JOB_TYPES[i % len(JOB_TYPES)]
-            store.submit_job(s, {"name": f"rl{i}", "owner": "test", "job_type": t.name, "total_epochs": 1e5,
-                                 "command": "x", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
-                                 "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}})
+            submit_job(s, {"name": f"rl{i}", "owner": "test", "job_type": t.name, "total_epochs": 1e5,
+                           "command": "x", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
+                           "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}})
     saves = []  # (slots closed, version) at every checkpoint write
     real_save = learner.save
 

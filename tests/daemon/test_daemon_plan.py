@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from dl2d.core.contract import Allocation
 from dl2d.daemon import plan as P
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
 from dl2d.db.models import IntentKind
-from dl2d.sim.baselines import drf
-from dl2d.sim.engine import Allocation
+from dl2d.policy.heuristics import drf
 
 NODES = [NodeInfo(f"n{i}", 2, 8, 48.0) for i in range(4)]
 
@@ -19,7 +19,7 @@ def rows(n=3):
 def test_build_view_drained_node_has_nothing_free_and_arrival_from_slots_run():
     nodes = [*NODES[:3], NodeInfo("n3", 2, 8, 48.0, usable=False, reason="stale")]
     v = P.build_view(7, list(reversed(rows())), nodes)
-    assert v.jobs.tolist() == [10, 11, 12]  # submission order whatever the input order
+    assert v.job_ids.tolist() == [10, 11, 12]  # submission order whatever the input order
     assert v.arrival_slot.tolist() == [7, 6, 5]
     assert v.free[3].tolist() == [0, 0, 0] and v.capacity[3].tolist() == [2, 8, 48]
     alloc = drf(v)

@@ -6,13 +6,24 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
+from dl2d.core.contract import Allocation
 from dl2d.daemon.config import build_config
 from dl2d.daemon.main import DemoFeeder, build_loop, demo_report, make_policy
-from dl2d.db import store
 from dl2d.db.engine import session_scope
-from dl2d.db.models import Decision, Event, EventKind, Intent, IntentState, Job, JobState, Slot
-from dl2d.sim.engine import Allocation, SimConfig, run
+from dl2d.db.jobs import cancel_job, submit_job
+from dl2d.db.models import (
+    Decision,
+    Event,
+    EventKind,
+    Intent,
+    IntentState,
+    Job,
+    JobState,
+    Slot,
+)
+from dl2d.policy.registry import StatelessPolicy
 from dl2d.sim.cluster import preset
+from dl2d.sim.engine import SimConfig, run
 
 SHORT_TYPES = ("resnext-110", "wlm", "dssm", "resnet-50")  # short jobs: a quick test
 
@@ -74,7 +85,7 @@ def test_nan_policy_falls_back_to_drf_and_is_recorded(tmp_path):
     cfg = config(tmp_path)
     feeder = DemoFeeder(4, seed=1, job_types=("resnext-110",))
     loop = build_loop(cfg, feeder)
-    loop.policy = lambda view: Allocation(np.full(len(view), np.nan), np.ones(len(view)))
+    loop.policy = StatelessPolicy(lambda view: Allocation(np.full(len(view), np.nan), np.ones(len(view))), "nan")
     loop.run(until_idle=lambda: feeder.exhausted() and loop.idle())
     with session_scope(loop.engine) as s:
         assert {j.state for j in s.scalars(select(Job))} == {JobState.COMPLETED}
@@ -88,14 +99,14 @@ def test_cancel_reaches_the_backend(tmp_path):
     cfg = config(tmp_path)
     loop = build_loop(cfg)
     with session_scope(loop.engine) as s:
-        job = store.submit_job(s, {"name": "long", "owner": "alice", "job_type": "vgg-16", "total_epochs": 250,
-                                   "command": "python train.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
-                                   "ps": {"cpus": 2, "mem_gb": 4}})
+        job = submit_job(s, {"name": "long", "owner": "alice", "job_type": "vgg-16", "total_epochs": 250,
+                             "command": "python train.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
+                             "ps": {"cpus": 2, "mem_gb": 4}})
         jid = job.id
     loop.run(max_slots=2)
     assert loop.backend.observe()[jid].state == "running"
     with session_scope(loop.engine) as s:
-        store.cancel_job(s, jid, "alice")  # what dl2ctl cancel does
+        cancel_job(s, jid, "alice")  # what dl2ctl cancel does
     loop.run(max_slots=1)
     st = loop.backend.observe()[jid]
     assert st.state == "failed" and st.workers == 0 and st.message == "cancelled"

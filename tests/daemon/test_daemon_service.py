@@ -72,14 +72,14 @@ def test_daemon_under_notify_socket_with_metrics_sigterm_and_status(tmp_path):
         assert wait_msg(lambda m: m.startswith("STATUS=slot 2"))
         assert "WATCHDOG=1" in msgs
         # a job submitted meanwhile (as dl2ctl submit does) gets scheduled
-        from dl2d.db import store
         from dl2d.db.engine import make_engine, session_scope
+        from dl2d.db.jobs import submit_job
 
         eng = make_engine(f"sqlite:///{tmp_path / 'dl2d.sqlite'}")
         with session_scope(eng) as s:
-            store.submit_job(s, {"name": "j1", "owner": "alice", "job_type": "resnet-50", "total_epochs": 5000,
-                                 "command": "python t.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
-                                 "ps": {"cpus": 2, "mem_gb": 4}})
+            submit_job(s, {"name": "j1", "owner": "alice", "job_type": "resnet-50", "total_epochs": 5000,
+                           "command": "python t.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
+                           "ps": {"cpus": 2, "mem_gb": 4}})
         eng.dispose()
         status = json.loads((tmp_path / "dl2d.status.json").read_text())
         url = status["metrics_url"]

@@ -6,11 +6,16 @@ import pytest
 
 from dl2d.daemon.backend import FINISHED, RUNNING, JobStatus
 from dl2d.daemon.jobstats import (
-    JobSlotStats, RanJob, job_flags, measure_slot, predicted_epochs_per_s, speed_factor_estimate,
+    JobSlotStats,
+    RanJob,
+    job_flags,
+    measure_slot,
+    predicted_epochs_per_s,
+    speed_factor_estimate,
 )
-from dl2d.sim.engine import BATCHES_PER_EPOCH, epochs_per_slot
-from dl2d.sim.jobtypes import type_index
-from dl2d.sim.speed import speed_table
+from dl2d.sim.engine import epochs_per_slot
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, type_index
+from dl2d.workload.speed import speed_table
 
 TABLE = speed_table("measured")
 
@@ -80,7 +85,8 @@ def test_flags_need_a_persistently_low_factor_or_a_shared_gpu():
 def test_view_carries_the_measurements_and_the_baselines_ignore_them():
     from dl2d.daemon import plan as P
     from dl2d.daemon.backend import NodeInfo
-    from dl2d.sim.baselines import BASELINES, make_baseline
+    from dl2d.policy.registry import make_heuristic
+    from dl2d.policy.registry import names as policy_names
 
     nodes = [NodeInfo(f"n{i}", 2, 8, 48.0) for i in range(4)]
     rows = [P.JobRow(i, t, 20.0, 1.0, 1, 1, 2) for i, t in ((3, "resnet-50"), (5, "vgg-16"), (8, "resnet-50"))]
@@ -92,6 +98,6 @@ def test_view_carries_the_measurements_and_the_baselines_ignore_them():
     d = P.view_digest_input(v)
     assert d["speed_factor"] == [None, 0.4, 1.1] and d["shared_gpu"] == [True, False, False]
     assert "speed_factor" not in P.view_digest_input(plain)
-    for name in BASELINES:
-        a, b = make_baseline(name)(plain), make_baseline(name)(v)
+    for name in policy_names(heuristic=True):
+        a, b = make_heuristic(name)(plain), make_heuristic(name)(v)
         assert a.workers.tolist() == b.workers.tolist() and a.ps.tolist() == b.ps.tolist(), name

@@ -8,7 +8,7 @@ import pytest
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.nets import init_params
 from dl2d.sim.engine import SimConfig
-from policytest_helpers import CFG, MAX_P, MAX_W, SIM, tiny_trace  # noqa: F401  (re-exported)
+from testkit.policy import CFG, MAX_P, MAX_W, SIM, tiny_trace  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session")

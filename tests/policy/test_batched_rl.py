@@ -5,15 +5,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from testkit.policy import tiny_trace
 
 from dl2d.policy import batched as B
 from dl2d.policy.checkpoint import make_optimizer
+from dl2d.policy.learn import Replay, RLState
 from dl2d.policy.scheduler import decide
 from dl2d.policy.slot import GREEDY, pad_window, run_window
-from dl2d.policy.train import Replay, RLState
 from dl2d.sim import engine as E
-
-from conftest import tiny_trace
 
 
 def _view(trace, sim):
@@ -26,7 +25,8 @@ def test_vmapped_windows_match_single(cfg, sim, params):
     batch = B.decide_batch(cfg, params, key, views)
     keys = jax.random.split(key, 2)
     for i, v in enumerate(views):
-        win = pad_window(cfg, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity)
+        win = pad_window(cfg, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity,
+                         worker_demand=v.worker_demand, ps_demand=v.ps_demand)
         one = jax.device_get(run_window(cfg, params, keys[i], win, record=True))
         np.testing.assert_array_equal(batch[i][1].actions, one.actions[:int(one.n_steps)])
         np.testing.assert_array_equal(batch[i][0].workers, one.workers[:len(v)])
@@ -68,7 +68,8 @@ def test_poor_skew_rule(cfg, sim, rule, poor):
 
     c = replace(cfg, poor_ratio=2.0, poor_skew=rule)
     v = _view(tiny_trace(8, seed=1), sim)
-    win = pad_window(c, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity)
+    win = pad_window(c, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity,
+                     worker_demand=v.worker_demand, ps_demand=v.ps_demand)
     w = jnp.zeros(c.max_jobs, jnp.int32).at[0].set(1)
     u = jnp.zeros(c.max_jobs, jnp.int32).at[0].set(3)
     mask = jnp.ones(c.num_actions, bool)

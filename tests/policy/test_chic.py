@@ -9,47 +9,49 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dl2d.core.contract import SlotView, validate
+from dl2d.core.placement import place
 from dl2d.policy import chic as CH
+from dl2d.policy import chic_train as CT
 from dl2d.sim.cluster import ClusterSpec, preset
-from dl2d.sim.engine import SimConfig, SlotView, place, validate
-from dl2d.sim.jobtypes import JOB_TYPES, MAX_EPOCHS
+from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import TraceConfig, generate
-
+from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, demand_fields
 
 # ---------------------------------------------------------------- CEM arithmetic
 
 def test_elite_threshold_and_mask_hand_checked():
     # N = 4 policy samples + the uniform one; sorted: -10 -7 -5 -3 -1; floor(0.7 * 4) = 2 -> xi = R_(2) = -7
     rets = [-10.0, -3.0, -7.0, -1.0, -5.0]
-    xi = CH.elite_threshold(rets, rho=0.3, n=4)
+    xi = CT.elite_threshold(rets, rho=0.3, n=4)
     assert xi == -7.0
-    assert CH.elite_mask(rets, xi).tolist() == [False, True, True, True, True]
+    assert CT.elite_mask(rets, xi).tolist() == [False, True, True, True, True]
     # N = 10 samples of 0..10 (11 with the uniform one): floor(0.7 * 10) = 7 -> R_(7) = 6 -> 5 elites
     r = np.arange(11.0)[::-1]
-    assert CH.elite_threshold(r, 0.3, 10) == 6.0
-    assert CH.elite_mask(r, 6.0).sum() == 5
+    assert CT.elite_threshold(r, 0.3, 10) == 6.0
+    assert CT.elite_mask(r, 6.0).sum() == 5
     # rho = 1 keeps everything (index clamps to the smallest); ties at the threshold are elites
-    assert CH.elite_threshold([3.0, 1.0, 2.0], 1.0) == 1.0
-    assert CH.elite_mask([2.0, 2.0, 1.0], 2.0).tolist() == [True, True, False]
+    assert CT.elite_threshold([3.0, 1.0, 2.0], 1.0) == 1.0
+    assert CT.elite_mask([2.0, 2.0, 1.0], 2.0).tolist() == [True, True, False]
 
 
 def test_smoothed_update_hand_checked():
     new = {"w": np.array([1.0, 2.0]), "b": np.array([0.0])}
     old = {"w": np.array([3.0, 6.0]), "b": np.array([4.0])}
-    out = CH.smooth(new, old, alpha=0.25)
+    out = CT.smooth(new, old, alpha=0.25)
     np.testing.assert_allclose(out["w"], [2.5, 5.0])  # 0.25*1 + 0.75*3, 0.25*2 + 0.75*6
     np.testing.assert_allclose(out["b"], [3.0])
-    np.testing.assert_allclose(CH.smooth(new, old, 1.0)["w"], new["w"])
+    np.testing.assert_allclose(CT.smooth(new, old, 1.0)["w"], new["w"])
 
 
 def test_gaussian_cem_mean_std_update_hand_checked():
     samples = np.array([[0.0, 10.0], [1.0, 20.0], [2.0, 30.0], [3.0, 40.0]])
     scores = [0.0, 3.0, 1.0, 2.0]  # best two: rows 1 and 3
-    mu, sd = CH.gaussian_cem_update(np.zeros(2), np.ones(2), samples, scores, rho=0.5, alpha=0.5, noise_floor=0.0)
+    mu, sd = CT.gaussian_cem_update(np.zeros(2), np.ones(2), samples, scores, rho=0.5, alpha=0.5, noise_floor=0.0)
     np.testing.assert_allclose(mu, [0.5 * 2.0, 0.5 * 30.0])  # elite means 2 and 30, smoothed with the old 0
     np.testing.assert_allclose(sd, [0.5 * 1.0 + 0.5, 0.5 * 10.0 + 0.5])  # elite stds 1 and 10
     # identical elites: the std collapses to 0 and is held at the noise floor
-    mu, sd = CH.gaussian_cem_update(np.zeros(1), np.ones(1), np.ones((3, 1)), [1, 2, 3], 0.5, 1.0, 0.05)
+    mu, sd = CT.gaussian_cem_update(np.zeros(1), np.ones(1), np.ones((3, 1)), [1, 2, 3], 0.5, 1.0, 0.05)
     assert mu.tolist() == [1.0] and sd.tolist() == [0.05]
 
 
@@ -60,9 +62,9 @@ def test_fit_elites_raises_the_likelihood_of_elite_actions():
     states = rng.uniform(0, 1, (64, cfg.state_dim))
     masks = np.ones((64, cfg.num_actions), bool)
     actions = (states[:, 0] > 0.5).astype(int) * 3  # a learnable rule: action 0 or 3
-    before = CH.log_likelihood(cfg, params, states, masks, actions)
-    fitted, losses = CH.fit_elites(cfg, params, states, masks, actions, seed=0)
-    after = CH.log_likelihood(cfg, fitted, states, masks, actions)
+    before = CT.log_likelihood(cfg, params, states, masks, actions)
+    fitted, losses = CT.fit_elites(cfg, params, states, masks, actions, seed=0)
+    after = CT.log_likelihood(cfg, fitted, states, masks, actions)
     assert before < -1.4  # about log(1/5) for a near-uniform start
     assert after > before + 0.5, (before, after)
     assert losses[-1] < losses[0]
@@ -128,10 +130,10 @@ def make_view(types, free_frac, servers, max_w, max_p, seed=0) -> SlotView:
     cap = ClusterSpec(servers).empty()
     free = np.floor(cap * np.asarray(free_frac)[:, None])
     est = rng.uniform(5, 100, n)
-    return SlotView(slot=3, jobs=np.arange(n) * 2 + 1, type_idx=np.asarray(types, int), arrival_slot=np.arange(n),
+    return SlotView(slot=3, job_ids=np.arange(n) * 2 + 1, type_idx=np.asarray(types, int), arrival_slot=np.arange(n),
                     slots_run=np.zeros(n, int), epochs_done=est * rng.uniform(0, 0.9, n), est_epochs=est,
                     prev_workers=np.zeros(n, int), prev_ps=np.zeros(n, int), free=free, capacity=cap,
-                    max_workers=max_w, max_ps=max_p)
+                    max_workers=max_w, max_ps=max_p, **demand_fields(types))
 
 
 views = st.integers(1, 5).flatmap(lambda servers: st.tuples(
@@ -165,7 +167,7 @@ def test_pair_action_adds_one_worker_and_one_ps():
     view = make_view([0, 1, 2], [1.0, 1.0], 2, 4, 4)
     cfg = CH.ChicConfig(pair=True, num_jobs=3, max_workers=4, max_ps=4)
     sched = CH.ChicScheduler(cfg, CH.init_params(cfg), record=True)
-    from dl2d.sim.baselines import AllocationBuilder
+    from dl2d.policy.heuristics import AllocationBuilder
     b = AllocationBuilder(view)
     for a in (1, 1, 0):
         before = [(b.workers(j), b.ps(j)) for j in range(3)]
@@ -182,7 +184,7 @@ def test_void_is_masked_until_some_job_can_train():
     view = make_view([0, 1], [1.0], 1, 4, 4)
     cfg = CH.ChicConfig(num_jobs=2, max_workers=4, max_ps=4)
     sched = CH.ChicScheduler(cfg, CH.init_params(cfg))
-    from dl2d.sim.baselines import AllocationBuilder
+    from dl2d.policy.heuristics import AllocationBuilder
     b = AllocationBuilder(view)
     assert not sched._mask(view, b, 2)[cfg.void]
     b.add(0, "worker")
@@ -199,9 +201,10 @@ def test_schedule_kept_until_the_first_I_jobs_change():
     a2 = sched(replace(view, slot=4))  # same first I jobs: same schedule, no new decision phase
     assert sched.trajectory.decisions == 1
     assert a1.worker_servers == a2.worker_servers and a1.ps_servers == a2.ps_servers
-    sched(replace(view, jobs=view.jobs[1:], type_idx=view.type_idx[1:], arrival_slot=view.arrival_slot[1:],
+    sched(replace(view, job_ids=view.job_ids[1:], type_idx=view.type_idx[1:], arrival_slot=view.arrival_slot[1:],
                   slots_run=view.slots_run[1:], epochs_done=view.epochs_done[1:], est_epochs=view.est_epochs[1:],
-                  prev_workers=view.prev_workers[1:], prev_ps=view.prev_ps[1:]))
+                  prev_workers=view.prev_workers[1:], prev_ps=view.prev_ps[1:], worker_demand=view.worker_demand[1:],
+                  ps_demand=view.ps_demand[1:], kind=view.kind[1:]))
     assert sched.trajectory.decisions == 2
 
 
@@ -271,7 +274,7 @@ def test_short_training_improves_the_cem_objective():
     tr = replace(tr, est_epochs=np.minimum(tr.est_epochs, 20.0), true_epochs=np.minimum(tr.true_epochs, 20.0))
     cfg = CH.ChicConfig(pair=True, num_jobs=3, max_workers=4, max_ps=4, episodes=10, fit_steps=60, fit_batch=128,
                         hidden=(32, 16), alpha=1.0, lr=0.02, dropout=0.0)
-    res = CH.train(cfg, [tr], sim, iterations=5, seed=0)
+    res = CT.train(cfg, [tr], sim, iterations=5, seed=0)
     rets = [h.mean_return for h in res.history]
     assert rets[-1] > rets[0] + 0.2 * abs(rets[0]), rets
     assert res.history[-1].xi > res.history[0].xi  # the elite level rises too

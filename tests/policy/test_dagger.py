@@ -5,14 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from testkit.policy import tiny_trace
 
 from dl2d.policy import dagger as D
-from dl2d.policy import train as TR
+from dl2d.policy import learn as LN
+from dl2d.policy.registry import make_heuristic
 from dl2d.policy.scheduler import decide
 from dl2d.sim import engine as E
-from dl2d.sim.baselines import make_baseline
-
-from policytest_helpers import tiny_trace
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +26,7 @@ def test_labels_replay_teacher_mode(cfg, sim, params, trace):
     rng, total = np.random.default_rng(0), 0
     for k in range(2):
         view = E.view_of(trace, state, sim)
-        t = make_baseline("optimus")(view)
+        t = make_heuristic("optimus")(view)
         d = decide(cfg, params, jax.random.PRNGKey(k), view, mode="teacher", targets=(t.workers, t.ps), record=True)
         for i, r in enumerate(d.records):
             tw, tu = D._window_targets(cfg, t, i, len(view))
@@ -47,7 +46,7 @@ def test_set_loss_is_cross_entropy_for_one_hot(cfg, params, trace, sim):
     s, m, a, _ = D.collect(cfg, params, trace, sim, "optimus", driver="teacher", max_slots=2)
     one_hot = np.eye(cfg.num_actions, dtype=bool)[a]
     got = float(D.set_loss(cfg, params, jnp.asarray(s), jnp.asarray(m), jnp.asarray(one_hot)))
-    want = float(TR.sl_loss(cfg, params, jnp.asarray(s), jnp.asarray(m), jnp.asarray(a)))
+    want = float(LN.sl_loss(cfg, params, jnp.asarray(s), jnp.asarray(m), jnp.asarray(a)))
     assert got == pytest.approx(want, rel=1e-5)
 
 

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 from scipy.linalg import expm
 
+from dl2d.core.contract import SlotView
 from dl2d.policy import dual_agent as D
 from dl2d.sim import engine as E
 from dl2d.sim import hetero
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.jobtypes import type_index
 from dl2d.sim.trace import TraceConfig, generate
+from dl2d.workload.jobtypes import demand_fields, type_index
 
 
 def test_matern52_by_hand():
@@ -68,21 +69,22 @@ def test_placement_agent_refuses_a_worker_that_would_slow_the_job():
     spec = ClusterSpec(2, gpus=1.0)
     cap = spec.empty()
     n = 1
-    view = E.SlotView(0, np.arange(n), np.array([type_index("resnet-50")]), np.zeros(n, int), np.zeros(n, int),
+    view = SlotView(0, np.arange(n), np.array([type_index("resnet-50")]), np.zeros(n, int), np.zeros(n, int),
                       np.zeros(n), np.array([50.0]), np.zeros(n, int), np.zeros(n, int), cap.copy(), cap, 16, 16,
-                      server_speed=np.array([1.0, 0.05]))
+                      server_speed=np.array([1.0, 0.05]), **demand_fields([type_index("resnet-50")]))
     a = D.DualAgent()(view)
     assert a.worker_servers == ((0,),) and a.ps_servers == ((0,),)
-    view_fast = E.SlotView(**{**view.__dict__, "server_speed": np.array([1.0, 1.0])})
+    view_fast = SlotView(**{**view.__dict__, "server_speed": np.array([1.0, 1.0])})
     assert D.DualAgent()(view_fast).workers[0] == 2
 
 
 def test_ordering_agent_default_is_srtf_like():
     spec = ClusterSpec(4)
     cap = spec.empty()
-    view = E.SlotView(3, np.arange(2), np.array([type_index("vgg-16"), type_index("vgg-16")]),
+    view = SlotView(3, np.arange(2), np.array([type_index("vgg-16"), type_index("vgg-16")]),
                       np.array([0, 0]), np.zeros(2, int), np.zeros(2), np.array([200.0, 5.0]),
-                      np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16)
+                      np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16,
+                      **demand_fields([type_index("vgg-16")] * 2))
     pri = D.DualAgent().priorities(view, 1.0)
     assert pri[1] > pri[0]  # less remaining work first
 

@@ -8,14 +8,14 @@ from dataclasses import replace
 import jax
 import numpy as np
 import pytest
+from testkit.policy import tiny_trace
 
+from dl2d.policy import learn as LN
 from dl2d.policy import train as T
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.scheduler import WindowRecord, decide
 from dl2d.policy.slot import GREEDY, SAMPLE
 from dl2d.sim import engine as E
-
-from policytest_helpers import tiny_trace
 
 
 def _records(cfg, n, tag):
@@ -25,21 +25,21 @@ def _records(cfg, n, tag):
 
 
 def test_nstep_return_is_the_discounted_sum():
-    assert T.nstep_return([1.0], 0.9) == pytest.approx(1.0)
-    assert T.nstep_return([1.0, 2.0, 4.0], 0.5) == pytest.approx(1.0 + 1.0 + 1.0)
+    assert LN.nstep_return([1.0], 0.9) == pytest.approx(1.0)
+    assert LN.nstep_return([1.0, 2.0, 4.0], 0.5) == pytest.approx(1.0 + 1.0 + 1.0)
 
 
 def test_push_uses_all_pending_rewards_and_gamma_to_the_n(cfg):
-    replay = T.Replay(cfg, seed=0)
+    replay = LN.Replay(cfg, seed=0)
     pending = deque([(_records(cfg, 2, 1), 1.0), (_records(cfg, 3, 2), 2.0), (_records(cfg, 1, 3), 4.0)])
     boot = np.full(cfg.state_dim, 9.0, np.float32)
-    T._push(replay, pending, boot, 0.5, terminal=False)
+    LN._push(replay, pending, boot, 0.5, terminal=False)
     assert len(pending) == 2 and replay.size == 2  # only the oldest slot's two samples
     np.testing.assert_allclose(replay.r[:2], 1.0 + 0.5 * 2.0 + 0.25 * 4.0)
     np.testing.assert_allclose(replay.disc[:2], 0.125)
     np.testing.assert_array_equal(replay.a[:2], 1)
     np.testing.assert_array_equal(replay.s2[:2], boot[None].repeat(2, 0))
-    T._push(replay, pending, boot, 0.5, terminal=True)
+    LN._push(replay, pending, boot, 0.5, terminal=True)
     assert replay.size == 5
     np.testing.assert_allclose(replay.r[2:5], 2.0 + 0.5 * 4.0)
     np.testing.assert_allclose(replay.disc[2:5], 0.0)
@@ -47,7 +47,7 @@ def test_push_uses_all_pending_rewards_and_gamma_to_the_n(cfg):
 
 def test_replay_ring_buffer_wraps_and_keeps_the_newest(cfg):
     small = replace(cfg, replay_size=5)
-    replay = T.Replay(small, seed=0)
+    replay = LN.Replay(small, seed=0)
     for tag in range(1, 4):  # 3 x 2 samples into 5 rows
         r = _records(small, 2, tag)[0]
         replay.add(r.states, r.masks, r.actions, float(tag), r.states[0], 0.9)
@@ -69,12 +69,12 @@ def test_normalised_advantage_is_invariant_to_the_reward_scale(cfg, params):
     zero_v = jax.tree_util.tree_map(np.zeros_like, params["value"])  # V = 0: advantage = return
     p = {"policy": params["policy"], "value": zero_v}
     disc = np.zeros(n, np.float32)
-    _, a1 = T.rl_loss(cfg, p, (s, masks, actions, ret, s2, disc))
-    _, a2 = T.rl_loss(cfg, p, (s, masks, actions, 100 * ret, s2, disc))
+    _, a1 = LN.rl_loss(cfg, p, (s, masks, actions, ret, s2, disc))
+    _, a2 = LN.rl_loss(cfg, p, (s, masks, actions, 100 * ret, s2, disc))
     assert float(a1["pg"]) == pytest.approx(float(a2["pg"]), rel=1e-3)
     raw = replace(cfg, normalize_advantage=False)
-    _, b1 = T.rl_loss(raw, p, (s, masks, actions, ret, s2, disc))
-    _, b2 = T.rl_loss(raw, p, (s, masks, actions, 100 * ret, s2, disc))
+    _, b1 = LN.rl_loss(raw, p, (s, masks, actions, ret, s2, disc))
+    _, b2 = LN.rl_loss(raw, p, (s, masks, actions, 100 * ret, s2, disc))
     assert float(b2["pg"]) == pytest.approx(100 * float(b1["pg"]), rel=1e-4)
 
 
@@ -100,7 +100,7 @@ def test_decisions_without_records_allocate_the_same(cfg, params, sim, mode):
 def test_nstep_episode_stores_every_sample_with_valid_discounts(cfg, sim, params):
     c = replace(cfg, n_step=3)
     trace = tiny_trace(8, seed=2, max_epochs=20)
-    st = T.RLState(params, make_optimizer(c.rl_lr).init(params), T.Replay(c, seed=0))
+    st = LN.RLState(params, make_optimizer(c.rl_lr).init(params), LN.Replay(c, seed=0))
     T.rl_episode(c, st, trace, sim, seed=0, max_slots=10)
     disc = st.replay.disc[: st.replay.size]
     assert np.all(np.isclose(disc, 0.0) | np.isclose(disc, c.gamma ** 3))
@@ -113,7 +113,7 @@ def test_greedy_advantage_is_the_reward_difference_over_the_greedy_slot(cfg, sim
     and a greedy-only policy (epsilon 0, all its mass on one action) would get exactly zero."""
     c = replace(cfg, advantage="greedy", epsilon=0.0)
     trace = tiny_trace(8, seed=2, max_epochs=20)
-    st = T.RLState(params, make_optimizer(c.rl_lr).init(params), T.Replay(c, seed=0))
+    st = LN.RLState(params, make_optimizer(c.rl_lr).init(params), LN.Replay(c, seed=0))
     rewards = []
     T.rl_episode(c, st, trace, sim, seed=0, max_slots=6, on_slot=lambda n, r: rewards.append(r))
     adv = st.replay.r[: st.replay.size]
@@ -135,7 +135,7 @@ def test_greedy_advantage_keeps_its_sign(cfg, params):
     masks = np.ones((n, c.num_actions), bool)
     actions = np.zeros(n, np.int32)
     s = np.zeros((n, c.state_dim), np.float32)
-    up = jax.grad(lambda p: T.rl_loss(c, p, (s, masks, actions, np.full(n, 0.5, np.float32), s,
+    up = jax.grad(lambda p: LN.rl_loss(c, p, (s, masks, actions, np.full(n, 0.5, np.float32), s,
                                              np.zeros(n, np.float32)))[0])(params)
     # a positive advantage on action 0 everywhere: the gradient step raises action 0's logit bias
     assert float(up["policy"]["out"]["bias"][0]) < 0

@@ -10,28 +10,42 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit.policy import CFG, SIM, tiny_trace
+from testkit.policy_reference import reference_window
 
+from dl2d.core.placement import place
 from dl2d.policy.scheduler import decide
-from dl2d.policy.slot import (GREEDY, SAMPLE, TEACHER, action_mask, apply_action, encode, job_features,
-                              pad_window, poor_state_action, run_window, starting_bundles)
+from dl2d.policy.slot import (
+    GREEDY,
+    SAMPLE,
+    TEACHER,
+    action_mask,
+    apply_action,
+    encode,
+    job_features,
+    pad_window,
+    poor_state_action,
+    run_window,
+    starting_bundles,
+)
 from dl2d.policy.train import make_teacher
 from dl2d.sim import engine as E
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.engine import PS_DEMAND, WORKER_DEMAND
-
-from policytest_helpers import CFG, SIM, tiny_trace
-from reference import reference_window
+from dl2d.workload.jobtypes import PS_DEMAND, WORKER_DEMAND
 
 CAP = SIM.cluster.empty()  # 4 servers x (2 GPU, 8 CPU, 48 GB)
 _mask = jax.jit(partial(action_mask, CFG))
 _apply = jax.jit(partial(apply_action, CFG))
 
 
-def window(types, free=None, w0=None, u0=None, seed=0, cap=CAP):
+def window(types, free=None, w0=None, u0=None, seed=0, cap=CAP, worker_demand=None, ps_demand=None):
+    """A window of jobs of `types`, asking for their types' default demands unless told otherwise."""
     rng = np.random.default_rng(seed)
     n = len(types)
+    wd = WORKER_DEMAND[np.asarray(types, int)] if worker_demand is None else worker_demand
+    pd = PS_DEMAND[np.asarray(types, int)] if ps_demand is None else ps_demand
     return pad_window(CFG, np.asarray(types), rng.integers(0, 50, n), rng.uniform(1, 300, n),
-                      cap.copy() if free is None else free, cap, w0, u0)
+                      cap.copy() if free is None else free, cap, w0, u0, worker_demand=wd, ps_demand=pd)
 
 
 # ---------------------------------------------------------------- encoding
@@ -139,7 +153,7 @@ def test_engine_accepts_sampled_allocations_over_several_windows(cfg, params, si
         a = d.allocation
         assert np.all(a.workers <= cfg.max_workers) and np.all(a.ps <= cfg.max_ps)
         assert [len(s) for s in a.worker_servers] == list(a.workers)
-        usage, w, p = E.place(view, a)  # raises CapacityError on any overflow
+        usage, w, p = place(view, a)  # raises CapacityError on any overflow
         np.testing.assert_array_equal(w, a.workers)
         assert np.all(usage <= view.capacity + 1e-6)
         state, _, info = E.step(trace, state, a, sim, rng)
@@ -230,7 +244,7 @@ def test_teacher_replay_reproduces_the_teachers_allocations(cfg, params, sim, te
         d = decide(cfg, params, jax.random.PRNGKey(i), view, mode=TEACHER, targets=(target.workers, target.ps))
         np.testing.assert_array_equal(d.allocation.workers, target.workers)
         np.testing.assert_array_equal(d.allocation.ps, target.ps)
-        E.place(view, d.allocation)
+        place(view, d.allocation)
         checked += int(target.ps.sum() > len(view))  # slots where the teacher gave some job more than one PS
         state, _, _ = E.step(trace, state, target, sim, rng)
     assert checked >= 5

@@ -4,21 +4,20 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from testkit.policy import tiny_trace
 
+from dl2d.policy import learn as LN
 from dl2d.policy import train as T
 from dl2d.policy.checkpoint import make_optimizer
-from dl2d.policy.nets import init_params
+from dl2d.policy.registry import make_heuristic
 from dl2d.policy.scheduler import decide
 from dl2d.sim import engine as E
-from dl2d.sim.baselines import make_baseline
-
-from policytest_helpers import tiny_trace
 
 
 def slot_match(cfg, sim, params, trace, max_slots=40):
     """(fraction of slots where the greedy policy's (workers, PS) equal DRF's for every job, per-job fraction),
     along DRF's own trajectory."""
-    drf = make_baseline("drf")
+    drf = make_heuristic("drf")
     rng = np.random.default_rng(0)
     state = E.replace(E.SimState.initial(len(trace)), slot=0)
     same = jobs_same = jobs = n = 0
@@ -39,7 +38,7 @@ def slot_match(cfg, sim, params, trace, max_slots=40):
 def sl_run(cfg, sim, params):
     trace = tiny_trace(8, seed=1)
     data = T.teacher_samples(cfg, params, trace, sim, "drf", seed=0, max_slots=60)
-    trained, losses = T.supervised(cfg, params, data, epochs=15, seed=0)
+    trained, losses = LN.supervised(cfg, params, data, epochs=15, seed=0)
     return trace, data, trained, losses
 
 
@@ -57,7 +56,7 @@ def test_sl_loss_drops_and_policy_imitates_drf(cfg, sim, params, sl_run):
     trace, data, trained, losses = sl_run
     assert len(losses) == 15 and all(np.isfinite(losses))
     assert losses[-1] < 0.5 * losses[0]
-    assert T.imitation_accuracy(cfg, trained, data) >= 0.9
+    assert LN.imitation_accuracy(cfg, trained, data) >= 0.9
     slots, jobs = slot_match(cfg, sim, trained, trace)
     assert slots >= 0.8 and jobs >= 0.9
     slots0, jobs0 = slot_match(cfg, sim, params, trace)
@@ -75,7 +74,7 @@ def test_one_rl_update_changes_parameters_and_is_finite(cfg, params):
              np.where(rng.random(n) < 0.1, 0.0, 0.9).astype(np.float32))
     opt = make_optimizer(cfg.rl_lr)
     opt_state = opt.init(params)
-    new, new_opt, loss, aux = T.rl_update(cfg, opt, params, opt_state, batch)
+    new, new_opt, loss, aux = LN.rl_update(cfg, opt, params, opt_state, batch)
     assert np.isfinite(float(loss)) and all(np.isfinite(float(v)) for v in aux.values())
     assert float(aux["entropy"]) > 0
     for part in ("policy", "value"):
@@ -87,7 +86,7 @@ def test_one_rl_update_changes_parameters_and_is_finite(cfg, params):
 
 def test_rl_episode_fills_replay_and_learns(cfg, sim, params):
     trace = tiny_trace(8, seed=2, max_epochs=20)
-    st = T.RLState(params, make_optimizer(cfg.rl_lr).init(params), T.Replay(cfg, seed=0))
+    st = LN.RLState(params, make_optimizer(cfg.rl_lr).init(params), LN.Replay(cfg, seed=0))
     slots = []
     total = T.rl_episode(cfg, st, trace, sim, seed=0, max_slots=12, on_slot=lambda n, r: slots.append(r))
     assert len(slots) == 12 and np.isfinite(total) and total > 0

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from testkit.sim import make_trace
 
 from dl2d.cli.main import cli
 from dl2d.sim import trace as T
-from simtest_helpers import make_trace
 
 SMALL = ["sim", "--cluster", "tiny", "--jobs", "4", "--max-arrivals", "2"]
 KEYS = {"policy", "jobs", "avg_jct_slots", "avg_jct_hours", "makespan_slots", "makespan_hours", "gpu_util",

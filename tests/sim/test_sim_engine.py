@@ -3,20 +3,23 @@ runs and their metrics on cases worked out by hand, determinism under a seed, an
 baseline ever exceeds the cluster over whole simulations."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit.sim import make_trace
 
-from dl2d.sim import baselines as B
+from dl2d.core.contract import Allocation, CapacityError
+from dl2d.core.placement import Placer, place
+from dl2d.policy import heuristics as B
+from dl2d.policy import registry
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
-from dl2d.sim.cluster import ClusterSpec, Placer, preset
-from dl2d.sim.jobtypes import JOB_TYPES, TYPE_NAMES
-from dl2d.sim.speed import measured_table
-from simtest_helpers import make_trace
+from dl2d.sim.cluster import ClusterSpec, preset
+from dl2d.workload.jobtypes import JOB_TYPES, TYPE_NAMES
+from dl2d.workload.speed import measured_table
 
 TABLE = measured_table()
 QUIET = dict(slot_noise=0.0)  # no per-slot noise: speeds exactly from the table
@@ -29,7 +32,7 @@ def per_slot(name, p, w, slot_seconds=1200.0):
 
 
 def fifo():
-    return B.make_baseline("fifo")
+    return make_heuristic("fifo")
 
 
 # ---------------------------------------------------------------- placement
@@ -59,7 +62,7 @@ def test_add_bundle_is_all_or_nothing():
 def test_least_loaded_placement_can_strand_capacity():
     # A documented property of DL2's default placement: bundles split across servers, so 4 servers that
     # could hold 8 bundles take 7 with FIFO (the 8th worker finds no server with a GPU and 2 free cores).
-    from simtest_helpers import make_view
+    from testkit.sim import make_view
     alloc = B.fifo(make_view(["resnet-50"], servers=4))
     assert alloc.workers.tolist() == [7]
 
@@ -68,7 +71,7 @@ def test_engine_placement_drops_what_fits_nowhere_and_counts_it():
     tr = make_trace([(0, "resnet-50", 50)])
     cfg = E.SimConfig(cluster=ClusterSpec(1), **QUIET)
     state = E.SimState.initial(1)
-    nxt, _, info = E.step(tr, state, E.Allocation(np.array([5]), np.array([1])), cfg, np.random.default_rng(0))
+    nxt, _, info = E.step(tr, state, Allocation(np.array([5]), np.array([1])), cfg, np.random.default_rng(0))
     assert info["workers"].tolist() == [2] and info["ps"].tolist() == [1]  # 2 GPUs; then 1 core left
     assert info["unplaced"] == 3
     assert nxt.workers.tolist() == [2] and nxt.ps.tolist() == [1]
@@ -78,8 +81,8 @@ def test_engine_placement_drops_what_fits_nowhere_and_counts_it():
 def test_given_servers_that_overflow_raise_capacity_error():
     tr = make_trace([(0, "resnet-50", 50)])
     cfg = E.SimConfig(cluster=ClusterSpec(1))
-    alloc = E.Allocation(np.array([3]), np.array([0]), worker_servers=((0, 0, 0),), ps_servers=((),))
-    with pytest.raises(E.CapacityError, match=r"overflows server\(s\) \[0\]"):
+    alloc = Allocation(np.array([3]), np.array([0]), worker_servers=((0, 0, 0),), ps_servers=((),))
+    with pytest.raises(CapacityError, match=r"overflows server\(s\) \[0\]"):
         E.step(tr, E.SimState.initial(1), alloc, cfg, np.random.default_rng(0))
 
 
@@ -87,7 +90,7 @@ def test_given_servers_that_overflow_raise_capacity_error():
 def test_allocations_outside_the_limits_are_rejected(w, p):
     tr = make_trace([(0, "wlm", 5)])
     with pytest.raises(ValueError, match="allocation"):
-        E.step(tr, E.SimState.initial(1), E.Allocation(np.array(w), np.array(p)), E.SimConfig(cluster=preset("tiny")),
+        E.step(tr, E.SimState.initial(1), Allocation(np.array(w), np.array(p)), E.SimConfig(cluster=preset("tiny")),
                np.random.default_rng(0))
 
 
@@ -97,7 +100,7 @@ def test_one_slot_trains_table_speed_times_interference_and_reward_is_dl2_eq1():
     # two jobs: est 10 / true 10 and est 20 / true 30, speed factors 1 and 0.5; reward = sum(trained / est)
     tr = make_trace([(0, "resnet-50", 10), (0, "dssm", 20, 30)], speed_factor=[1.0, 0.5])
     cfg = E.SimConfig(cluster=ClusterSpec(4), **QUIET)
-    alloc = E.Allocation(np.array([2, 1]), np.array([1, 3]))
+    alloc = Allocation(np.array([2, 1]), np.array([1, 3]))
     nxt, reward, info = E.step(tr, E.SimState.initial(2), alloc, cfg, np.random.default_rng(0))
     e0, e1 = per_slot("resnet-50", 1, 2), 0.5 * per_slot("dssm", 3, 1)
     assert info["trained"] == pytest.approx([e0, e1])
@@ -110,7 +113,7 @@ def test_a_job_finishing_mid_slot_gets_a_fractional_finish_time_and_only_its_rem
     e = per_slot("wlm", 1, 1)
     tr = make_trace([(0, "wlm", 0.25 * e)])
     cfg = E.SimConfig(cluster=ClusterSpec(1), **QUIET)
-    nxt, reward, info = E.step(tr, E.SimState.initial(1), E.Allocation(np.array([1]), np.array([1])), cfg,
+    nxt, reward, info = E.step(tr, E.SimState.initial(1), Allocation(np.array([1]), np.array([1])), cfg,
                                np.random.default_rng(0))
     assert nxt.finish_time[0] == pytest.approx(0.25)
     assert info["trained"][0] == pytest.approx(0.25 * e) and reward == pytest.approx(1.0)
@@ -121,7 +124,7 @@ def test_a_job_without_workers_or_ps_trains_nothing():
     tr = make_trace([(0, "wlm", 5)])
     cfg = E.SimConfig(cluster=ClusterSpec(1), **QUIET)
     for w, p in ((0, 3), (3, 0), (0, 0)):
-        nxt, reward, _ = E.step(tr, E.SimState.initial(1), E.Allocation(np.array([w]), np.array([p])), cfg,
+        nxt, reward, _ = E.step(tr, E.SimState.initial(1), Allocation(np.array([w]), np.array([p])), cfg,
                                 np.random.default_rng(0))
         assert nxt.epochs_done[0] == 0 and reward == 0
 
@@ -129,7 +132,7 @@ def test_a_job_without_workers_or_ps_trains_nothing():
 def test_slot_noise_is_bounded_and_seeded():
     tr = make_trace([(0, "seq2seq", 1000)] * 50)
     cfg = E.SimConfig(cluster=ClusterSpec(100), slot_noise=0.1)
-    alloc = E.Allocation(np.ones(50, int), np.ones(50, int))
+    alloc = Allocation(np.ones(50, int), np.ones(50, int))
     base = per_slot("seq2seq", 1, 1)
     runs = [E.step(tr, E.SimState.initial(50), alloc, cfg, np.random.default_rng(s))[2]["trained"] for s in (1, 1, 2)]
     assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
@@ -140,7 +143,7 @@ def test_slot_noise_is_bounded_and_seeded():
 def test_resize_overhead_costs_training_time_only_when_the_allocation_changes():
     tr = make_trace([(0, "wlm", 1000)])
     cfg = E.SimConfig(cluster=ClusterSpec(1), resize_overhead_s=300, **QUIET)
-    alloc = E.Allocation(np.array([1]), np.array([1]))
+    alloc = Allocation(np.array([1]), np.array([1]))
     s1, _, i1 = E.step(tr, E.SimState.initial(1), alloc, cfg, np.random.default_rng(0))  # 0 -> 1: a change
     s2, _, i2 = E.step(tr, s1, alloc, cfg, np.random.default_rng(0))  # unchanged
     assert i1["resized"] == 1 and i2["resized"] == 0
@@ -194,7 +197,7 @@ def test_srtf_beats_fifo_on_avg_jct_when_a_long_job_arrives_first():
     e = per_slot("resnet-50", 2, 2)
     tr = make_trace([(0, "resnet-50", 10 * e), (0, "resnet-50", e)])
     cfg = E.SimConfig(cluster=ClusterSpec(1), **QUIET)
-    f, s = E.run(tr, fifo(), cfg), E.run(tr, B.make_baseline("srtf"), cfg)
+    f, s = E.run(tr, fifo(), cfg), E.run(tr, make_heuristic("srtf"), cfg)
     assert f.jct_slots.tolist() == pytest.approx([10, 11])
     assert s.jct_slots.tolist() == pytest.approx([11, 1])
     assert s.makespan_slots == pytest.approx(f.makespan_slots)
@@ -204,7 +207,7 @@ def test_same_seed_same_result_other_seed_other_result():
     tr = T.generate(T.TraceConfig(num_jobs=12, max_arrivals_per_slot=3), seed=4)
     cfg = E.SimConfig(cluster=preset("tiny"))
     strip = lambda r: {k: v for k, v in r.summary().items() if k not in ("wall_s", "decision_ms")}  # noqa: E731
-    a, b, c = (E.run(tr, B.make_baseline("drf"), cfg, seed=s) for s in (7, 7, 8))
+    a, b, c = (E.run(tr, make_heuristic("drf"), cfg, seed=s) for s in (7, 7, 8))
     assert np.array_equal(a.jct_slots, b.jct_slots) and np.array_equal(a.rewards, b.rewards)
     assert strip(a) == strip(b)
     assert not np.array_equal(a.jct_slots, c.jct_slots)
@@ -212,7 +215,7 @@ def test_same_seed_same_result_other_seed_other_result():
 
 def test_a_starving_scheduler_is_stopped():
     tr = make_trace([(0, "wlm", 5)])
-    idle = lambda v: E.Allocation(np.zeros(len(v), int), np.zeros(len(v), int))  # noqa: E731
+    idle = lambda v: Allocation(np.zeros(len(v), int), np.zeros(len(v), int))  # noqa: E731
     with pytest.raises(RuntimeError, match="did not finish within 20 slots"):
         E.run(tr, idle, E.SimConfig(cluster=ClusterSpec(1), max_slots=20))
 
@@ -245,13 +248,13 @@ def small_runs(draw):
 def test_no_baseline_exceeds_capacity_over_a_whole_run(case):
     tr, spec, seed = case
     cfg = E.SimConfig(cluster=spec, max_workers=4, max_ps=4)
-    for name in B.BASELINES:
-        policy = B.make_baseline(name)
+    for name in registry.names(heuristic=True):
+        policy = make_heuristic(name)
         usage_seen = []
 
         def checked(view, policy=policy, usage_seen=usage_seen):
             alloc = policy(view)
-            usage, _, _ = E.place(view, alloc)
+            usage, _, _ = place(view, alloc)
             assert np.all(usage <= view.capacity + 1e-9), name
             usage_seen.append(usage.sum(axis=0))
             return alloc

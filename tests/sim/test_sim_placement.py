@@ -6,12 +6,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.core.placement import place
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import hetero, network
-from dl2d.sim.baselines import make_baseline
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.jobtypes import JOB_TYPES, type_index
 from dl2d.sim.trace import Trace, TraceConfig, generate
+from dl2d.workload.jobtypes import (
+    BATCHES_PER_EPOCH,
+    JOB_TYPES,
+    demand_fields,
+    type_index,
+)
 
 RESNET = type_index("resnet-50")
 
@@ -55,7 +62,7 @@ def test_traffic_and_step_time_by_hand():
 def _one_job_step(cfg, worker_servers, ps_servers):
     trace = _trace(["resnet-50"], est=1000.0)
     state = E.SimState.initial(1)
-    alloc = E.Allocation(np.array([len(worker_servers)]), np.array([len(ps_servers)]),
+    alloc = Allocation(np.array([len(worker_servers)]), np.array([len(ps_servers)]),
                          (tuple(worker_servers),), (tuple(ps_servers),))
     return E.step(trace, state, alloc, cfg, np.random.default_rng(0))
 
@@ -64,7 +71,7 @@ def test_step_reports_traffic_and_charges_it_only_when_on():
     cfg = E.SimConfig(cluster=ClusterSpec(4), slot_noise=0.0)
     _, _, split = _one_job_step(cfg, [0], [1])
     _, _, local = _one_job_step(cfg, [0], [0])
-    steps = split["trained"][0] * E.BATCHES_PER_EPOCH[RESNET]
+    steps = split["trained"][0] * BATCHES_PER_EPOCH[RESNET]
     assert split["traffic_gb"] == pytest.approx(2 * 102.2 * steps / 1024)
     assert split["cross_node_gb"] == pytest.approx(split["traffic_gb"])
     assert local["cross_node_gb"] == 0.0 and local["traffic_gb"] > 0
@@ -94,9 +101,9 @@ def test_default_run_unchanged_with_features_explicitly_off(small_trace, policy)
     off = replace(base, cross_node_comm=False, server_speed_classes=(), speed_walk_sigma=0.0)
     # the heterogeneous code path with every server at speed 1 must not change a single draw either
     ones = replace(base, server_speed_classes=(1.0,), speed_walk_sigma=0.0, hetero_seed=9)
-    a = E.run(small_trace, make_baseline(policy), base, seed=2)
+    a = E.run(small_trace, make_heuristic(policy), base, seed=2)
     for cfg in (off, ones):
-        assert _key(E.run(small_trace, make_baseline(policy), cfg, seed=2)) == _key(a)
+        assert _key(E.run(small_trace, make_heuristic(policy), cfg, seed=2)) == _key(a)
     assert {"cross_node_gb_total", "cross_node_gb_per_slot", "cross_node_fraction"} <= set(a.summary())
 
 
@@ -134,10 +141,10 @@ def test_speed_walk_reproducible_bounded_and_mean_reverting():
 def test_heterogeneous_run_reproducible_and_slower(small_trace):
     base = E.SimConfig(cluster=ClusterSpec(10))
     het = replace(base, server_speed_classes=hetero.THREE_GENERATIONS, speed_walk_sigma=0.1, hetero_seed=4)
-    a = E.run(small_trace, make_baseline("fifo"), het, seed=2)
-    b = E.run(small_trace, make_baseline("fifo"), het, seed=2)
+    a = E.run(small_trace, make_heuristic("fifo"), het, seed=2)
+    b = E.run(small_trace, make_heuristic("fifo"), het, seed=2)
     assert _key(a) == _key(b)
-    plain = E.run(small_trace, make_baseline("fifo"), base, seed=2)
+    plain = E.run(small_trace, make_heuristic("fifo"), base, seed=2)
     assert a.avg_jct_slots > plain.avg_jct_slots  # two of the three classes are slower than the homogeneous server
     state = E.SimState.initial(len(small_trace))
     view = E.view_of(small_trace, state, het)
@@ -150,7 +157,7 @@ def test_heterogeneous_run_reproducible_and_slower(small_trace):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dl2d.sim import placement as P  # noqa: E402
+from dl2d.policy import dltap as P  # noqa: E402
 
 SPEC3 = ClusterSpec(3)  # 2 GPUs, 8 cores, 48 GB per server
 W_DEM = np.array(JOB_TYPES[RESNET].worker_demand)  # (1, 2, 8)
@@ -219,11 +226,12 @@ def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack, first):
     cap = spec.empty()
     free = cap * (1 - np.array(used[:servers]))[:, None]
     n = len(jobs)
-    view = E.SlotView(0, np.arange(n), np.array([j[0] for j in jobs]), np.zeros(n, int), np.zeros(n, int),
-                      np.zeros(n), np.ones(n), np.zeros(n, int), np.zeros(n, int), free, cap, 16, 16)
+    view = SlotView(0, np.arange(n), np.array([j[0] for j in jobs]), np.zeros(n, int), np.zeros(n, int),
+                      np.zeros(n), np.ones(n), np.zeros(n, int), np.zeros(n, int), free, cap, 16, 16,
+                    **demand_fields([j[0] for j in jobs]))
     want_w, want_p = np.array([j[1] for j in jobs]), np.array([j[2] for j in jobs])
     a = P.dltap_allocation(view, want_w, want_p, weight, pack, workers_first=first)
-    usage, w, p = E.place(view, a)  # CapacityError on any overflow
+    usage, w, p = place(view, a)  # CapacityError on any overflow
     assert np.all(usage <= free + 1e-6)
     assert np.all(w <= want_w) and np.all(p <= want_p)
     assert np.all((w > 0) == (p > 0))  # a job holds both kinds of task or nothing
@@ -231,8 +239,8 @@ def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack, first):
 
 def test_dltap_wrapper_in_a_run_cuts_cross_node_traffic(small_trace):
     cfg = E.SimConfig(cluster=ClusterSpec(10), cross_node_comm=True)
-    plain = E.run(small_trace, make_baseline("fifo"), cfg, seed=2).summary()
-    wrapped = P.with_dltap(make_baseline("fifo"), pack_workers=True)
+    plain = E.run(small_trace, make_heuristic("fifo"), cfg, seed=2).summary()
+    wrapped = P.with_dltap(make_heuristic("fifo"), pack_workers=True)
     assert wrapped.name == "fifo+dltap-pack"
     packed = E.run(small_trace, wrapped, cfg, seed=2).summary()
     assert packed["cross_node_fraction"] < plain["cross_node_fraction"]
@@ -242,26 +250,12 @@ def test_dltap_trim_counts_only_the_tasks_placed():
     """trim=True (the daemon's): a job DLTAP cannot place keeps no counts; trim=False keeps the inner ones."""
     spec = ClusterSpec(1)
     cap = spec.empty()
-    view = E.SlotView(0, np.arange(2), np.zeros(2, int), np.zeros(2, int), np.zeros(2, int), np.zeros(2),
-                      np.ones(2), np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16)
-    inner = lambda v: E.Allocation(np.array([1, 3]), np.array([1, 0]))  # job 1 has no PS: it cannot train
+    view = SlotView(0, np.arange(2), np.zeros(2, int), np.zeros(2, int), np.zeros(2, int), np.zeros(2),
+                      np.ones(2), np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16,
+                      **demand_fields([0, 0]))
+    inner = lambda v: Allocation(np.array([1, 3]), np.array([1, 0]))  # job 1 has no PS: it cannot train
     kept = P.with_dltap(inner)(view)
     trimmed = P.with_dltap(inner, trim=True)(view)
     assert list(kept.workers) == [1, 3] and list(kept.ps) == [1, 0]
     assert list(trimmed.workers) == [1, 0] and list(trimmed.ps) == [1, 0]
     assert trimmed.worker_servers == ((0,), ()) and trimmed.ps_servers == ((0,), ())
-
-
-def test_slurm_node_selection_by_hand():
-    # DLTAP Fig. 1(b) with s1..s3 = n0..n2: wk1, wk3, ps1 on n0; ps2 on n1; wk2 on n2
-    sel = P.slurm_node_selection([0, 2, 0], [0, 1], ["n0", "n1", "n2"])
-    assert sel.nodelist == ("n0", "n1", "n2") and sel.tasks_per_node == (3, 1, 1)
-    assert sel.hostfile == ("n0", "n1", "n0", "n2", "n0")
-    assert sel.roles == ("ps", "ps", "worker", "worker", "worker")
-    assert sel.sbatch_args() == ["--nodes=3", "--nodelist=n0,n1,n2", "--ntasks=5", "--distribution=arbitrary"]
-    sel = P.slurm_node_selection([3, 3], [1], ["a", "b", "c", "d"])
-    assert sel.nodelist == ("d", "b") and sel.tasks_per_node == (2, 1)
-    with pytest.raises(ValueError):
-        P.slurm_node_selection([], [], ["a"])
-    with pytest.raises(ValueError):
-        P.slurm_node_selection([5], [0], ["a"])

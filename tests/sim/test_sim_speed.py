@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dl2d.sim import speed as S
-from dl2d.sim.jobtypes import TYPE_NAMES
+from dl2d.workload import speed as S
+from dl2d.workload.jobtypes import TYPE_NAMES
 
 T = TYPE_NAMES.index
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dl2d.sim import trace as T
-from dl2d.sim.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES
+from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES
 
 
 def same(a: T.Trace, b: T.Trace) -> bool:

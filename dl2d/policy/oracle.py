@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dl2d.sim.baselines import AllocationBuilder, remaining_time_estimate
-from dl2d.sim.engine import Allocation, SlotView
-from dl2d.sim.speed import speed_table
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.policy.heuristics import AllocationBuilder, remaining_time_estimate
+from dl2d.policy.registry import PolicyEntry, register
+from dl2d.workload.speed import speed_table
 
 
 def fastest_configs(table: np.ndarray, max_ps: int, max_workers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,3 +53,14 @@ class SpeedOracle:
                     b.add(j, kind)
             self.short_job_slots += (b.ps(j), b.workers(j)) != (want_p, want_w)
         return b.allocation()
+
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+
+register(PolicyEntry("oracle", "the speed oracle: every job its fastest configuration on the simulator's own "
+                     "speed table (a JCT lower bound; simulator benchmarks only)",
+                     lambda options: SpeedOracle(options.speed_model), daemon=False, options=("speed_model",)))

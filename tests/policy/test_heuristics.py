@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit.sim import make_view, server_usage
 
-from dl2d.sim import baselines as B
+from dl2d.core.placement import place
+from dl2d.policy import heuristics as B
+from dl2d.policy import registry
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.engine import BATCHES_PER_EPOCH, place
-from dl2d.sim.jobtypes import TYPE_NAMES
-from dl2d.sim.speed import speed_table
-from simtest_helpers import make_view, server_usage
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES
+from dl2d.workload.speed import speed_table
 
 # A bundle is a worker (1 GPU, 2 cores, 8 GB) + a PS (2 cores, 4 GB). Most cases use one big server that holds
 # exactly 8 bundles (BIG8): with several small servers the least-loaded placement puts a job's worker and PS on
@@ -165,7 +167,7 @@ def test_optimus_stops_where_its_model_says_more_tasks_do_not_help():
 
 # ---------------------------------------------------------------- every baseline: capacity and limits
 
-POLICIES = {name: B.make_baseline(name) for name in B.BASELINES}
+POLICIES = {name: make_heuristic(name) for name in registry.names(heuristic=True)}
 POLICIES["tetris-k4"] = lambda v: B.tetris(v, task_threshold=4)
 
 
@@ -203,4 +205,4 @@ def test_no_baseline_exceeds_a_server_or_a_job_limit(view):
 
 def test_unknown_baseline_is_rejected_by_name():
     with pytest.raises(ValueError, match="unknown policy 'sjf'.*drf"):
-        B.make_baseline("sjf")
+        make_heuristic("sjf")

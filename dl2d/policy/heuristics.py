@@ -3,20 +3,22 @@
 Each is a function of a `SlotView` returning an `Allocation`, re-deciding every job's workers and PS every
 slot, with every task placed on a server through `AllocationBuilder` so capacity can never be exceeded.
 DRF, Tetris, FIFO and SRTF add a worker and a PS together (a "bundle"), as in the DL2 authors' simulator;
-Optimus adds whichever of the two its speed model says helps more.
+Optimus adds whichever of the two its speed model says helps more. Each is registered in
+dl2d.policy.registry under its name, as a heuristic (a guardrail fallback and a supervised-warm-up teacher).
 """
 from __future__ import annotations
 
+import functools
 import heapq
 
 import numpy as np
 
-from dl2d.sim.cluster import Placer
-from dl2d.sim.engine import BATCHES_PER_EPOCH, Allocation, SlotView
-from dl2d.sim.jobtypes import JOB_TYPES
-from dl2d.sim.speed import lookup, speed_table
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.core.placement import Placer
+from dl2d.policy.registry import PolicyEntry, PolicyOptions, StatelessPolicy, register
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, LOCAL_COMP_TIME
+from dl2d.workload.speed import speed_table
 
-LOCAL_COMP_TIME = np.array([t.local_comp_time_s for t in JOB_TYPES])
 KINDS = ("worker", "ps", "bundle")
 
 
@@ -184,21 +186,28 @@ class Optimus:
         return b.allocation()
 
 
-def _named(fn, name):
-    fn.name = name
-    return fn
+def _tetris(options: PolicyOptions) -> StatelessPolicy:
+    k = options.tetris_threshold
+    if k is None:
+        return StatelessPolicy(tetris, "tetris")
+    return StatelessPolicy(functools.partial(tetris, task_threshold=k), f"tetris(k={k})")
 
 
-BASELINES = {
-    "drf": lambda: _named(drf, "drf"),
-    "tetris": lambda: _named(tetris, "tetris"),
-    "optimus": Optimus,
-    "fifo": lambda: _named(fifo, "fifo"),
-    "srtf": lambda: _named(srtf, "srtf"),
-}
+def _tetris_check(options: PolicyOptions) -> list[tuple[str, str]]:
+    k = options.tetris_threshold
+    return [] if k is None or k >= 1 else [("tetris_threshold", f"must be >= 1, got {k}")]
 
 
-def make_baseline(name: str):
-    if name not in BASELINES:
-        raise ValueError(f"unknown policy {name!r}; baselines are {', '.join(BASELINES)}")
-    return BASELINES[name]()
+def _stateless(fn, name: str):
+    return lambda options: StatelessPolicy(fn, name)
+
+
+register(PolicyEntry("drf", "dominant resource fairness: progressive filling by dominant share", _stateless(drf, "drf"),
+                     heuristic=True))
+register(PolicyEntry("tetris", "packing alignment + shortest remaining time, bundles up to a threshold", _tetris,
+                     _tetris_check, heuristic=True, options=("tetris_threshold",)))
+register(PolicyEntry("optimus", "greedy marginal gain of its fitted speed model per unit of dominant resource",
+                     lambda options: StatelessPolicy(Optimus(), "optimus"), heuristic=True))
+register(PolicyEntry("fifo", "first in, first out: the earliest job takes all it may", _stateless(fifo, "fifo"),
+                     heuristic=True))
+register(PolicyEntry("srtf", "shortest remaining (estimated) time first", _stateless(srtf, "srtf"), heuristic=True))

@@ -1,16 +1,17 @@
-"""The speed oracle (dl2d.sim.oracle): its choice per type, what it does when the cluster binds, and that on
+"""The speed oracle (dl2d.policy.oracle): its choice per type, what it does when the cluster binds, and that on
 an uncontended cluster without slot noise no baseline finishes any job before it does."""
 from __future__ import annotations
 
 import numpy as np
+from testkit.sim import make_view, server_usage
 
-from dl2d.sim import baselines as B
+from dl2d.policy import registry
+from dl2d.policy.oracle import SpeedOracle, fastest_configs
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.sim.oracle import SpeedOracle, fastest_configs
-from dl2d.sim.speed import measured_table
-from simtest_helpers import make_view, server_usage
+from dl2d.workload.speed import measured_table
 
 
 def test_fastest_configs_stays_within_the_limits_and_breaks_ties_towards_fewer_ps():
@@ -49,7 +50,7 @@ def test_without_contention_or_noise_no_baseline_finishes_any_job_before_the_ora
     oracle = SpeedOracle()
     bound = E.run(trace, oracle, cfg, seed=0)
     assert oracle.short_job_slots == 0
-    runs = {name: E.run(trace, B.make_baseline(name), cfg, seed=0) for name in B.BASELINES}
+    runs = {name: E.run(trace, make_heuristic(name), cfg, seed=0) for name in registry.names(heuristic=True)}
     for name, other in runs.items():
         assert np.all(bound.jct_slots <= other.jct_slots + 1e-9), name
     assert bound.avg_jct_slots < runs["optimus"].avg_jct_slots

@@ -1,6 +1,6 @@
 """DLTAP placement (Qiao, Li, Wu: "DLTAP: a network-efficient scheduling method for distributed deep
 learning workload in containerized cluster environment"), as a placement strategy for any allocation
-policy, and its translation into Slurm node selection.
+policy (its translation into Slurm node selection: dl2d.daemon.slurm.mapping.slurm_node_selection).
 
 The paper's method, per job (its section 3, Eq. 1-3, Algorithm 1):
 1. every worker task goes to the node with the best default score (Eq. 1: the weighted default priority
@@ -28,12 +28,12 @@ back what it holds, since it could not train.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from dl2d.sim.engine import Allocation, SlotView
+from dl2d.core.contract import Allocation, Scheduler, SlotView
+from dl2d.policy.registry import Policy, StatelessPolicy
 
 EPS = 1e-9
 
@@ -138,78 +138,33 @@ class DLTAP:
     reported as unplaced. trim=True (the daemon): the counts are the tasks placed, so the allocation is
     exactly what a cluster can start (the daemon's guardrails reject counts without servers)."""
 
-    def __init__(self, inner: Callable[[SlotView], Allocation], weight: float = 1.0, pack_workers: bool = False,
+    def __init__(self, inner: Scheduler, weight: float = 1.0, pack_workers: bool = False,
                  workers_first: bool = False, trim: bool = False):
-        self.inner = inner
+        name = getattr(inner, "name", type(inner).__name__)
+        self.inner: Policy = inner if isinstance(inner, Policy) else StatelessPolicy(inner, name)
         self.weight = weight
         self.pack_workers = pack_workers
         self.workers_first = workers_first
         self.trim = trim
         suffix = "dltap-pack" if pack_workers else ("lb" if weight == 0 else "dltap")
-        self.name = f"{getattr(inner, 'name', type(inner).__name__)}+{suffix}"
+        self.name = f"{name}+{suffix}"
 
     def __call__(self, view: SlotView) -> Allocation:
         a = self.inner(view)
         out = dltap_allocation(view, a.workers, a.ps, self.weight, self.pack_workers, workers_first=self.workers_first)
         if self.trim:
-            out = Allocation(np.array([len(s) for s in out.worker_servers], int),
-                             np.array([len(s) for s in out.ps_servers], int), out.worker_servers, out.ps_servers)
+            out = Allocation.from_servers(out.worker_servers, out.ps_servers)
         return out
+
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
+        """Passed on to the wrapped policy."""
+        self.inner.applied(view, allocation, overridden)
+
+    def observe(self, reward: float):
+        return self.inner.observe(reward)
 
 
 def with_dltap(scheduler, weight: float = 1.0, pack_workers: bool = False, workers_first: bool = False,
                trim: bool = False) -> DLTAP:
     """`scheduler` with its tasks re-placed by DLTAP (weight 0: plain load balancing, the control)."""
     return DLTAP(scheduler, weight, pack_workers, workers_first, trim)
-
-
-# ---------------------------------------------------------------- Slurm node selection
-
-@dataclass(frozen=True)
-class SlurmNodeSelection:
-    """How to ask Slurm for one job's placement (one batch job per dl2d job, see docs/slurm.md).
-
-    nodelist: the nodes, most tasks of the job first (ties: by node order given), so the batch host is
-    the most aggregated node and a shrink, which keeps the first nodes, releases the least used ones.
-    hostfile: one node per task, PS tasks first then workers (the roles in `roles`), for
-    `--distribution=arbitrary` with SLURM_HOSTFILE pointing at a file of these lines.
-    """
-
-    nodelist: tuple[str, ...]
-    tasks_per_node: tuple[int, ...]
-    hostfile: tuple[str, ...]
-    roles: tuple[str, ...]
-    distribution: str = "arbitrary"
-
-    @property
-    def nodes(self) -> int:
-        return len(self.nodelist)
-
-    @property
-    def ntasks(self) -> int:
-        return len(self.hostfile)
-
-    def sbatch_args(self) -> list[str]:
-        return [f"--nodes={self.nodes}", f"--nodelist={','.join(self.nodelist)}", f"--ntasks={self.ntasks}",
-                f"--distribution={self.distribution}"]
-
-
-def slurm_node_selection(worker_servers: Sequence[int], ps_servers: Sequence[int],
-                         node_names: Sequence[str]) -> SlurmNodeSelection:
-    """Turn one job's (DLTAP) placement, as server indices into `node_names`, into Slurm node selection."""
-    tasks = [("ps", int(s)) for s in ps_servers] + [("worker", int(s)) for s in worker_servers]
-    if not tasks:
-        raise ValueError("a job without tasks has no node selection")
-    for _, s in tasks:
-        if not 0 <= s < len(node_names):
-            raise ValueError(f"server index {s} outside the {len(node_names)} node names")
-    counts: dict[int, int] = {}
-    for _, s in tasks:
-        counts[s] = counts.get(s, 0) + 1
-    order = sorted(counts, key=lambda s: (-counts[s], s))
-    return SlurmNodeSelection(
-        nodelist=tuple(node_names[s] for s in order),
-        tasks_per_node=tuple(counts[s] for s in order),
-        hostfile=tuple(node_names[s] for _, s in tasks),
-        roles=tuple(r for r, _ in tasks),
-    )
