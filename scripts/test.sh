@@ -18,5 +18,8 @@ fi
 echo "== installing dl2d and its test dependencies"
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
+echo "== checking the import contracts (docs/ARCHITECTURE.md)"
+lint-imports --no-cache
+
 echo "== running the test suite"
 exec python3 -m pytest -q "$@"
