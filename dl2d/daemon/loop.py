@@ -118,6 +118,9 @@ class SlotLoop:
         self.info = dict(info or {})
         self.state = LoopState()
         self.stop = threading.Event()
+        # SIGHUP: reload the configuration at the next slot boundary (dl2d.daemon.main.Reloader), never mid-slot
+        self.reload = threading.Event()
+        self.reloader: Callable[["SlotLoop"], None] | None = None
         self._closed = 0
         self._specs: dict[int, dict[str, Any]] = {}  # job id -> its submitted spec (demand, limits)
         self.started_at = time.time()
@@ -489,6 +492,9 @@ class SlotLoop:
                     if outage:
                         log.info("backend available again after %d failed attempt(s)", outage)
                         outage = 0
+                if self.reload.is_set() and self.reloader is not None:  # between two slots, never mid-slot
+                    self.reload.clear()
+                    self.reloader(self)
                 if max_slots and n >= max_slots:
                     break
                 if until_idle is not None and until_idle():

@@ -155,6 +155,50 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
     return loop
 
 
+#: Settings a running daemon cannot change: a reload that changes them logs that they wait for a restart.
+RESTART_ONLY = ("state_dir", "db_url", "backend", "slot_seconds", "sim", "slurm", "agents", "metrics")
+
+
+class Reloader:
+    """SIGHUP: read the configuration again (same file, environment and command line) and carry over what a
+    running daemon can change: the policy (the online learner is checkpointed first and resumed from that
+    checkpoint), the fallback heuristic, the guardrails, checkpointing, the log level. A file that does not
+    validate, or a policy that cannot be built, is refused with the reason and nothing changes."""
+
+    def __init__(self, cfg: DaemonConfig, config_path: str | None, overrides: dict[str, Any]):
+        self.cfg, self.config_path, self.overrides = cfg, config_path, dict(overrides)
+
+    def __call__(self, loop) -> None:
+        loop.notifier.send("RELOADING=1", "STATUS=reloading the configuration")
+        try:
+            self.reload(loop)
+        except Exception as e:  # a bad file or policy must never take the running daemon down
+            log.error("reload refused, the running configuration stays: %s", e)
+        loop.notifier.ready(f"policy {loop.info.get('policy')}")
+        loop.write_status("running")
+
+    def reload(self, loop) -> None:
+        from dl2d.policy.registry import make_heuristic
+
+        new = load_config(self.config_path, overrides=self.overrides)  # ConfigError: refused
+        if loop.learner is not None and loop.checkpoint_path and loop.learner.stats.updates:
+            loop.learner.save(loop.checkpoint_path, {"reload": True})
+        policy, learner = make_policy(new)
+        fallback = make_heuristic(new.guardrails.fallback)
+        loop.policy, loop.fallback = policy, fallback
+        loop.learner = learner if new.policy.online_rl else None
+        loop.starve_slots = new.guardrails.starve_slots
+        loop.checkpoint_path, loop.checkpoint_every = new.policy_save_path, new.policy.checkpoint_every
+        loop.info["policy"] = policy.name
+        setup_logging(new.log_level)
+        waiting = [k for k in RESTART_ONLY if getattr(new, k) != getattr(self.cfg, k)]
+        log.info("configuration reloaded: policy %s, fallback %s, starve_slots %d", policy.name, fallback.name,
+                 new.guardrails.starve_slots)
+        if waiting:
+            log.warning("changed but only applied at a restart: %s", ", ".join(waiting))
+        self.cfg = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_ONLY})
+
+
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -288,8 +332,14 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
         log.info("%s received: finishing the current slot, then stopping", signal.Signals(signum).name)
         loop.stop.set()
 
+    def on_hangup(_signum, _frame):
+        log.info("SIGHUP received: reloading the configuration after the current slot")
+        loop.reload.set()
+
+    loop.reloader = Reloader(cfg, config_path, overrides)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     log.info("dl2d starting: backend %s, policy %s, slot %gs, database %s, state dir %s", cfg.backend,
              cfg.policy.name, cfg.slot_seconds, _safe_url(cfg.database_url), cfg.state_dir)
     loop.notifier.ready(f"backend {cfg.backend}, policy {cfg.policy.name}")
