@@ -453,7 +453,9 @@ class SlotLoop:
         self.notifier.status(f"slot {out.number}: {out.jobs} jobs, {out.intents} resizes, {out.source}, "
                              f"tick {out.tick_ms:.0f} ms")
         self.write_status("running")
-        log.info("slot %d: %d jobs, decided by %s%s, %d intents %s, tick %.1f ms, reward %.4f", out.number,
+        # a slot that changed nothing (no resize, no fallback) is a DEBUG line: a quiet cluster makes a quiet log
+        level = logging.INFO if out.intents or out.source == "fallback" else logging.DEBUG
+        log.log(level, "slot %d: %d jobs, decided by %s%s, %d intents %s, tick %.1f ms, reward %.4f", out.number,
                  out.jobs, out.source, f" ({out.reason})" if out.reason else "", out.intents, out.applied,
                  out.tick_ms, out.reward)
         return out

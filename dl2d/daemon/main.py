@@ -32,9 +32,13 @@ log = logging.getLogger("dl2d")
 
 
 def setup_logging(level: str) -> None:
+    """Logs on stdout (journald adds its own timestamps), with the logger's name; Alembic's set-up chatter only
+    at debug level."""
     under_journald = bool(os.environ.get("JOURNAL_STREAM"))
-    fmt = "%(levelname)s %(message)s" if under_journald else "%(asctime)s %(levelname)s %(message)s"
-    logging.basicConfig(stream=sys.stdout, level=getattr(logging, level.upper()), format=fmt, force=True)
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(stream=sys.stdout, level=getattr(logging, level.upper()),
+                        format=fmt if under_journald else "%(asctime)s " + fmt, force=True)
+    logging.getLogger("alembic").setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 def make_backend(cfg: DaemonConfig, hidden=None):
@@ -294,6 +298,8 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
     if demo and state_dir is None and not db_url:
         state_dir = tempfile.mkdtemp(prefix="dl2d-demo-")
+    if demo and log_level is None:  # the demo's output is its report; --log-level info shows every slot's work
+        log_level = "warning"
     overrides = {"state_dir": state_dir, "db_url": db_url, "backend": "sim" if (use_sim or demo) else backend,
                  "sim.cluster": cluster, "slot_seconds": slot_seconds, "policy.name": policy,
                  "policy.placement": placement, "policy.checkpoint": checkpoint, "policy.online_rl": online_rl,

@@ -1,0 +1,36 @@
+"""`dl2d --demo` is quiet (issue #15, item 7): its report and the lines that matter, not Alembic's set-up and
+a line per slot; `--log-level info` shows the work, each line with its logger's name, changes only."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def demo(tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DL2D_")}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "none.toml").write_text("")  # no site configuration
+    cmd = [sys.executable, "-m", "dl2d.daemon.main", "--demo", "--demo-jobs", "6", "--demo-types", "resnext-110,wlm",
+           "--cluster", "tiny", "--state-dir", str(tmp_path), "--config", str(tmp_path / "none.toml"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_demo_prints_its_report_in_under_40_lines(tmp_path):
+    r = demo(tmp_path / "quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = (r.stdout + r.stderr).splitlines()
+    assert len(lines) < 40, "\n".join(lines)
+    assert any("jobs completed" in line for line in lines)
+    assert not any("alembic" in line or "setup plugin" in line for line in lines)
+
+
+def test_info_logs_name_the_logger_and_skip_slots_that_changed_nothing(tmp_path):
+    r = demo(tmp_path / "info", "--log-level", "info")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = [line for line in r.stdout.splitlines() if " INFO " in line]
+    assert log and all(" INFO dl2d: " in line for line in log)  # the logger's name on every line
+    assert any(" INFO dl2d: policy: drf" in line for line in log)
+    slots = [line for line in log if " INFO dl2d: slot " in line]
+    assert slots and all(" 0 intents" not in line for line in slots)  # quiet slots are DEBUG
+    assert not any("setup plugin" in line for line in log)
