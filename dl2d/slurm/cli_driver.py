@@ -44,6 +44,11 @@ def sbatch_args(spec: JobSpec) -> list[str]:
         args.append(f"--gres=gpu:{spec.gpus_per_node}")
     if spec.cpus_per_task:
         args.append(f"--cpus-per-task={spec.cpus_per_task}")
+    if spec.cpus_per_node:
+        # --mincpus: that many CPUs on every node, without imposing a task layout on the job's srun steps.
+        args.append(f"--mincpus={spec.cpus_per_node}")
+    if spec.mem_mb_per_node:
+        args.append(f"--mem={spec.mem_mb_per_node}M")
     if spec.time_limit_min is not None:
         args.append(f"--time={spec.time_limit_min}")
     if spec.output:
@@ -133,6 +138,18 @@ class CliDriver:
 
     def nodes(self) -> list[SlurmNode]:
         return parse_sinfo_json(self._run("sinfo", "--json"))
+
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as ``{Key: value}`` (readable by any user)."""
+        from dl2d.slurm.rights import parse_show_config
+        return parse_show_config(self._run("scontrol", "show", "config"))
+
+    def admin_level(self, user: str) -> str | None:
+        """The user's AdminLevel in Slurm's accounting database (``sacctmgr show user``): ``None``,
+        ``Operator``, ``Administrator``; None when the database does not know the user."""
+        out = self._run("sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=adminlevel")
+        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        return lines[0] if lines else None
 
     def ping(self) -> bool:
         try:

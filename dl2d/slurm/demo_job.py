@@ -5,7 +5,8 @@
         --progress DIR/progress.json --seconds-per-epoch 0.5
 
 It "trains" one epoch per ``--seconds-per-epoch`` and after each epoch writes the progress file
-atomically (``{"epoch", "epochs", "status", "resumed_from", "runs", "slurm_job_id", "nodes"}``).
+atomically (``{"epoch", "epochs", "status", "resumed_from", "runs", "slurm_job_id", "nodes", "time"}``;
+``time``: unix seconds of the record, so the daemon knows when the job said it was done).
 On SIGUSR1 or SIGTERM it finishes the current step, writes the checkpoint (write-then-rename),
 marks the progress ``"checkpointed"`` and exits with status 0 (SIGUSR1) or 143 (SIGTERM).
 When started with an existing checkpoint it resumes at the saved epoch. At the end the status
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": int(prev.get("runs", 0)) + 1,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "nodes": os.environ.get("SLURM_JOB_NODELIST"),
+        "time": time.time(),
     }
     write_json_atomic(args.progress, state)
 
@@ -68,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         if stop:
             break  # the interrupted epoch is redone after resume
         epoch += 1
-        write_json_atomic(args.progress, {**state, "epoch": epoch})
+        write_json_atomic(args.progress, {**state, "epoch": epoch, "time": time.time()})
 
     write_json_atomic(args.checkpoint, {"epoch": epoch, "epochs": args.epochs, "time": time.time()})
     if stop and epoch < args.epochs:
-        write_json_atomic(args.progress, {**state, "epoch": epoch, "status": "checkpointed"})
+        write_json_atomic(args.progress, {**state, "epoch": epoch, "status": "checkpointed", "time": time.time()})
         print(f"demo_job: signal {stop[0]}: checkpointed at epoch {epoch}", flush=True)
         return 0 if stop[0] == signal.SIGUSR1 else 128 + stop[0]
-    write_json_atomic(args.progress, {**state, "epoch": epoch, "status": "done"})
+    write_json_atomic(args.progress, {**state, "epoch": epoch, "status": "done", "time": time.time()})
     print(f"demo_job: done, {epoch} epochs (resumed from {state['resumed_from']})", flush=True)
     return 0
 

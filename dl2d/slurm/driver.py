@@ -54,6 +54,11 @@ class JobSpec:
     ntasks_per_node: int | None = None
     gpus_per_node: int = 0
     cpus_per_task: int | None = None
+    #: CPUs and memory (MB) to allocate on every node (``--mincpus``, ``--mem``): what the job's tasks on
+    #: its busiest node need, so that Slurm accounts (and, with cgroups, enforces) what dl2d planned.
+    #: None: not requested (Slurm's defaults apply).
+    cpus_per_node: int | None = None
+    mem_mb_per_node: int | None = None
     time_limit_min: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     output: str | None = None
@@ -76,6 +81,10 @@ class JobSpec:
             raise ValueError(f"JobSpec.nodes must be >= 1, got {self.nodes}")
         if self.gpus_per_node < 0:
             raise ValueError(f"JobSpec.gpus_per_node must be >= 0, got {self.gpus_per_node}")
+        for name in ("cpus_per_node", "mem_mb_per_node"):
+            value = getattr(self, name)
+            if value is not None and value < 1:  # --mem=0 would mean "all of the node's memory"
+                raise ValueError(f"JobSpec.{name} must be >= 1 or None, got {value}")
 
     @property
     def comment(self) -> str | None:
@@ -101,6 +110,11 @@ class SlurmJob:
     start_time: int | None = None
     time_limit_min: int | None = None
     batch_host: str = ""
+    cpus_per_node: int = 0  # CPUs allocated on each node (MinCPUsNode); 0: not reported
+    mem_mb_per_node: int = 0  # memory per node in MB (MinMemoryNode); 0: not requested per node / unknown
+    #: unix seconds. For a job that has ended, when it ended (Slurm's EndTime); for an active job
+    #: Slurm reports its expected end (start + time limit), which says nothing.
+    end_time: int | None = None
 
     @property
     def dl2d_job_id(self) -> str | None:

@@ -5,7 +5,9 @@ Slurm 22.05 the real drivers were checked on, where the backend depends on it, a
 the rest:
 
 * jobs wait PENDING until :meth:`InMemorySlurm.run` starts them all (on ``node1..nodeN``, in order;
-  ``start_time`` = the clock then): the test decides when the scheduler runs;
+  ``start_time`` = the clock then): the test decides when the scheduler runs; a job keeps the CPUs and
+  memory per node it asked for (``cpus_per_node``, ``mem_mb_per_node``) and its time limit, and
+  :meth:`InMemorySlurm.end` ends it (``end_time`` = the clock, Slurm's EndTime);
 * a signalled job "checkpoints" and completes at once (unless ``ignore_signals``), and calls
   :meth:`on_checkpoint`, which a test may replace (e.g. to write the job's progress file);
 * a requeued job keeps showing its old node count until it runs again, at the requeued count (as
@@ -44,6 +46,9 @@ class InMemorySlurm:
         self.ignore_signals = False
         self.requeued_nodes: dict[str, int] = {}
         self.clock = clock
+        #: what ``scontrol show config`` would say (dl2d.slurm.rights), and users' AdminLevels (sacctmgr)
+        self.config = {"SlurmUser": "root(0)", "AccountingStorageType": "accounting_storage/none"}
+        self.admin_levels: dict[str, str] = {}
 
     # -- for tests ------------------------------------------------------------------------------
     def set_job(self, job_id: str, **fields: Any) -> None:
@@ -58,6 +63,10 @@ class InMemorySlurm:
                 nodes = tuple(f"node{i}" for i in range(1, n + 1))
                 self.set_job(j.job_id, state="RUNNING", nodes=nodes, num_nodes=n, batch_host=nodes[0],
                              start_time=int(self.clock()))
+
+    def end(self, job_id: str, state: str = "COMPLETED") -> None:
+        """The job ends on its own now (``end_time`` = the clock), as Slurm records it."""
+        self.set_job(job_id, state=state, end_time=int(self.clock()))
 
     def on_checkpoint(self, job_id: str) -> None:
         """Called when a signalled job "checkpoints" (replace it to write the job's files)."""
@@ -75,6 +84,9 @@ class InMemorySlurm:
         self.specs[jid] = spec
         self.slurm_jobs[jid] = SlurmJob(job_id=jid, name=spec.name, state="PENDING",
                                         num_nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                                        cpus_per_node=spec.cpus_per_node or 1,
+                                        mem_mb_per_node=spec.mem_mb_per_node or 0,
+                                        time_limit_min=spec.time_limit_min,
                                         comment=spec.comment or "", submit_time=int(self.clock()))
         return jid
 
@@ -96,7 +108,7 @@ class InMemorySlurm:
         self._check()
         self.calls.append(("signal", job_id, sig))
         if not self.ignore_signals:
-            self.set_job(job_id, state="COMPLETED")
+            self.set_job(job_id, state="COMPLETED", end_time=int(self.clock()))
             self.on_checkpoint(job_id)
 
     def requeue(self, job_id: str, num_nodes: int | None = None) -> None:
@@ -110,7 +122,7 @@ class InMemorySlurm:
         self._check()
         self.calls.append(("cancel", job_id))
         if self.slurm_jobs[job_id].active:
-            self.set_job(job_id, state="CANCELLED")
+            self.set_job(job_id, state="CANCELLED", end_time=int(self.clock()))
 
     def drain_node(self, node: str, reason: str) -> None:
         self._check()
@@ -126,3 +138,12 @@ class InMemorySlurm:
 
     def ping(self) -> bool:
         return not self.down
+
+    # -- read-only probes of dl2d.slurm.rights ---------------------------------------------------
+    def show_config(self) -> dict[str, str]:
+        self._check()
+        return dict(self.config)
+
+    def admin_level(self, user: str) -> str | None:
+        self._check()
+        return self.admin_levels.get(user)

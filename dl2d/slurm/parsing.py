@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from typing import Any, Iterable
 
 from dl2d.slurm.driver import SlurmError, SlurmJob, SlurmNode, SlurmUnavailable
@@ -190,6 +191,9 @@ def parse_job(j: dict) -> SlurmJob:
         start_time=number(j.get("start_time")) or None,
         time_limit_min=number(j.get("time_limit")),
         batch_host=text(j.get("batch_host")),
+        cpus_per_node=number(j.get("minimum_cpus_per_node")) or 0,
+        mem_mb_per_node=number(j.get("memory_per_node")) or 0,
+        end_time=number(j.get("end_time")) or None,
     )
 
 
@@ -305,7 +309,28 @@ def job_from_scontrol(rec: dict[str, str]) -> SlurmJob:
         restarts=int(rec.get("Restarts", "0") or 0),
         time_limit_min=parse_time_limit(limit),
         batch_host=opt(rec.get("BatchHost", "")),
+        cpus_per_node=int(rec["MinCPUsNode"]) if rec.get("MinCPUsNode", "").isdigit() else 0,
+        mem_mb_per_node=parse_mem_mb(rec.get("MinMemoryNode", "")),
+        end_time=parse_local_time(rec.get("EndTime", "")),
     )
+
+
+_MEM_UNITS_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_mem_mb(s: str) -> int:
+    """scontrol's memory (``1000M``, ``2G``, ``512``: MB without a unit) → MB; 0 when absent."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", (s or "").strip().upper())
+    return round(float(m[1]) * _MEM_UNITS_MB[m[2] or "M"]) if m else 0
+
+
+def parse_local_time(s: str) -> int | None:
+    """scontrol's ``2024-05-01T12:00:00`` (the controller's local time) → unix seconds; None for
+    ``Unknown``/``None``/empty."""
+    try:
+        return int(datetime.fromisoformat((s or "").strip()).timestamp())
+    except ValueError:
+        return None
 
 
 def parse_time_limit(s: str) -> int | None:

@@ -81,6 +81,8 @@ def submit_description_kwargs(spec: JobSpec) -> dict[str, Any]:
         "ntasks_per_node": spec.ntasks_per_node,
         "gres_per_node": f"gpu:{spec.gpus_per_node}" if spec.gpus_per_node else None,
         "cpus_per_task": spec.cpus_per_task,
+        "min_cpus_per_node": spec.cpus_per_node,
+        "memory_per_node": spec.mem_mb_per_node,  # MB, as sbatch --mem
         "time_limit": spec.time_limit_min,
         "standard_output": spec.output,
         "working_directory": spec.workdir,
@@ -113,7 +115,18 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         start_time=_first(job, "start_time_raw"),
         time_limit_min=_first(job, "time_limit_raw"),
         batch_host=str(_first(job, "batch_host", default="") or ""),
+        cpus_per_node=_int(_first(job, "min_cpus_per_node")),
+        mem_mb_per_node=_int(_first(job, "memory_per_node")),
+        end_time=_int(_first(job, "end_time_raw", "end_time")) or None,
     )
+
+
+def _int(value: Any) -> int:
+    """A pyslurm number (int, numeric string or None/unset) as an int; 0 when unset or not a number."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def node_from_pyslurm(node: Any) -> SlurmNode:

@@ -168,7 +168,7 @@ def test_hot_scaling_through_the_coordinator_and_fallback_to_restart(tmp_path):
 
     def scaler(addr, workers, ps, timeout):
         calls.append((addr, workers, ps))
-        if workers == 4:
+        if (workers, ps) == (3, 2):
             raise ConnectionRefusedError("coordinator gone")
         return {"method": "hot", "workers": workers, "ps": ps, "records": []}
 
@@ -195,9 +195,15 @@ def test_hot_scaling_through_the_coordinator_and_fallback_to_restart(tmp_path):
     assert len(calls) == 2
     fake.run()
     publish_coordinator(b, 1, "node1:4000")  # the relaunched dl2-run's
-    # 4 workers hold 1 node x 4 GPUs; hot scaling to 4 workers + 2 PS fails: relaunch instead.
-    assert b.apply(job, Target(4, 2)).method == RESTART
-    assert calls[-1] == ("node1:4000", 4, 2)
+    # 4 workers + 1 PS hold 1 node x (4 GPUs, 5 cores); 3 workers + 2 PS fit there, but hot scaling
+    # fails: relaunch instead.
+    assert fake.specs[b.observe()[1].backend_ref].cpus_per_node == 5
+    assert b.apply(job, Target(3, 2)).method == RESTART
+    assert calls[-1] == ("node1:4000", 3, 2)
+    # 4 workers + 2 PS need more than the relaunched job holds per node (3 GPUs, 5 cores): no hot attempt.
+    fake.run()
+    publish_coordinator(b, 1, "node1:4000")
+    assert b.apply(job, Target(4, 2)).method == RESTART and calls[-1] == ("node1:4000", 3, 2)
 
 
 def elastic_job() -> JobRequest:

@@ -15,11 +15,15 @@ from dl2d.daemon.slurm.mapping import (
     TaskSize,
     allocation_for,
     allocation_for_selection,
+    held_shape,
     job_demand,
+    mem_mb,
     node_info,
     node_shape,
     nodes_to_host,
+    per_node_request,
     slurm_node_selection,
+    spread,
     target_selection,
 )
 from dl2d.slurm.driver import SlurmNode
@@ -55,26 +59,26 @@ def test_slurm_gets_whole_gpus_and_cpus():
     assert TaskSize.of(TaskDemand(0.5, 1.5, 2.5)) == TaskSize(1, 2, 2.5)
     assert TaskSize.of(TaskDemand(2.0, 0.0, 0.0)) == TaskSize(2, 0, 0.0)
     # Half a GPU per worker is a whole one here: 4 such workers fill a 4-GPU node.
-    assert allocation_for(5, 0, demand(gpus=0.5), SHAPE) == SlurmAllocation(2, 3)
+    assert allocation_for(5, 0, demand(gpus=0.5), SHAPE) == SlurmAllocation(2, 3, 3)
 
 
 # -- the allocation rule -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("workers,ps,dem,expected", [
-    (1, 1, demand(), SlurmAllocation(1, 1)),
-    (3, 1, demand(), SlurmAllocation(1, 3)),
-    (4, 2, demand(), SlurmAllocation(1, 4)),
-    (5, 1, demand(), SlurmAllocation(2, 3)),
-    (6, 4, demand(), SlurmAllocation(2, 3)),
-    (8, 0, demand(gpus=2), SlurmAllocation(4, 4)),
-    (3, 0, demand(gpus=2), SlurmAllocation(2, 4)),  # a worker's 2 GPUs are on one node: 2 + 1 workers
-    (0, 3, demand(), SlurmAllocation(1, 0)),  # PS only: no GPUs
-    (2, 2, demand(gpus=0, cpus=8, ps_cpus=4), SlurmAllocation(2, 0)),
-    (1, 1, demand(mem_gb=10, ps_mem_gb=10), SlurmAllocation(2, 1)),
-    (3, 1, demand(cpus=2, mem_gb=8, ps_cpus=2, ps_mem_gb=4), SlurmAllocation(3, 1)),  # resnet-50's: 8 GB each
-    (2, 1, demand(cpus=5), SlurmAllocation(1, 2)),
-    (3, 1, demand(cpus=5, ps_cpus=2), SlurmAllocation(2, 2)),  # 3 x 5 + 2 cores > 16
-    (5, 0, demand(cpus=6), SlurmAllocation(3, 2)),  # tasks do not split: 2 workers of 6 cores per node
+    (1, 1, demand(), SlurmAllocation(1, 1, 2)),
+    (3, 1, demand(), SlurmAllocation(1, 3, 4)),
+    (4, 2, demand(), SlurmAllocation(1, 4, 6)),
+    (5, 1, demand(), SlurmAllocation(2, 3, 3)),  # 3 workers | 2 workers + the PS
+    (6, 4, demand(), SlurmAllocation(2, 3, 5)),
+    (8, 0, demand(gpus=2), SlurmAllocation(4, 4, 2)),
+    (3, 0, demand(gpus=2), SlurmAllocation(2, 4, 2)),  # a worker's 2 GPUs are on one node: 2 + 1 workers
+    (0, 3, demand(), SlurmAllocation(1, 0, 3)),  # PS only: no GPUs
+    (2, 2, demand(gpus=0, cpus=8, ps_cpus=4), SlurmAllocation(2, 0, 12)),
+    (1, 1, demand(mem_gb=10, ps_mem_gb=10), SlurmAllocation(2, 1, 1, 10240)),
+    (3, 1, demand(cpus=2, mem_gb=8, ps_cpus=2, ps_mem_gb=4), SlurmAllocation(3, 1, 4, 12288)),  # resnet-50's: 8 GB each
+    (2, 1, demand(cpus=5), SlurmAllocation(1, 2, 11)),
+    (3, 1, demand(cpus=5, ps_cpus=2), SlurmAllocation(2, 2, 10)),  # 3 x 5 + 2 cores > 16
+    (5, 0, demand(cpus=6), SlurmAllocation(3, 2, 12)),  # tasks do not split: 2 workers of 6 cores per node
 ])
 def test_allocation_rule(workers, ps, dem, expected):
     assert allocation_for(workers, ps, dem, SHAPE) == expected
@@ -92,7 +96,7 @@ def test_allocation_rejects_tasks_bigger_than_a_node_and_empty_targets():
 
 
 def test_unknown_node_cpus_and_memory_are_no_limit():
-    assert allocation_for(4, 4, demand(cpus=8, mem_gb=100), NodeShape(4, 0, 0.0)) == SlurmAllocation(1, 4)
+    assert allocation_for(4, 4, demand(cpus=8, mem_gb=100), NodeShape(4, 0, 0.0)) == SlurmAllocation(1, 4, 36, 409600)
 
 
 def test_node_shape_is_the_smallest_usable_node():
@@ -109,6 +113,35 @@ def test_sinfo_memory_is_parsed_and_mapped_to_node_info():
     assert info.mem_gb == pytest.approx(16000 / 1024)
     drained = node_info(SlurmNode("n9", "idle", flags=("DRAIN",), cpus=4, gpus=2))
     assert not drained.usable and drained.reason == "idle,DRAIN"
+
+
+def test_every_node_asks_for_the_cpus_and_memory_of_the_busiest_node():
+    """The issue's job (--cpus-per-worker 2 --mem-per-worker 1G --cpus-per-ps 1 --mem-per-ps 512M) asks
+    Slurm for what its tasks on each node need, not 1 CPU and no memory."""
+    dem = demand(gpus=1, cpus=2, mem_gb=1, ps_cpus=1, ps_mem_gb=0.5)
+    assert allocation_for(2, 1, dem, SHAPE) == SlurmAllocation(1, 2, 5, 2560)  # 2 x (2, 1G) + (1, 512M)
+    # 4-GPU workers: one per node; the 2 PS go to two of the nodes, so each node asks for a worker + a PS
+    big = demand(gpus=4, cpus=2, mem_gb=1, ps_cpus=1, ps_mem_gb=0.5)
+    assert allocation_for(3, 2, big, SHAPE) == SlurmAllocation(3, 4, 3, 1536)
+    assert spread(3, 3, 2, TaskSize(4, 2, 1), TaskSize(0, 1, 0.5), SHAPE) == [(1, 1), (1, 1), (1, 0)]
+    # the PS go where there is room: not onto the node whose workers left too few cores
+    assert spread(2, 3, 3, TaskSize(1, 6, 0), TaskSize(0, 4, 0), SHAPE) == [(2, 1), (1, 2)]
+    assert per_node_request([(2, 1), (1, 2)], TaskSize(1, 6, 0), TaskSize(0, 4, 0)) == (16, 0)
+    # nothing to run asks for Slurm's minimum of one core and leaves memory out (--mem=0 is the whole node)
+    assert per_node_request([(0, 1)], TaskSize(0, 0, 0), TaskSize(0, 0, 0)) == (1, 0)
+    assert mem_mb(100 / 1024) == 100 and mem_mb(0.5) == 512 and mem_mb(0.0) == 0
+
+
+def test_the_held_cpus_and_memory_bound_what_a_running_job_hosts():
+    """A running job holds its CPUs and memory per node; Slurm adds none. A record from before dl2d asked
+    for them (0) falls back to the node shape."""
+    held = SlurmAllocation(2, 2, 2, 2048)  # 2 nodes x (2 GPUs, 2 cores, 2 GB)
+    dem = demand(cpus=1, mem_gb=1, ps_cpus=1, ps_mem_gb=1)
+    assert nodes_to_host(held, 2, 2, dem, SHAPE) == 2
+    assert nodes_to_host(held, 2, 1, dem, SHAPE) == 2  # 2 workers fill a node's 2 cores: the PS needs the other
+    assert nodes_to_host(held, 3, 2, dem, SHAPE) is None  # 5 tasks need 5 cores; it holds 4
+    assert nodes_to_host(SlurmAllocation(2, 2), 3, 2, dem, SHAPE) == 2  # unknown: the shape's 16 cores
+    assert held_shape(held, SHAPE) == NodeShape(2, 2, 2.0)
 
 
 # -- what the nodes a running job holds can host ------------------------------------------------
@@ -163,10 +196,13 @@ def test_target_selection_and_its_allocation():
     sel = target_selection(Target(3, 2, ("node1", "node3", "node1"), ("node1", "node2")))
     assert sel.nodelist == ("node1", "node2", "node3") and sel.tasks_per_node == (3, 1, 1)
     assert sel.hostfile == ("node1", "node2", "node1", "node3", "node1")
-    assert allocation_for_selection(sel, demand()) == SlurmAllocation(3, 2)  # node1 holds 2 workers
-    assert allocation_for_selection(sel, demand(gpus=2)) == SlurmAllocation(3, 4)
-    assert allocation_for_selection(sel, demand(gpus=1.5)) == SlurmAllocation(3, 4)  # whole GPUs
+    # node1 holds 2 workers and a PS: every node asks for its 2 GPUs and 3 cores (and its memory)
+    assert allocation_for_selection(sel, demand()) == SlurmAllocation(3, 2, 3)
+    assert allocation_for_selection(sel, demand(gpus=2)) == SlurmAllocation(3, 4, 3)
+    assert allocation_for_selection(sel, demand(gpus=1.5)) == SlurmAllocation(3, 4, 3)  # whole GPUs
+    assert allocation_for_selection(sel, demand(cpus=2, mem_gb=8, ps_cpus=1, ps_mem_gb=0.5)) \
+        == SlurmAllocation(3, 2, 5, 16896)
     ps_only = target_selection(Target(0, 2, (), ("node4", "node4")))
-    assert ps_only.nodelist == ("node4",) and allocation_for_selection(ps_only, demand()) == SlurmAllocation(1, 0)
+    assert ps_only.nodelist == ("node4",) and allocation_for_selection(ps_only, demand()) == SlurmAllocation(1, 0, 2)
     with pytest.raises(ValueError, match="places 1 workers / 1 PS on nodes but asks for 2/1"):
         target_selection(Target(2, 1, ("node1",), ("node1",)))

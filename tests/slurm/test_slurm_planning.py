@@ -4,6 +4,7 @@ a job's runtime can be resized hot now, progress and status."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import pytest
 
@@ -31,10 +32,12 @@ from dl2d.daemon.slurm.planning import (
     Current,
     Plan,
     epochs_from_progress,
+    finish_time,
     is_elastic,
     plan_apply,
     runtime_scales_hot,
     status_from,
+    time_limit,
 )
 from dl2d.slurm.driver import SlurmJob
 
@@ -74,7 +77,8 @@ COLD2 = replace(RUN2, elastic=True, hot_scaling=False)  # elastic, but its runti
     (Current(None, None, (0, 0)), Target(2, 1), None, START),
     (Current(None, None, (0, 0)), Target(0, 0), None, NOOP),
     (Current(None, None, (0, 0), finished=True), Target(2, 1), None, NOOP),
-    (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(2, 1), None, NOOP),
+    (Current("PENDING", SlurmAllocation(1, 2, 3), (2, 1)), Target(2, 1), None, NOOP),
+    (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(2, 1), None, START),  # asked for no CPUs
     (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(6, 1), None, START),
     (Current("PENDING", SlurmAllocation(1, 2), (2, 1)), Target(0, 0), None, STOP),
     (RUN2, Target(4, 1), None, NOOP),
@@ -106,7 +110,7 @@ def test_a_grow_the_held_nodes_host_stays_hot():
 def test_a_grow_restarts_when_the_runtime_cannot_scale_hot():
     for cur in (replace(COLD2, applied=(2, 1)),  # elastic, but not now (starting, busy, or an old coordinator)
                 replace(HOT2, applied=(2, 0))):  # the elastic runtime needs >= 1 PS on both sides
-        assert plan(cur, Target(4, 2)) == Plan(RESTART, SlurmAllocation(1, 4))
+        assert plan(cur, Target(4, 2)) == Plan(RESTART, SlurmAllocation(1, 4, 6))
     # A job that is not elastic keeps its allocation (it may re-read $DL2D_TARGET_FILE).
     assert plan(replace(RUN2, applied=(2, 1)), Target(4, 2)) == Plan(NOOP)
 
@@ -114,8 +118,8 @@ def test_a_grow_restarts_when_the_runtime_cannot_scale_hot():
 def test_a_grow_beyond_the_held_nodes_restarts_even_when_the_runtime_could_scale_hot():
     """Slurm adds neither nodes nor GPUs per node to a running allocation."""
     cur = replace(HOT2, applied=(2, 1))
-    assert plan(cur, Target(5, 1)) == Plan(RESTART, SlurmAllocation(2, 3))
-    assert plan(cur, Target(16, 1)) == Plan(RESTART, SlurmAllocation(4, 4))
+    assert plan(cur, Target(5, 1)) == Plan(RESTART, SlurmAllocation(2, 3, 3))
+    assert plan(cur, Target(16, 1)) == Plan(RESTART, SlurmAllocation(4, 4, 5))
     assert plan_apply(cur, Target(4, 1), SlurmAllocation(1, 4), None) == Plan(RESTART, SlurmAllocation(1, 4))
 
 
@@ -193,3 +197,33 @@ def test_status_from(record, slurm, progress, state, workers, message):
     assert (st.state, st.workers) == (state, workers), st
     assert message in st.message
     assert st.epochs_done == epochs_from_progress(progress)
+
+
+def test_the_default_time_limit_applies_when_the_spec_has_none_or_null():
+    """A stored submission without -t holds time_limit_min = null: the [slurm] default applies."""
+    assert time_limit({"time_limit_min": None}, 10) == 10
+    assert time_limit({}, 10) == 10
+    assert time_limit({"time_limit_min": 30}, 10) == 30
+    assert time_limit({"time_limit_min": None}, None) is None  # neither: the partition's limit
+
+
+def test_the_finish_time_is_the_most_exact_fact():
+    done = {"status": "done", "epoch": 3}
+    ended = SlurmJob("7", "dl2d-1", "COMPLETED", end_time=1_000_050)
+    running = SlurmJob("7", "dl2d-1", "RUNNING", end_time=1_999_999)  # start + time limit: says nothing
+    rec = {"slurm_job_id": "7"}
+    assert finish_time({"finished_at": 1_000_010.5}, ended, done, 1_000_040) == 1_000_010.5  # recorded first
+    assert finish_time(rec, ended, done, 1_000_040) == 1_000_050  # Slurm's EndTime of the ended job
+    assert finish_time(rec, running, {**done, "time": 1_000_045.2}, 1_000_040) == 1_000_045.2  # its own record
+    assert finish_time(rec, running, done, 1_000_040) == 1_000_040  # else when it last wrote its progress
+    assert finish_time(rec, None, done, None) is None
+    st = status_from(1, rec, ended, done, 1_000_040)
+    assert st.state == FINISHED and st.finished_at == datetime.fromtimestamp(1_000_050, timezone.utc)
+    failed = status_from(1, rec, SlurmJob("7", "dl2d-1", "FAILED", end_time=1_000_060), {"epoch": 1})
+    assert failed.state == FAILED and failed.finished_at.timestamp() == 1_000_060
+    assert status_from(1, rec, running, {"epoch": 1}).finished_at is None  # not finished: no time
+
+
+def test_a_shrink_keeps_what_each_node_holds():
+    cur = Current("RUNNING", SlurmAllocation(3, 3, 4, 3072), (9, 1))
+    assert plan(cur, Target(5, 1)) == Plan(SHRINK, SlurmAllocation(2, 3, 4, 3072))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -42,6 +43,8 @@ from dl2d.daemon.slurm.mapping import (
     SlurmNodeSelection,
     allocation_for,
     allocation_for_selection,
+    allocation_record,
+    held_allocation,
     job_demand,
     node_info,
     node_shape,
@@ -55,6 +58,7 @@ from dl2d.daemon.slurm.planning import (
     progress_state,
     runtime_scales_hot,
     status_from,
+    time_limit,
 )
 from dl2d.daemon.slurm.settings import (
     SlurmBackendConfig,
@@ -71,6 +75,7 @@ from dl2d.slurm.driver import (
     SlurmNode,
     SlurmUnavailable,
 )
+from dl2d.slurm.rights import check_at_start
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,7 @@ class SlurmBackend:
         self.sleep = sleep
         self.clock = clock
         self._cache: dict[str, tuple[float, Any]] = {}
+        self.rights_problem: str | None = None  # what check_rights() found missing to drain nodes
         (config.state_dir / "jobs").mkdir(parents=True, exist_ok=True)
 
     # -- files ------------------------------------------------------------------------------
@@ -192,11 +198,14 @@ class SlurmBackend:
             live, latest = self._live_job(job_id, record, jobs)
             if live is not None and str(record.get("slurm_job_id")) != live.job_id:
                 record = self._adopt(job_id, record, live)
-            status = status_from(job_id, record, live or latest, self._progress(job_id))
-            # Remember how a job ended: Slurm forgets finished jobs after MinJobAge.
+            status = status_from(job_id, record, live or latest, self._progress(job_id),
+                                 self._dir(job_id).progress_mtime())
+            # Remember how and when a job ended: Slurm forgets finished jobs after MinJobAge.
             if status.state in (FINISHED, FAILED) and not record.get("final") \
                     and not record.get("cancelled"):
-                self._save(job_id, {**record, "final": status.state, "message": status.message})
+                ended = status.finished_at.timestamp() if status.finished_at else None
+                self._save(job_id, {**record, "final": status.state, "message": status.message,
+                                    "finished_at": ended})
             out[job_id] = status
         return out
 
@@ -214,7 +223,7 @@ class SlurmBackend:
             live, _ = self._live_job(job.job_id, record, self._jobs(fresh=fresh))
             if live is not None and str(record.get("slurm_job_id")) != live.job_id:
                 record = self._adopt(job.job_id, record, live)
-            held = self._allocation(live, record)
+            held = held_allocation(live, record)
             needed = hosting = None
             if (target.workers, target.ps) != (0, 0):
                 needed, hosting = self._size(job, target, held, fresh)
@@ -278,7 +287,7 @@ class SlurmBackend:
                 with self._slurm(f"shrinking job {live.job_id} to {keep} nodes"):
                     self.driver.shrink(live.job_id, keep)
                 record["applied"] = record["target"]
-                record["allocation"] = {"nodes": keep, "gpus_per_node": live.gpus_per_node}
+                record["allocation"] = allocation_record(plan.allocation)
                 self._save(job.job_id, record)
                 return ApplyResult(job.job_id, SHRINK, live.job_id)
         # RESTART: checkpoint, then requeue at the new size or submit anew.
@@ -289,12 +298,14 @@ class SlurmBackend:
             record["applied"] = {"workers": 0, "ps": 0}
             self._save(job.job_id, record)
             return ApplyResult(job.job_id, NOOP, live.job_id)  # it finished meanwhile
-        # requeue can change a pending job's node count but not its GPUs per node.
-        if self.config.restart_method == "requeue" and needed.gpus_per_node == live.gpus_per_node:
+        # requeue can change a pending job's node count, not what it asks of each node.
+        held = held_allocation(live, record)
+        if self.config.restart_method == "requeue" and held is not None \
+                and replace(needed, nodes=held.nodes) == held:
             with self._slurm(f"requeueing job {live.job_id} at {needed.nodes} nodes"):
                 self.driver.requeue(live.job_id, num_nodes=needed.nodes)
             record["applied"] = record["target"]
-            record["allocation"] = {"nodes": needed.nodes, "gpus_per_node": live.gpus_per_node}
+            record["allocation"] = allocation_record(needed)
             self._save(job.job_id, record)
             return ApplyResult(job.job_id, RESTART, live.job_id)
         result = self._submit(job, record, target, needed)
@@ -312,12 +323,19 @@ class SlurmBackend:
                 self.driver.cancel(live.job_id)
 
     def drain(self, node: str, reason: str) -> None:
-        with self._slurm(f"draining {node}"):
+        with self._slurm(f"draining {node}" + (f" ({self.rights_problem})" if self.rights_problem else "")):
             self.driver.drain_node(node, reason or "dl2d")
 
     def resume(self, node: str) -> None:
-        with self._slurm(f"resuming {node}"):
+        with self._slurm(f"resuming {node}" + (f" ({self.rights_problem})" if self.rights_problem else "")):
             self.driver.resume_node(node)
+
+    def check_rights(self) -> str | None:
+        """At start: may this process drain and resume nodes? Logs one line naming what is missing, or that
+        it could not be checked (:func:`dl2d.slurm.rights.check_at_start`); later drain/resume failures
+        repeat the line."""
+        self.rights_problem = check_at_start(self.raw_driver, log)
+        return self.rights_problem
 
     def end_slot(self, seconds: float) -> None:
         return None  # real time passes by itself
@@ -365,18 +383,6 @@ class SlurmBackend:
         coordinator, written = self._dir(job_id).coordinator()
         return runtime_scales_hot(elastic, coordinator, written, live.start_time, progress)
 
-    @staticmethod
-    def _allocation(live: SlurmJob | None, record: Mapping[str, Any]) -> SlurmAllocation | None:
-        """A running job's allocation as Slurm reports it; a pending one's as we requested
-        it (Slurm 22.05 keeps showing a requeued job's old node count after ``scontrol update
-        NumNodes`` until it starts, at the new count)."""
-        if live is None:
-            return None
-        asked = record.get("allocation") or {}
-        if live.state != "RUNNING" and asked.get("nodes"):
-            return SlurmAllocation(int(asked["nodes"]), int(asked.get("gpus_per_node", 0)))
-        return SlurmAllocation(live.num_nodes, live.gpus_per_node) if live.num_nodes else None
-
     def _adopt(self, job_id: int, record: dict[str, Any], live: SlurmJob) -> dict[str, Any]:
         log.warning("job %s: adopting Slurm job %s (not in the record)", job_id, live.job_id)
         ids = [str(i) for i in record.get("slurm_job_ids") or []]
@@ -400,13 +406,14 @@ class SlurmBackend:
             script_path = jd.write_user_script(str(spec["script"]))
         self._write_target(job.job_id, target)
         selection = self._selection(target)  # checked by apply()
-        limit = spec.get("time_limit_min", self.config.time_limit_min)
         js = JobSpec(
             name=f"{self.config.job_name_prefix}{job.job_id}",
             script=batch_script(job.job_id, jd.path, command, script_path),
             nodes=needed.nodes,
             gpus_per_node=needed.gpus_per_node,
-            time_limit_min=int(limit) if limit is not None else None,
+            cpus_per_node=needed.cpus_per_node or None,
+            mem_mb_per_node=needed.mem_mb_per_node or None,
+            time_limit_min=time_limit(spec, self.config.time_limit_min),
             output=str(jd.path / "slurm-%j.out"),
             workdir=self.config.workdir,
             partition=spec.get("partition", self.config.partition),
@@ -424,7 +431,7 @@ class SlurmBackend:
         ids = [str(i) for i in record.get("slurm_job_ids") or []]
         record.update(slurm_job_id=slurm_id, slurm_job_ids=ids + [slurm_id], submitting=False,
                       applied=record["target"], final=None, message="",
-                      allocation={"nodes": needed.nodes, "gpus_per_node": needed.gpus_per_node},
+                      allocation=allocation_record(needed),
                       nodelist=list(js.nodelist))
         self._save(job.job_id, record)
         return ApplyResult(job.job_id, START, slurm_id)
@@ -482,4 +489,6 @@ def backend_from_section(section: SlurmSection, default_state_dir: str | Path,
     from dl2d.slurm.driver import make_driver
 
     kind, options, config = settings_from_section(section, default_state_dir, policy_placement)
-    return SlurmBackend(make_driver(kind, **options), config)
+    backend = SlurmBackend(make_driver(kind, **options), config)
+    backend.check_rights()  # one clear line at start instead of "Invalid user id" at the first drain
+    return backend

@@ -116,6 +116,13 @@ class JobDir:
         """What the job last wrote to its progress file (None: nothing yet)."""
         return read_json_file(self.path / "progress.json")
 
+    def progress_mtime(self) -> float | None:
+        """When the job last wrote its progress file (unix seconds); None when it has none."""
+        try:
+            return (self.path / "progress.json").stat().st_mtime
+        except OSError:
+            return None
+
     def coordinator(self) -> tuple[dict[str, Any] | None, float | None]:
         """An elastic runtime's published coordinator (``checkpoint/coordinator.json``: its address)
         and when the file was written (unix seconds); (None, None) when there is none."""

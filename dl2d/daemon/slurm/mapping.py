@@ -4,7 +4,8 @@ All workers and parameter servers of a dl2d job live in one Slurm allocation of 
 GPUs each (``--nodes=N --gres=gpu:G``). The rule (:func:`allocation_for`): ``N`` is the fewest nodes
 that host the tasks, the workers spread evenly over them (no node holds two more than another) and the
 PS in the CPUs and memory left; ``G = ceil(W / N) * gpus_w`` (``--gres`` is per node, so every node
-gets the GPUs of the busiest one). A node's capacity is that of the smallest usable node, or the
+gets the GPUs of the busiest one), and likewise every node asks for the CPUs and memory of the busiest
+node of that layout (:func:`spread`, :func:`per_node_request`; ``--mincpus``, ``--mem``). A node's capacity is that of the smallest usable node, or the
 configured node shape. PS need no GPU and share the workers' nodes.
 
 A task's demand comes from one place, :func:`job_demand`: the job's spec where it says, the job type's
@@ -24,12 +25,12 @@ node times the GPUs per worker, and a PS-first hostfile for ``srun --distributio
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
 
 from dl2d.core.jobs import JobDemand, TaskDemand, demand_from_spec
 from dl2d.daemon.backend import JobRequest, NodeInfo, Target
-from dl2d.slurm.driver import SlurmNode
+from dl2d.slurm.driver import SlurmJob, SlurmNode
 from dl2d.workload.jobtypes import JOB_TYPES, type_index
 
 
@@ -51,14 +52,49 @@ class NodeShape:
 
 @dataclass(frozen=True)
 class SlurmAllocation:
-    """A Slurm allocation: ``nodes`` nodes with ``gpus_per_node`` GPUs each (``--nodes``, ``--gres``)."""
+    """A Slurm allocation: ``nodes`` nodes with ``gpus_per_node`` GPUs, ``cpus_per_node`` CPUs and
+    ``mem_mb_per_node`` MB of memory each (``--nodes``, ``--gres``, ``--mincpus``, ``--mem``): what the
+    busiest node's tasks need. 0 CPUs or memory: not requested (or unknown, for a job dl2d submitted
+    before it requested them)."""
 
     nodes: int
     gpus_per_node: int
+    cpus_per_node: int = 0
+    mem_mb_per_node: int = 0
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def allocation_record(a: SlurmAllocation) -> dict[str, int]:
+    """An allocation as the job's record keeps it."""
+    return asdict(a)
+
+
+def allocation_from_record(asked: Mapping[str, Any]) -> SlurmAllocation:
+    """An allocation from the job's record (0 CPUs / memory where it predates them)."""
+    return SlurmAllocation(int(asked["nodes"]), int(asked.get("gpus_per_node", 0)),
+                           int(asked.get("cpus_per_node") or 0), int(asked.get("mem_mb_per_node") or 0))
+
+
+def held_allocation(live: SlurmJob | None, record: Mapping[str, Any]) -> SlurmAllocation | None:
+    """A running job's allocation as Slurm reports it; a pending one's as we requested
+    it (Slurm 22.05 keeps showing a requeued job's old node count after ``scontrol update
+    NumNodes`` until it starts, at the new count). CPUs and memory per node: Slurm's figures, the
+    record's where Slurm gives none; unknown (0) for a job submitted before dl2d requested them."""
+    if live is None:
+        return None
+    asked = record.get("allocation") or {}
+    if live.state != "RUNNING" and asked.get("nodes"):
+        return allocation_from_record(asked)
+    if not live.num_nodes:
+        return None
+    known = "cpus_per_node" in asked
+    return SlurmAllocation(
+        live.num_nodes, live.gpus_per_node,
+        (live.cpus_per_node or int(asked["cpus_per_node"])) if known else 0,
+        (live.mem_mb_per_node or int(asked.get("mem_mb_per_node") or 0)) if known else 0)
 
 
 @dataclass(frozen=True)
@@ -132,6 +168,43 @@ def _check_tasks_fit_a_node(workers: int, ps: int, worker: TaskSize, server: Tas
         raise ValueError(f"a task needs more memory than a node has ({shape.mem_gb:g} GB)")
 
 
+def mem_mb(gb: float) -> int:
+    """GB (of 1024 MB, as sinfo's RealMemory / 1024 and dl2ctl's --mem-per-* are) → whole MB, rounded up."""
+    return max(0, math.ceil(gb * 1024 - 1e-6))
+
+
+def spread(nodes: int, workers: int, ps: int, worker: TaskSize, server: TaskSize,
+           shape: NodeShape) -> list[tuple[int, int]]:
+    """(workers, PS) on each of ``nodes`` nodes: the workers spread evenly (the first ``W mod N`` nodes
+    hold one more), each PS on the node with the most room left for another PS (room: how many more
+    fit in the shape's CPUs and memory; ties: fewer PS, then fewer workers, then node order). When the
+    tasks fit at all (:func:`_hosts`), this layout fits: a PS costs every node one unit of its room."""
+    fewer, busier = divmod(workers, nodes)
+    layout = [[fewer + (i < busier), 0] for i in range(nodes)]
+    cpus = shape.cpus if shape.cpus > 0 else math.inf
+    mem = shape.mem_gb if shape.mem_gb > 0 else math.inf
+
+    def room(i: int) -> float:
+        w, p = layout[i]
+        return min(_fit_count(cpus - w * worker.cpus - p * server.cpus, server.cpus),
+                   _fit_count(mem - w * worker.mem_gb - p * server.mem_gb, server.mem_gb))
+
+    for _ in range(ps):
+        best = max(range(nodes), key=lambda i: (room(i), -layout[i][1], -layout[i][0], -i))
+        layout[best][1] += 1
+    return [(w, p) for w, p in layout]
+
+
+def per_node_request(layout: Sequence[tuple[int, int]], worker: TaskSize,
+                     server: TaskSize) -> tuple[int, int]:
+    """(CPUs, memory MB) to ask on every node so that the busiest node of ``layout`` ((workers, PS) per
+    node) holds its tasks; at least 1 CPU (Slurm's minimum); 0 MB when the tasks need no memory (the
+    request is then left out: ``--mem=0`` would mean the whole node)."""
+    cpus = max((w * worker.cpus + p * server.cpus for w, p in layout), default=0)
+    mem = max((w * worker.mem_gb + p * server.mem_gb for w, p in layout), default=0.0)
+    return max(1, cpus), mem_mb(mem)
+
+
 def allocation_for(workers: int, ps: int, demand: JobDemand, shape: NodeShape) -> SlurmAllocation:
     """The allocation that holds ``workers`` workers and ``ps`` PS (the rule in the module doc).
     Raises ValueError when one task does not fit on a node at all."""
@@ -143,18 +216,29 @@ def allocation_for(workers: int, ps: int, demand: JobDemand, shape: NodeShape) -
     for nodes in range(1, workers + ps + 1):
         gpus_per_node = math.ceil(workers / nodes) * worker.gpus
         if gpus_per_node <= shape.gpus and _hosts(nodes, gpus_per_node, workers, ps, worker, server, shape):
-            return SlurmAllocation(nodes, gpus_per_node)
+            cpus, mem = per_node_request(spread(nodes, workers, ps, worker, server, shape), worker, server)
+            return SlurmAllocation(nodes, gpus_per_node, cpus, mem)
     raise AssertionError("unreachable: one task per node always fits")
+
+
+def held_shape(held: SlurmAllocation, shape: NodeShape) -> NodeShape:
+    """What each node of a running allocation holds for the job: its GPUs, CPUs and memory per node
+    (the node shape's CPUs or memory where the allocation does not say: a job submitted before dl2d
+    requested them)."""
+    return NodeShape(gpus=held.gpus_per_node,
+                     cpus=held.cpus_per_node if held.cpus_per_node > 0 else shape.cpus,
+                     mem_gb=held.mem_mb_per_node / 1024.0 if held.mem_mb_per_node > 0 else shape.mem_gb)
 
 
 def nodes_to_host(held: SlurmAllocation, workers: int, ps: int, demand: JobDemand,
                   shape: NodeShape) -> int | None:
-    """The fewest of a running job's nodes (each keeping its ``gpus_per_node``) that host ``workers``
-    workers and ``ps`` PS; None when all of them cannot (growing beyond them needs a new allocation:
-    Slurm adds neither nodes nor GPUs to a running job). The nodes' CPUs and memory are the shape's."""
+    """The fewest of a running job's nodes (each keeping its GPUs, CPUs and memory, :func:`held_shape`)
+    that host ``workers`` workers and ``ps`` PS; None when all of them cannot (growing beyond them needs
+    a new allocation: Slurm adds neither nodes nor GPUs, CPUs or memory to a running job)."""
     worker, server = TaskSize.of(demand.worker), TaskSize.of(demand.ps)
+    holds = held_shape(held, shape)
     for nodes in range(1, held.nodes + 1):
-        if _hosts(nodes, held.gpus_per_node, workers, ps, worker, server, shape):
+        if _hosts(nodes, held.gpus_per_node, workers, ps, worker, server, holds):
             return nodes
     return None
 
@@ -229,11 +313,14 @@ def target_selection(target: Target) -> SlurmNodeSelection | None:
 
 
 def allocation_for_selection(selection: SlurmNodeSelection, demand: JobDemand) -> SlurmAllocation:
-    """The allocation that holds a node selection: its nodes, each with the GPUs of the node with the
-    most workers (``--gres`` is per node, so nodes with fewer workers, or only PS, get as many)."""
-    per_node: dict[str, int] = {}
+    """The allocation that holds a node selection: its nodes, each with the GPUs, CPUs and memory of the
+    busiest node (``--gres``, ``--mincpus`` and ``--mem`` are per node, so nodes with fewer tasks, or
+    only PS, get as many)."""
+    per_node: dict[str, list[int]] = {n: [0, 0] for n in selection.nodelist}
     for node, role in zip(selection.hostfile, selection.roles):
-        if role == "worker":
-            per_node[node] = per_node.get(node, 0) + 1
+        per_node[node][0 if role == "worker" else 1] += 1
+    worker, server = TaskSize.of(demand.worker), TaskSize.of(demand.ps)
+    cpus, mem = per_node_request([(w, p) for w, p in per_node.values()], worker, server)
     return SlurmAllocation(nodes=selection.nodes,
-                           gpus_per_node=max(per_node.values(), default=0) * TaskSize.of(demand.worker).gpus)
+                           gpus_per_node=max((w for w, _ in per_node.values()), default=0) * worker.gpus,
+                           cpus_per_node=cpus, mem_mb_per_node=mem)

@@ -9,8 +9,10 @@ hot now; :func:`status_from` turns the backend's record, the Slurm job and the j
 
 from __future__ import annotations
 
+import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from dl2d.daemon.backend import (
@@ -43,6 +45,40 @@ def is_elastic(spec: Mapping[str, Any]) -> bool:
         words = command.split()
     return any(w == "dl2-run" or w.endswith("/dl2-run") or w == "dl2d.elastic.launcher"
                for w in words)
+
+
+def time_limit(spec: Mapping[str, Any], default: int | None) -> int | None:
+    """The Slurm time limit (minutes) of a job: its spec's ``time_limit_min``, the backend's default
+    (``[slurm] time_limit_min``) where the spec has none — also where it holds an explicit null, as a
+    stored submission without ``-t`` does; None: neither, the partition's limit applies."""
+    limit = spec.get("time_limit_min")
+    if limit is None:
+        limit = default
+    return int(limit) if limit is not None else None
+
+
+def finish_time(record: Mapping[str, Any], slurm: SlurmJob | None, progress: Mapping[str, Any] | None,
+                progress_mtime: float | None) -> float | None:
+    """When a finished or failed job ended (unix seconds), from the most exact fact there is:
+
+    1. the time the backend recorded when it first saw the end (``record["finished_at"]``), so the
+       answer stays the same after Slurm has forgotten the job;
+    2. Slurm's EndTime of its latest Slurm job, once that job has ended (an active job's EndTime is only
+       its start plus its time limit);
+    3. the job's own last progress record: its ``time`` field (dl2-run, the demo job), else when the
+       progress file was last written — a moment before its Slurm job ends (the program said ``done``
+       and is exiting), or after Slurm forgot the job (``MinJobAge``);
+    4. None: nothing is known (the daemon then uses the time it observed the end).
+    """
+    recorded = record.get("finished_at")
+    if isinstance(recorded, (int, float)) and math.isfinite(recorded):
+        return float(recorded)
+    if slurm is not None and not slurm.active and slurm.end_time:
+        return float(slurm.end_time)
+    said = (progress or {}).get("time")
+    if isinstance(said, (int, float)) and not isinstance(said, bool) and math.isfinite(said) and said > 0:
+        return float(said)
+    return progress_mtime
 
 
 def progress_state(progress: Mapping[str, Any] | None) -> str:
@@ -138,7 +174,7 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
     if keep < cur.allocation.nodes:
         if cur.elastic and not hot:
             return Plan(RESTART, needed)
-        return Plan(SHRINK, SlurmAllocation(keep, cur.allocation.gpus_per_node))
+        return Plan(SHRINK, replace(cur.allocation, nodes=keep))
     if want == cur.applied or not cur.elastic:
         return Plan(NOOP)
     return Plan(HOT) if hot else Plan(RESTART, needed)
@@ -160,14 +196,16 @@ def epochs_from_progress(progress: Mapping[str, Any] | None) -> float:
 
 
 def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
-                progress: Mapping[str, Any] | None) -> JobStatus:
+                progress: Mapping[str, Any] | None, progress_mtime: float | None = None) -> JobStatus:
     """A :class:`JobStatus` from the job's record, its (latest) Slurm job and its progress.
 
     FINISHED when the job says it is done; RUNNING / PENDING while its Slurm job is active;
     after that PENDING when dl2d stopped it or it checkpointed (it waits to be started again),
     FAILED when it was cancelled or its Slurm job ended any other way (exit code != 0,
     timeout, node failure, or exit 0 without saying "done"). ``hot_scaling`` is the job's kind
-    (:func:`is_elastic`, kept in the record), known before its runtime starts."""
+    (:func:`is_elastic`, kept in the record), known before its runtime starts. A finished or failed
+    job's ``finished_at`` is :func:`finish_time` (``progress_mtime``: when its progress file was last
+    written)."""
     applied = record.get("applied") or {}
     w, p = int(applied.get("workers", 0)), int(applied.get("ps", 0))
     epochs = epochs_from_progress(progress)
@@ -175,13 +213,15 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
     elastic = bool(record.get("elastic", False))
     said = progress_state(progress)
     base = dict(job_id=job_id, epochs_done=epochs, backend_ref=ref, hot_scaling=elastic)
+    ended = finish_time(record, slurm, progress, progress_mtime)
+    final = dict(base, finished_at=datetime.fromtimestamp(ended, timezone.utc) if ended else None)
     if said == "done" or record.get("final") == FINISHED:
-        return JobStatus(state=FINISHED, workers=0, ps=0, message="done", **base)
+        return JobStatus(state=FINISHED, workers=0, ps=0, message="done", **final)
     if record.get("cancelled"):
-        return JobStatus(state=FAILED, workers=0, ps=0, message="cancelled by dl2d", **base)
+        return JobStatus(state=FAILED, workers=0, ps=0, message="cancelled by dl2d", **final)
     if record.get("final") == FAILED:
         return JobStatus(state=FAILED, workers=0, ps=0,
-                         message=str(record.get("message") or "failed"), **base)
+                         message=str(record.get("message") or "failed"), **final)
     if slurm is not None and slurm.active:
         if slurm.state == "RUNNING":
             return JobStatus(state=RUNNING, workers=w, ps=p, nodes=slurm.nodes, **base)
@@ -200,4 +240,4 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
     return JobStatus(state=FAILED, workers=0, ps=0,
                      message=f"Slurm job {slurm.job_id} ended {slurm.state}"
                              + (f" ({slurm.reason})" if slurm.reason and slurm.reason != "None"
-                                else ""), **base)
+                                else ""), **final)
