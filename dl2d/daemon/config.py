@@ -79,6 +79,8 @@ class MetricsSection:
 class GuardrailsSection:
     starve_slots: int = 6  # a job left with no worker this many slots in a row, while the fallback would run it
     fallback: str = "drf"
+    min_resize_slots: int = 0  # a running job keeps a new size this many slots before the next change (0: off)
+    min_resize_gain: float = 0.0  # a running job grows only for this predicted relative speed-up (0: off)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,9 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(0 <= m.port <= 65535, "metrics.port", f"must be in 0..65535, got {m.port}")
     g = cfg.guardrails
     need(g.starve_slots >= 1, "guardrails.starve_slots", f"must be >= 1, got {g.starve_slots}")
+    need(g.min_resize_slots >= 0, "guardrails.min_resize_slots", f"must be >= 0, got {g.min_resize_slots}")
+    need(0 <= g.min_resize_gain <= 10, "guardrails.min_resize_gain",
+         f"must be within [0, 10] (a fraction: 0.1 = 10%), got {g.min_resize_gain}")
     need(g.fallback in HEURISTICS, "guardrails.fallback",
          f"must be a heuristic ({', '.join(HEURISTICS)}), got {g.fallback!r}")
     return bad

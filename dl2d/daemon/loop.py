@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from dl2d.core.files import write_json_atomic
 from dl2d.daemon import jobstats as JS
 from dl2d.daemon import plan as P
+from dl2d.daemon.agent_rounds import poll_round
 from dl2d.daemon.backend import (
     FAILED,
     FINISHED,
@@ -44,12 +45,12 @@ from dl2d.daemon.backend import (
     JobStatus,
 )
 from dl2d.daemon.crash import CrashHook
+from dl2d.daemon.hysteresis import Hysteresis, damp
 from dl2d.daemon.metrics import Metrics
 from dl2d.daemon.notify import Notifier
 from dl2d.db import events as db_events
 from dl2d.db import intents as db_intents
 from dl2d.db import jobs as db_jobs
-from dl2d.db import samples as db_samples
 from dl2d.db import slots as db_slots
 from dl2d.db.digest import state_digest
 from dl2d.db.engine import session_scope
@@ -63,6 +64,7 @@ from dl2d.db.models import (
     utcnow,
 )
 from dl2d.policy.registry import Policy
+from dl2d.workload.speed import epochs_trained
 
 log = logging.getLogger("dl2d")
 
@@ -103,7 +105,8 @@ class SlotLoop:
                  notifier: Notifier | None = None, poller=None, poll_interval: float = 10.0,
                  retention_every: int = 1, feeder: Callable[[Session, int, datetime], int] | None = None,
                  learner=None, checkpoint_path: str | None = None, checkpoint_every: int = 10,
-                 status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None):
+                 status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None,
+                 hysteresis: Hysteresis = Hysteresis()):
         self.engine, self.backend = engine, backend
         self.policy, self.fallback = policy, fallback
         self.slot_seconds, self.starve_slots = slot_seconds, starve_slots
@@ -123,6 +126,8 @@ class SlotLoop:
         self.reloader: Callable[["SlotLoop"], None] | None = None
         self._closed = 0
         self._specs: dict[int, dict[str, Any]] = {}  # job id -> its submitted spec (demand, limits)
+        self.hysteresis = hysteresis
+        self._last_change: dict[int, int] = {}  # job id -> the slot of its last size change (hysteresis)
         self.started_at = time.time()
         # per-job measurements (dl2d.daemon.jobstats): the agents' samples of the current slot, each job's last
         # JS.SLOW_SLOTS stats (from the DB at recover), and the speed model the measured speed is compared with
@@ -135,35 +140,12 @@ class SlotLoop:
 
     # ------------------------------------------------------------------------------ agents
 
-    def _on_stale(self, node: str, reason: str) -> None:
-        self.backend.drain(node, reason)
-        with session_scope(self.engine) as s:
-            db_events.record_event(s, EventKind.NODE_STALE, None, {"node": node, "reason": reason}, ts=self.clock())
-        log.warning("node %s drained: %s", node, reason)
-
-    def _on_recover(self, node: str) -> None:
-        self.backend.resume(node)
-        with session_scope(self.engine) as s:
-            db_events.record_event(s, EventKind.NODE_RECOVERED, None, {"node": node}, ts=self.clock())
-        log.info("node %s resumed: its agent answers again", node)
-
     def poll_agents(self, retention: bool = False) -> int:
-        """One poll round; returns the samples stored."""
+        """One poll round (dl2d.daemon.agent_rounds); returns the samples stored."""
         if self.poller is None:
             return 0
-        from dl2d.agents.sample import sample_to_row
-
-        self.poller.on_stale, self.poller.on_recover = self._on_stale, self._on_recover
-        rnd = self.poller.poll_round()
-        self._slot_samples.extend(rnd.samples.values())
-        rows = [sample_to_row(s) for s in rnd.samples.values()]
-        with session_scope(self.engine) as s:
-            n = db_samples.insert_node_samples(s, rows)
-            if retention:
-                db_samples.apply_retention(s, utcnow())
-        self.metrics.stale_nodes.set(len(self.poller.stale_nodes))
-        for node, err in rnd.errors.items():
-            log.debug("agent %s: %s", node, err)
+        n, samples = poll_round(self.poller, self.engine, self.backend, self.metrics, self.clock, retention)
+        self._slot_samples.extend(samples)
         return n
 
     # ------------------------------------------------------------------------------ reconcile
@@ -235,6 +217,7 @@ class SlotLoop:
         self._apply_intents(replay, replay=True)
         with session_scope(self.engine) as s:
             active = db_jobs.active_job_ids(s)
+            self._last_change = db_slots.last_size_changes(s, active)
             self._job_hist = {j: [JS.JobSlotStats(**{k: r[k] for k in JS.JobSlotStats.__dataclass_fields__})
                                   for r in rows]
                               for j, rows in db_slots.recent_job_slot_stats(s, active, JS.SLOW_SLOTS).items()}
@@ -323,6 +306,10 @@ class SlotLoop:
         return [P.job_row(j.id, j.job_type, float(j.total_epochs), float(j.epochs_done), int(j.workers), int(j.ps),
                           int(counts.get(j.id, 0)), self._specs[j.id], j.name) for j in jobs]
 
+    def _predicted_speed(self, view):
+        """The speed model's epochs/s of row j of ``view`` at (workers, ps): what ``min_resize_gain`` weighs."""
+        return lambda j, w, p: float(epochs_trained(self._speed_table, [view.type_idx[j]], [p], [w])[0])
+
     def tick(self) -> SlotOutcome:
         """Everything of a slot before the wait: poll, reconcile, decide, journal, apply."""
         t0 = time.perf_counter()
@@ -346,11 +333,15 @@ class SlotLoop:
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
         decide_ms = 1000 * (time.perf_counter() - td)
+        alloc, held = damp(view, g.allocation, self._last_change, self.hysteresis, self._predicted_speed(view))
+        for job_id, why in held.items():
+            flags.setdefault(job_id, []).append(why)
         if self.policy is not None:  # the policy hears what is carried out: its own decision, or the fallback's
-            self.policy.applied(view, g.allocation, overridden=g.source == "fallback")
-        self.state.starved = P.update_starved(view, g.allocation, self.state.starved)
-        planned, sizes = P.plan_targets(view, g.allocation, [n.name for n in nodes],
+            self.policy.applied(view, alloc, overridden=g.source == "fallback" or bool(held))
+        self.state.starved = P.update_starved(view, alloc, self.state.starved)
+        planned, sizes = P.plan_targets(view, alloc, [n.name for n in nodes],
                                         {r.id: (r.max_workers, r.max_ps) for r in rows})
+        self._last_change.update({r.id: number for r in rows if sizes[r.id] != (r.workers, r.ps)})
         version = getattr(self.learner, "version", None)
         with session_scope(self.engine) as s:
             allocs = [db_slots.AllocationRecord(r.id, *sizes[r.id], r.workers, r.ps) for r in rows]

@@ -27,6 +27,7 @@ from dl2d.daemon.config import (
     load_config,
     policy_options,
 )
+from dl2d.daemon.hysteresis import Hysteresis
 
 log = logging.getLogger("dl2d")
 
@@ -154,6 +155,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
         poller=poller, poll_interval=cfg.agents.poll_interval, retention_every=cfg.retention_every, feeder=feeder,
         learner=learner if cfg.policy.online_rl else None, checkpoint_path=cfg.policy_save_path,
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
+        hysteresis=Hysteresis(cfg.guardrails.min_resize_slots, cfg.guardrails.min_resize_gain),
         info={"backend": cfg.backend, "policy": getattr(policy, "name", cfg.policy.name),
               "db_url": _safe_url(cfg.database_url), "slot_seconds": cfg.slot_seconds})
     return loop
@@ -192,6 +194,7 @@ class Reloader:
         loop.policy, loop.fallback = policy, fallback
         loop.learner = learner if new.policy.online_rl else None
         loop.starve_slots = new.guardrails.starve_slots
+        loop.hysteresis = Hysteresis(new.guardrails.min_resize_slots, new.guardrails.min_resize_gain)
         loop.checkpoint_path, loop.checkpoint_every = new.policy_save_path, new.policy.checkpoint_every
         loop.info["policy"] = policy.name
         setup_logging(new.log_level)

@@ -156,3 +156,14 @@ def job_allocation_history(session: Session, job_id: int) -> list[Row[tuple[int,
                 Allocation.ps)
          .join(Slot, Allocation.slot_id == Slot.id).where(Allocation.job_id == job_id).order_by(Slot.number))
     return list(session.execute(q).all())
+
+
+def last_size_changes(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
+    """The slot number of each job's last size change (its allocation differed from the slot before), for the
+    jobs that had one: what the daemon's resize hysteresis counts from after a restart."""
+    if not job_ids:
+        return {}
+    changed = (Allocation.workers != Allocation.prev_workers) | (Allocation.ps != Allocation.prev_ps)
+    q = (select(Allocation.job_id, func.max(Slot.number)).join(Slot, Allocation.slot_id == Slot.id)
+         .where(Allocation.job_id.in_(list(job_ids)), changed).group_by(Allocation.job_id))
+    return {int(j): int(n) for j, n in session.execute(q).all()}
