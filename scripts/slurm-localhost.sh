@@ -132,7 +132,10 @@ PlugStackConfig=$d/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# Cores and memory are consumable: a job's --mincpus/--mem per node are allocated and accounted.
+SelectTypeParameters=CR_Core_Memory
+# Jobs that give no --mem (plain sbatch in tests) get 1000 MB per CPU, not the whole node.
+DefMemPerCPU=1000
 GresTypes=gpu
 # Containers report their own CPU count; let nodes claim the configured CPUs/memory.
 SlurmdParameters=config_overrides
