@@ -26,14 +26,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from test_daemon_on_slurm import (  # noqa: F401 - harness: the fixture
-    SLOT_S,
-    Harness,
-    clean_env,
-    demo_command,
-    harness,
-    wait_alive,
-)
+from test_daemon_on_slurm import SLOT_S, Harness, clean_env, demo_command, wait_alive
 
 from dl2d.db.engine import session_scope
 from dl2d.db.models import Allocation, Slot
@@ -161,9 +154,15 @@ def slurm_end(h: Harness, job_id: int) -> float:
     return float(job.end_time)
 
 
-def test_jobs_ask_slurm_for_what_they_need_keep_the_time_limit_finish_on_time_and_shrink_in_place(
-        harness, wait_for):
-    h = harness
+@pytest.fixture
+def h(slurm, tmp_path, request):
+    harness = Harness(slurm, tmp_path, prefix=f"r{abs(hash(request.node.name)) % 10000}-")
+    yield harness
+    harness.close()
+    print(f"--- dl2d logs (tail) ---\n{harness.logs()[-6000:]}")  # shown by pytest when the test failed
+
+
+def test_jobs_ask_slurm_for_what_they_need_keep_the_time_limit_finish_on_time_and_shrink_in_place(h, wait_for):
     big = submit(h, "big", "big", epochs=70, max_workers=4, limit=None)  # no -t: [slurm] time_limit_min = 10
     daemon = h.start_daemon()
     wait_alive(h, daemon, wait_for, lambda: h.running_nodes(big) == 4, 60, "big RUNNING on 4 nodes")
