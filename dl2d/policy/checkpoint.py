@@ -1,8 +1,10 @@
 """Policy checkpoints: parameters, optimiser state and config in one msgpack file, written atomically.
 
 Layout: {"format": "dl2d-policy", "version": 1, "config": {...}, "params": ..., "opt_state": ..., "meta": {...}}.
-Loading rebuilds the parameter tree from the config and checks every array's shape, so a truncated file, a
-file of another kind, a newer format or a config/parameter mismatch each fail with a clear `CheckpointError`.
+Loading checks the config's bounds first (PolicyConfig), then rebuilds the parameter tree from it and checks
+every array's shape, dtype and finiteness, so a truncated file, a file of another kind, a newer format, a
+config asking for an absurd network, a config/parameter mismatch or NaN parameters each fail with a clear
+`CheckpointError`, before anything large is allocated.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
+import numpy as np
 import optax
 from flax import serialization
 
@@ -62,6 +65,8 @@ def load(path: str | Path, lr: float | None = None) -> Checkpoint:
         raise CheckpointError(f"{path}: not a dl2d policy checkpoint")
     if doc.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint version {doc.get('version')} not supported (this dl2d reads {VERSION})")
+    if not isinstance(doc.get("config"), dict):
+        raise CheckpointError(f"{path}: bad policy config: not a table")
     try:
         cfg = PolicyConfig.from_dict(doc["config"])
     except (TypeError, ValueError, KeyError) as e:
@@ -76,11 +81,24 @@ def load(path: str | Path, lr: float | None = None) -> Checkpoint:
 
 
 def _restore(path, template, state, what):
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: {what} missing or not a tree of arrays")
     try:
         restored = serialization.from_state_dict(template, state)
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: {what} do not match the config ({e})") from None
-    for a, b in zip(jax.tree_util.tree_leaves(template), jax.tree_util.tree_leaves(restored)):
+    except Exception as e:  # flax raises several types on a tree that does not fit the template
+        raise CheckpointError(f"{path}: {what} do not match the config ({type(e).__name__}: {e})") from None
+    leaves_t, leaves_r = jax.tree_util.tree_leaves(template), jax.tree_util.tree_leaves(restored)
+    if len(leaves_t) != len(leaves_r):
+        raise CheckpointError(f"{path}: {what} have {len(leaves_r)} arrays, the config needs {len(leaves_t)}")
+    for a, b in zip(leaves_t, leaves_r):
+        if not hasattr(b, "shape") and hasattr(a, "shape"):
+            raise CheckpointError(f"{path}: {what} hold {type(b).__name__} where an array belongs")
         if getattr(a, "shape", None) != getattr(b, "shape", None):
             raise CheckpointError(f"{path}: {what} shapes {getattr(b, 'shape', None)} != expected {a.shape}")
+        dtype = getattr(b, "dtype", None)
+        if dtype is not None and getattr(a, "dtype", None) is not None and np.issubdtype(a.dtype, np.floating):
+            if not np.issubdtype(dtype, np.floating):
+                raise CheckpointError(f"{path}: {what} hold {dtype} values where floats belong")
+            if not np.all(np.isfinite(b)):
+                raise CheckpointError(f"{path}: {what} contain NaN or infinite values")
     return restored

@@ -83,10 +83,10 @@ class ChicConfig:
     noise_floor: float = 0.01  # gaussian: std never below this
 
     def __post_init__(self):
-        if self.num_jobs < 1:
-            raise ValueError("num_jobs (I) must be >= 1")
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError("hidden must list positive layer widths")
+        if not 1 <= self.num_jobs <= 4096:  # bounds first: a config read from a file is untrusted
+            raise ValueError(f"num_jobs (I) must be in [1, 4096], got {self.num_jobs}")
+        if not self.hidden or len(self.hidden) > 16 or min(self.hidden) < 1 or max(self.hidden) > 8192:
+            raise ValueError(f"hidden must list 1-16 layer widths in [1, 8192], got {self.hidden}")
         if not 0 <= self.dropout < 1:
             raise ValueError("dropout must be in [0, 1)")
         if not 0 < self.rho <= 1:

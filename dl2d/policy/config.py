@@ -1,9 +1,22 @@
 """Every hyper-parameter of the DL2 policy in one place (defaults: DL2 section 6.2 and the authors' code)."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
+
+
+#: (field, low, high): integer fields' bounds, checked first
+_INT_BOUNDS = (("max_jobs", 1, 4096), ("num_types", 1, 1024), ("max_workers", 1, 64), ("max_ps", 1, 64),
+               ("hidden", 1, 8192), ("sl_batch", 1, 1_000_000), ("replay_size", 1, 10_000_000),
+               ("minibatch", 1, 1_000_000), ("updates_per_slot", 1, 1000), ("n_step", 1, 1000))
+#: (field, low, high, low excluded): float fields' bounds (NaN and infinities never pass)
+_FLOAT_BOUNDS = (("sl_lr", 0.0, 10.0, True), ("rl_lr", 0.0, 10.0, True), ("gamma", 0.0, 1.0, False),
+                 ("entropy_weight", 0.0, 1e3, False), ("value_weight", 0.0, 1e3, False), ("epsilon", 0.0, 1.0, False),
+                 ("poor_ratio", 0.0, 1e6, True), ("slots_scale", 0.0, 1e9, True), ("epochs_scale", 0.0, 1e9, True))
+#: the most weights a policy network may have (about 0.5 GB of float32 for the policy and the value network)
+MAX_WEIGHTS = 60_000_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,25 @@ class PolicyConfig:
         return self.max_jobs * (self.max_workers + self.max_ps) + 1
 
     def __post_init__(self):
+        """Every field within bounds, before anything is allocated from it: a config read from a checkpoint
+        file is untrusted (a 5 KB file asking for a 20000-wide network must not take 12 GB to refuse)."""
+        for name, lo, hi in _INT_BOUNDS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+        for name, lo, hi, lo_open in _FLOAT_BOUNDS:
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+                (lo < v if lo_open else lo <= v) and v <= hi
+            if not ok:
+                raise ValueError(f"{name} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], "
+                                 f"got {v!r}")
+        if not isinstance(self.starting_bundle, bool) or not isinstance(self.normalize_advantage, bool):
+            raise ValueError("starting_bundle and normalize_advantage must be true or false")
+        weights = self.state_dim * self.hidden + self.hidden * (self.hidden + self.num_actions + 1)
+        if weights > MAX_WEIGHTS:
+            raise ValueError(f"max_jobs {self.max_jobs} x hidden {self.hidden} makes a network of {weights:,} "
+                             f"weights, more than the {MAX_WEIGHTS:,} allowed")
         if self.poor_skew not in ("both", "workers", "none"):
             raise ValueError(f"poor_skew must be 'both', 'workers' or 'none', not {self.poor_skew!r}")
         if self.advantage not in ("critic", "greedy"):

@@ -116,3 +116,75 @@ def test_load_scheduler_from_checkpoint(tmp_path, ckpt):
     s = load_scheduler(str(tmp_path / "p.ckpt"))
     assert isinstance(s, DL2Scheduler) and s.cfg == ckpt.config
     trees_equal(s.params, ckpt.params)
+
+
+# ---------------------------------------------------------------- untrusted files (issue #14, item 4)
+
+@pytest.mark.parametrize("change, match", [
+    ({"max_jobs": 2000, "hidden": 20000}, r"hidden must be an integer in \[1, 8192\], got 20000"),
+    ({"max_jobs": 4000, "hidden": 8000}, "weights, more than the"),
+    ({"hidden": 0}, r"hidden must be an integer in \[1, 8192\], got 0"),
+    ({"max_jobs": -1}, r"max_jobs must be an integer"),
+    ({"gamma": float("nan")}, r"gamma must be a finite number in \[0, 1\], got nan"),
+    ({"rl_lr": -1.0}, r"rl_lr must be a finite number in \(0, 10\], got -1.0"),
+    ({"hidden": "wide"}, "hidden must be an integer"),
+])
+def test_a_config_out_of_bounds_is_refused_before_anything_is_allocated(tmp_path, ckpt, change, match):
+    import time
+
+    doc = _doc(ckpt)
+    doc["config"] = {**doc["config"], **change}
+    path = tmp_path / "p.ckpt"
+    path.write_bytes(serialization.msgpack_serialize(doc))
+    t0 = time.perf_counter()
+    with pytest.raises(C.CheckpointError, match=match):
+        C.load(path)
+    assert time.perf_counter() - t0 < 5  # refused from the config alone (this took 107 s and 12 GB)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_infinite_parameters_are_refused(tmp_path, ckpt, bad):
+    params = jax.tree_util.tree_map(lambda x: x, ckpt.params)
+    params["policy"]["out"]["bias"] = params["policy"]["out"]["bias"].at[0].set(bad)
+    path = tmp_path / "p.ckpt"
+    C.save(path, replace(ckpt, params=params, opt_state=None))
+    with pytest.raises(C.CheckpointError, match="params contain NaN or infinite values"):
+        C.load(path)
+
+
+def test_integer_parameters_are_refused(tmp_path, ckpt):
+    doc = _doc(ckpt)
+    kernel = np.asarray(doc["params"]["policy"]["out"]["kernel"])
+    doc["params"]["policy"]["out"]["kernel"] = kernel.astype(np.int32)
+    path = tmp_path / "p.ckpt"
+    path.write_bytes(serialization.msgpack_serialize(doc))
+    with pytest.raises(C.CheckpointError, match="int32 values where floats belong"):
+        C.load(path)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True),
+                  st.text(max_size=8), st.binary(max_size=16))
+_json = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                                                      max_size=4), max_leaves=20)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=st.dictionaries(st.sampled_from(["max_jobs", "hidden", "num_types", "gamma", "rl_lr", "sl_batch",
+                                               "epsilon", "max_workers", "bogus"]), _leaf, max_size=4),
+       params=_json, raw=st.binary(max_size=64))
+def test_fuzzed_checkpoints_end_in_a_clean_error(tmp_path, ckpt, config, params, raw):
+    """Any config values, any parameter tree, any bytes: a CheckpointError or a valid checkpoint, never
+    another exception or a large allocation."""
+    doc = _doc(ckpt)
+    doc["config"] = {**doc["config"], **config}
+    doc["params"] = params
+    for i, blob in enumerate((serialization.msgpack_serialize(doc), raw)):
+        path = tmp_path / f"f{i}.ckpt"
+        path.write_bytes(blob)
+        try:
+            C.load(path)
+        except C.CheckpointError:
+            pass
