@@ -41,13 +41,19 @@ def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
     if unknown:
         raise click.BadParameter(f"unknown report(s) {unknown}; known: {', '.join(known)}", param_hint="--only")
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import ArgumentError, DBAPIError
 
     url = db_url or default_url(os.environ.get("DL2D_STATE_DIR", "/var/lib/dl2d"))
-    u = make_url(url)
+    try:
+        u = make_url(url)
+    except ArgumentError as e:
+        raise click.ClickException(f"invalid database URL {url!r}: {e}") from None
     if u.get_backend_name() == "sqlite" and u.database and not os.path.exists(u.database):
         raise click.ClickException(f"no database at {u.database} (give --db URL)")
-    engine = make_engine(url)
+    try:
+        engine = make_engine(url)
+    except Exception as e:  # an unknown dialect, a missing driver
+        raise click.ClickException(f"cannot open the database {u.render_as_string()}: {e}") from None
     try:
         with engine.connect() as conn:
             results = [execute(conn, n) for n in (names or known)]

@@ -140,8 +140,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
     from dl2d.policy.registry import make_heuristic
 
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
-    engine = make_engine(cfg.database_url)
-    upgrade(engine)
+    engine = open_database(cfg.database_url, make_engine, upgrade)
     backend = make_backend(cfg, hidden=feeder.hidden if feeder else None)
     policy, learner = make_policy(cfg)
     poller = make_poller(cfg)
@@ -204,6 +203,49 @@ class Reloader:
         if waiting:
             log.warning("changed but only applied at a restart: %s", ", ".join(waiting))
         self.cfg = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_ONLY})
+
+
+def open_database(url: str, make_engine, upgrade):
+    """The engine, migrated; any failure (server down, unknown driver, not a database, read-only or unwritable)
+    is one ConfigError line naming the database, never a traceback."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        engine = make_engine(url)
+        upgrade(engine)
+    except DBAPIError as e:
+        first = str(e.orig).strip().splitlines()[0] if str(e.orig).strip() else type(e.orig).__name__
+        hint = " (can this user write the state dir and the database file?)" if "sqlite" in url and (
+            "readonly" in first or "unable to open" in first) else ""
+        raise ConfigError(f"database {_safe_url(url)}: {first}{hint}") from None
+    except Exception as e:  # an unknown dialect or a missing driver module, a broken URL
+        raise ConfigError(f"database {_safe_url(url)}: {type(e).__name__}: {e}") from None
+    return engine
+
+
+def lock_state_dir(state_dir: str):
+    """An exclusive lock on ``<state_dir>/dl2d.lock`` held while the daemon runs (the open file is returned:
+    keep it); a second daemon on the same state dir is refused, naming the first one's pid."""
+    import fcntl
+
+    path = Path(state_dir) / "dl2d.lock"
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise ConfigError(f"config error: state_dir {state_dir}: cannot open {path.name}: {e.strerror}") from None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise ConfigError(f"another dl2d (pid {pid}) is running with state dir {state_dir}; stop it first, or "
+                          "give this one its own state_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _safe_url(url: str) -> str:
@@ -324,6 +366,7 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
         except OSError as e:
             raise ConfigError(f"config error: state_dir {cfg.state_dir}: {e.strerror} "
                               "(run as the dl2d user, or set state_dir / --state-dir)") from None
+        lock = lock_state_dir(cfg.state_dir)  # noqa: F841  (held until the process exits)
         loop = build_loop(cfg, feeder)
     except ConfigError as e:
         click.echo(f"dl2d: {e}", err=True)
