@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 #: Job states a backend reports.
 PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
@@ -87,6 +87,9 @@ class ApplyResult:
 
 class ClusterBackend(Protocol):
     name: str
+    #: called by the backend while it waits inside ``apply`` (a checkpoint, a retry): the daemon sets it to its
+    #: watchdog ping, so a long wait never looks like a hung daemon to systemd
+    heartbeat: Callable[[], object]
 
     def nodes(self) -> list[NodeInfo]:
         """All compute nodes with their capacity; unusable ones flagged."""

@@ -147,10 +147,12 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
     clock = getattr(backend, "now", None)
     from dl2d.db.models import utcnow
 
+    notifier = notifier or Notifier()
+    backend.heartbeat = notifier.ping  # a backend that waits inside apply pings the watchdog meanwhile
     loop = SlotLoop(
         engine, backend, policy, make_heuristic(cfg.guardrails.fallback), slot_seconds=cfg.slot_seconds,
         starve_slots=cfg.guardrails.starve_slots, clock=clock or utcnow,
-        pace=cfg.backend != "sim" or cfg.sim.pace, metrics=metrics or Metrics(), notifier=notifier or Notifier(),
+        pace=cfg.backend != "sim" or cfg.sim.pace, metrics=metrics or Metrics(), notifier=notifier,
         poller=poller, poll_interval=cfg.agents.poll_interval, retention_every=cfg.retention_every, feeder=feeder,
         learner=learner if cfg.policy.online_rl else None, checkpoint_path=cfg.policy_save_path,
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,

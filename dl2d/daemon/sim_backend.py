@@ -80,6 +80,7 @@ class SimBackend:
     def __init__(self, cluster: ClusterSpec = ClusterSpec(40), slot_seconds: float = 1200.0, noise: float = 0.1,
                  seed: int = 0, speed_model: str = "measured", state_file: str | Path | None = None,
                  hidden: Mapping[str, Hidden] | None = None, start_time: float | None = None):
+        self.heartbeat = lambda: None  # the simulated cluster never waits inside apply
         if slot_seconds <= 0:
             raise ValueError("slot_seconds must be > 0")
         if not 0 <= noise < 1:

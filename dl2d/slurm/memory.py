@@ -44,6 +44,7 @@ class InMemorySlurm:
         self.next_id = 100
         self.down = False
         self.ignore_signals = False
+        self.cancel_ends_job = True  # False: a cancelled job lingers (a node that takes its time to kill it)
         self.requeued_nodes: dict[str, int] = {}
         self.clock = clock
         #: what ``scontrol show config`` would say (dl2d.slurm.rights), and users' AdminLevels (sacctmgr)
@@ -121,7 +122,7 @@ class InMemorySlurm:
     def cancel(self, job_id: str) -> None:
         self._check()
         self.calls.append(("cancel", job_id))
-        if self.slurm_jobs[job_id].active:
+        if self.slurm_jobs[job_id].active and self.cancel_ends_job:
             self.set_job(job_id, state="CANCELLED", end_time=int(self.clock()))
 
     def drain_node(self, node: str, reason: str) -> None:

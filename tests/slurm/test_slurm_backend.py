@@ -517,3 +517,60 @@ def test_placement_slurm_ignores_the_targets_nodes(tmp_path):
     assert not (b.job_dir(1) / "hostfile").exists()
     with pytest.raises(ValueError, match="placement must be one of slurm, target"):
         make_backend(tmp_path, fake, placement="dltap")
+
+
+def test_a_job_ignoring_its_checkpoint_signal_keeps_the_watchdog_fed(tmp_path):
+    """Issue #15, item 2: apply waits checkpoint_timeout_s for the signalled job, then again after scancel;
+    the daemon's watchdog ping (here a real Notifier on a unix datagram socket, WatchdogSec = 0.4 s) is fed
+    throughout, so systemd never kills the healthy daemon."""
+    import socket
+    import time
+
+    from dl2d.daemon.notify import Notifier
+
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as srv:
+        srv.bind(path)
+        srv.setblocking(False)
+        fake = InMemorySlurm()
+        fake.ignore_signals = True
+        fake.cancel_ends_job = False  # even scancel takes its time: both waits run to their timeout
+        b = SlurmBackend(fake, SlurmBackendConfig(state_dir=tmp_path / "state", checkpoint_timeout_s=1.2,
+                                                  poll_interval_s=0.05,
+                                                  backoff=BackoffPolicy(base=0.001, cap=0.001, max_attempts=3)))
+        b.heartbeat = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"}).ping
+        b.apply(req(), Target(1, 1))
+        fake.run()
+        pings: list[float] = []
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match="did not end after scancel"):
+            b.apply(req(), Target(0, 0))
+        took = time.monotonic() - t0
+        while True:
+            try:
+                if srv.recv(64) == b"WATCHDOG=1":
+                    pings.append(1)
+            except BlockingIOError:
+                break
+    assert took >= 2.4  # two full waits
+    assert len(pings) >= took / 0.4  # at least one ping per watchdog period (the notifier sends every 0.1 s)
+
+
+def test_a_shrink_slurm_refuses_is_carried_out_by_a_relaunch(tmp_path):
+    """Slurm refuses to resize a job it already resized when it has no slurmdbd (the update waits for an
+    accounting index that never comes): the backend relaunches the job at the smaller size instead."""
+    from dl2d.daemon.backend import RESTART
+    from dl2d.slurm.driver import SlurmError
+
+    fake = InMemorySlurm()
+    b = make_backend(tmp_path, fake)
+    b.apply(req(), Target(8, 1))  # 2 nodes x 4 GPUs
+    fake.run()
+
+    def refuse(job_id, num_nodes):
+        raise SlurmError("Unexpected message received for job " + job_id)
+
+    fake.shrink = refuse
+    r = b.apply(req(), Target(2, 1))
+    assert r.method == RESTART and [c[0] for c in fake.calls[-2:]] == ["signal", "submit"]
+    assert b.apply(req(), Target(2, 1)).method == NOOP

@@ -103,11 +103,15 @@ class SlurmBackend:
                  scaler: Scaler | None = None, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.raw_driver = driver
-        self.driver = RetryingDriver(driver, config.backoff) if retry else driver
         self.config = config
         self.scaler = scaler or _default_scaler
         self.sleep = sleep
         self.clock = clock
+        # Called on every wait inside apply (a checkpoint that takes up to checkpoint_timeout_s, twice; the
+        # driver's backoff while slurmctld is down): the daemon hands its watchdog ping here, so a job that
+        # ignores its checkpoint signal never gets a healthy daemon killed by systemd's WatchdogSec.
+        self.heartbeat: Callable[[], object] = lambda: None
+        self.driver = RetryingDriver(driver, config.backoff, sleep=self._pause) if retry else driver
         self._cache: dict[str, tuple[float, Any]] = {}
         self.rights_problem: str | None = None  # what check_rights() found missing to drain nodes
         (config.state_dir / "jobs").mkdir(parents=True, exist_ok=True)
@@ -284,12 +288,21 @@ class SlurmBackend:
                 keep = plan.allocation.nodes
                 self._write_target(job.job_id, target)
                 self._save(job.job_id, record)
-                with self._slurm(f"shrinking job {live.job_id} to {keep} nodes"):
-                    self.driver.shrink(live.job_id, keep)
-                record["applied"] = record["target"]
-                record["allocation"] = allocation_record(plan.allocation)
-                self._save(job.job_id, record)
-                return ApplyResult(job.job_id, SHRINK, live.job_id)
+                try:
+                    with self._slurm(f"shrinking job {live.job_id} to {keep} nodes"):
+                        self.driver.shrink(live.job_id, keep)
+                except BackendError as e:
+                    # Slurm may refuse to resize a job again (without slurmdbd a resized job never gets the
+                    # accounting index a later update waits for: "try again in a bit", forever): the size is
+                    # still reached, by a relaunch (which fails in turn if slurmctld is really down).
+                    log.warning("job %d: Slurm refused the in-place shrink (%s); relaunching it at the new size",
+                                job.job_id, e)
+                    method = RESTART
+                else:
+                    record["applied"] = record["target"]
+                    record["allocation"] = allocation_record(plan.allocation)
+                    self._save(job.job_id, record)
+                    return ApplyResult(job.job_id, SHRINK, live.job_id)
         # RESTART: checkpoint, then requeue at the new size or submit anew.
         self._write_target(job.job_id, target)
         self._save(job.job_id, record)
@@ -450,6 +463,16 @@ class SlurmBackend:
                         job_id, target.workers, target.ps, e)
             return False
 
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` inside apply, feeding the heartbeat at least once a second."""
+        end = self.clock() + seconds
+        while True:
+            self.heartbeat()
+            left = end - self.clock()
+            if left <= 0:
+                return
+            self.sleep(min(left, 1.0))
+
     def _wait_ended(self, slurm_id: str, timeout: float) -> bool:
         deadline = self.clock() + timeout
         while True:
@@ -458,7 +481,7 @@ class SlurmBackend:
                 return True
             if self.clock() >= deadline:
                 return False
-            self.sleep(self.config.poll_interval_s)
+            self._pause(self.config.poll_interval_s)
 
     def _checkpoint_and_end(self, live: SlurmJob) -> None:
         """Signal the job to checkpoint and exit; cancel it when it does not end in time
