@@ -129,6 +129,13 @@ def slurm(local_slurm: LocalSlurm) -> LocalSlurm:
     for node in driver.nodes():
         if node.drained:
             driver.resume_node(node.name)
+    if any("NOT_RESPONDING" in n.flags for n in driver.nodes()):
+        # a slurmd the controller lost a message to (e.g. after a refused job update) stays flagged until its
+        # next ping, minutes away: have every slurmd register again so the next test starts from healthy nodes
+        subprocess.run(["scontrol", "reconfigure"], env={**os.environ, **local_slurm.env}, capture_output=True,
+                       timeout=60)
+        _wait_for(lambda: not any("NOT_RESPONDING" in n.flags for n in local_slurm.driver().nodes()), 60,
+                  "every slurmd responding again")
 
 
 def _wait_for(predicate: Callable[[], object], timeout: float, what: str,
