@@ -229,7 +229,7 @@ class SlotLoop:
             open_slots = db_slots.open_slot_ids(s)
         for slot_id in open_slots:
             log.info("closing slot id %d left open by a previous run", slot_id)
-            self.close_slot(slot_id, tick_ms=None)
+            self.close_slot(slot_id, tick_ms=None, measure=False)
         return n
 
     # ------------------------------------------------------------------------------ one slot
@@ -374,8 +374,12 @@ class SlotLoop:
         self._slot_id = slot_id
         return out
 
-    def close_slot(self, slot_id: int, tick_ms: float | None) -> float:
-        """Reward from the backend's progress, reconcile, store; the online RL update and checkpoint."""
+    def close_slot(self, slot_id: int, tick_ms: float | None, measure: bool = True) -> float:
+        """Reward from the backend's progress, reconcile, store; the online RL update and checkpoint.
+
+        ``measure=False`` (a slot a crash interrupted, closed at the next start): no per-job speed statistics,
+        since how long the slot really ran and what the agents saw in it are unknown; zero-speed rows would
+        skew the job_speed report and flag healthy jobs slow."""
         statuses = self.backend.observe()
         now = self.clock()
         with session_scope(self.engine) as s:
@@ -386,7 +390,7 @@ class SlotLoop:
             db_slots.finish_slot(s, slot_id, now, reward, duration_ms=tick_ms)
             measured = JS.measure_slot([JS.RanJob(j.id, j.job_type, int(j.workers), int(j.ps), before[j.id])
                                         for j in jobs], statuses, self._slot_samples, self.slot_seconds,
-                                       self._speed_table)
+                                       self._speed_table) if measure else []
             db_slots.record_job_slot_stats(s, slot_id, [m.row() for m in measured])
             for m in measured:
                 self._job_hist[m.job_id] = [*self._job_hist.get(m.job_id, []), m][-JS.SLOW_SLOTS:]
