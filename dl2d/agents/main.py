@@ -47,7 +47,8 @@ def build_sampler(node: str, fake_gpus: int | None = None, fake_jobs: tuple[str,
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--port", default=DEFAULT_PORT, show_default=True, help="TCP port (0 = any free port).")
-@click.option("--bind", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--bind", default="0.0.0.0", show_default=True,
+              help="Address to listen on: plain HTTP, so give the node's management-network address.")
 @click.option("--token-file", default=DEFAULT_TOKEN_FILE, show_default=True,
               help="Shared bearer token; must be chmod 600.")
 @click.option("--node-name", default=None, help="Node name reported (default: short hostname).")

@@ -10,10 +10,19 @@ from __future__ import annotations
 import hmac
 import os
 import stat
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 __all__ = ["TokenFileError", "check_bearer", "load_token", "make_server"]
+
+
+#: the shortest shared token accepted: a guessable token is no authentication
+MIN_TOKEN_CHARS = 16
+#: seconds a connection may take to send its request (a client that connects and stalls is dropped)
+REQUEST_TIMEOUT_S = 10.0
+#: connections served at once; more are closed at once instead of each holding a thread
+MAX_CONNECTIONS = 32
 
 
 class TokenFileError(Exception):
@@ -43,6 +52,9 @@ def load_token(path: str) -> str:
         token = f.read().strip()
     if not token:
         raise TokenFileError(f"token file {path} is empty")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise TokenFileError(f"token file {path} holds a {len(token)}-character token; use at least "
+                             f"{MIN_TOKEN_CHARS} (e.g. openssl rand -hex 32 > {path})")
     return token
 
 
@@ -54,9 +66,11 @@ def check_bearer(header: str | None, token: str) -> bool:
 
 
 def make_server(
-    bind: str, port: int, token: str, stats_json: Callable[[], bytes]
+    bind: str, port: int, token: str, stats_json: Callable[[], bytes],
+    timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
 ) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) that answers with ``stats_json()``."""
+    """An HTTP server (not yet serving) that answers with ``stats_json()``. Every connection gets ``timeout``
+    seconds per read (a stalled client is dropped) and at most ``max_connections`` are served at once."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "dl2-agent"
@@ -92,6 +106,27 @@ def make_server(
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # one line per poll every 10 s is noise; errors surface in the daemon
 
-    srv = ThreadingHTTPServer((bind, port), Handler)
+    Handler.timeout = timeout  # socket timeout of every connection (StreamRequestHandler)
+    srv = _BoundedServer((bind, port), Handler, max_connections)
     srv.daemon_threads = True
     return srv
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading server that serves at most ``limit`` connections at once and closes the rest at once."""
+
+    def __init__(self, address, handler, limit: int):
+        self._slots = threading.BoundedSemaphore(limit)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()

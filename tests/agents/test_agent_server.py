@@ -78,3 +78,40 @@ def test_stats_needs_the_token(server, token):
 def test_healthz_and_404(server, token):
     assert get(server + "/healthz") == (200, {"ok": True})
     assert get(server + "/v1/other", token)[0] == 404
+
+
+def test_a_short_token_is_refused(tmp_path):
+    p = tmp_path / "tok"
+    p.write_text("abc123\n")
+    p.chmod(0o600)
+    with pytest.raises(TokenFileError, match="6-character token; use at least 16"):
+        load_token(str(p))
+
+
+def test_stalled_and_excess_connections_do_not_hold_the_agent(token):
+    """Issue #14, item 8: a client that connects and sends nothing is dropped after the request timeout, and
+    connections beyond the limit are closed at once; the agent keeps answering."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    srv = make_server("127.0.0.1", 0, token, lambda: b"{}", timeout=0.5, max_connections=4)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    host, port = srv.server_address
+    try:
+        stalled = [socket.create_connection((host, port), timeout=5) for _ in range(4)]
+        time.sleep(0.1)
+        extra = socket.create_connection((host, port), timeout=5)
+        assert extra.recv(1) == b""  # over the limit: closed at once
+        extra.close()
+        t0 = time.monotonic()
+        for s in stalled:
+            assert s.recv(1) == b""  # dropped by the server after its timeout
+            s.close()
+        assert time.monotonic() - t0 < 3
+        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
