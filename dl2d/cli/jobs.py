@@ -173,6 +173,7 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
           --gpus-per-worker 1 --cpus-per-worker 4 --mem-per-worker 16G --cpus-per-ps 2 --mem-per-ps 8G
     """
     from dl2d.cli.jobspec import (
+        MAX_SPEC_CHARS,
         SpecError,
         explain_errors,
         merge_submission,
@@ -186,9 +187,13 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
     if spec_file is not None:
         name = getattr(spec_file, "name", "<stdin>")
         try:
-            spec = parse_spec_text(spec_file.read(), fmt or spec_format(str(name)), source=str(name))
+            spec = parse_spec_text(spec_file.read(MAX_SPEC_CHARS + 1), fmt or spec_format(str(name)),
+                                   source=str(name))
         except SpecError as e:
             raise click.ClickException(str(e)) from e
+        except UnicodeDecodeError as e:
+            raise click.ClickException(f"{name}: not UTF-8 text (byte {e.start}); a job spec is TOML or JSON") \
+                from None
     elif not any(v is not None for v in flags.values()):
         raise click.UsageError("give a job spec file or the job's flags (see dl2ctl submit --help)")
 
@@ -302,7 +307,7 @@ def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("job_id", type=int, metavar="JOB")
+@click.argument("job_id", type=click.IntRange(1, 2 ** 63 - 1), metavar="JOB")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @db_command
 def show(ctx: Ctx, job_id: int, as_json: bool) -> None:
@@ -379,7 +384,7 @@ def cancel_one(session: Any, job_id: int, user: str, admin: bool) -> Any:
 
 
 @click.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True, metavar="JOB...")
+@click.argument("job_ids", type=click.IntRange(1, 2 ** 63 - 1), nargs=-1, required=True, metavar="JOB...")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome per job as JSON.")
 @db_command
 def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:

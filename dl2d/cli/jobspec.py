@@ -31,12 +31,17 @@ from typing import Any
 from dl2d.workload.jobtypes import ALIASES, TYPE_NAMES
 
 
+MAX_SPEC_CHARS = 1_000_000  # a job spec is a few hundred bytes; anything near this is not one
+
+
 class SpecError(ValueError):
     """A spec file that cannot be parsed at all."""
 
 
 def parse_spec_text(text: str, fmt: str | None = None, source: str = "<spec>") -> dict[str, Any]:
     """Parse a spec as JSON or TOML. `fmt` is "json", "toml" or None (JSON when the text starts with '{')."""
+    if len(text) > MAX_SPEC_CHARS:
+        raise SpecError(f"{source}: a job spec is at most {MAX_SPEC_CHARS} characters, this one has {len(text)}")
     if fmt is None:
         fmt = "json" if text.lstrip().startswith("{") else "toml"
     if fmt == "json":
@@ -44,6 +49,8 @@ def parse_spec_text(text: str, fmt: str | None = None, source: str = "<spec>") -
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SpecError(f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+        except (RecursionError, ValueError) as e:  # nesting bombs, integers of thousands of digits
+            raise SpecError(f"{source}: unusable JSON ({type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(data, dict):
             raise SpecError(f"{source}: a job spec must be a JSON object, got {type(data).__name__}")
         return data
@@ -52,6 +59,8 @@ def parse_spec_text(text: str, fmt: str | None = None, source: str = "<spec>") -
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise SpecError(f"{source}: invalid TOML: {e}") from e
+        except (RecursionError, ValueError) as e:  # nesting bombs, integers of thousands of digits
+            raise SpecError(f"{source}: unusable TOML ({type(e).__name__}: {str(e)[:200]})") from None
     raise SpecError(f"{source}: unknown spec format {fmt!r} (use json or toml)")
 
 

@@ -40,8 +40,9 @@ MAX_EPOCHS = 1_000_000.0
 MAX_TIME_LIMIT_MIN = 366 * 24 * 60
 SYNC_MODES = ("sync", "async")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # used with fullmatch: no trailing newline
+_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+MAX_COMMAND_CHARS = 65_536  # a training command, not a payload
 
 
 # --------------------------------------------------------------------------------------------------
@@ -91,7 +92,10 @@ _SUBMISSION_KEYS = {
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number; an integer too large for a float (hundreds of digits) is not one."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return abs(v) < 2 ** 63 if isinstance(v, int) else math.isfinite(v)
 
 
 def _number(errors: list[str], where: str, v: Any, lo: float, hi: float, *, lo_open: bool = False,
@@ -136,11 +140,11 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
         errors.append(f"unknown keys {unknown}")
 
     name = data.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         errors.append(f"name must be 1-64 characters of letters, digits, '.', '_', '-' "
                       f"starting with a letter or digit, got {name!r}")
     owner = data.get("owner")
-    if not isinstance(owner, str) or not _USER_RE.match(owner):
+    if not isinstance(owner, str) or not _USER_RE.fullmatch(owner):
         errors.append(f"owner must be a unix user name, got {owner!r}")
     known = tuple(known_types)
     job_type = data.get("job_type")
@@ -155,6 +159,8 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
         errors.append("missing script: give the training command as `command` (or `script`)")
     elif "\x00" in command:
         errors.append("command must not contain NUL characters")
+    elif len(command) > MAX_COMMAND_CHARS:
+        errors.append(f"command must be at most {MAX_COMMAND_CHARS} characters, got {len(command)}")
 
     worker = _demand(errors, "worker", data.get("worker"), gpus_allowed=True)
     ps = _demand(errors, "ps", data.get("ps"), gpus_allowed=False)
