@@ -98,10 +98,6 @@ def view_digest_input(view: SlotView) -> dict[str, Any]:
             **({"shared_gpu": view.job_shared_gpu.tolist()} if view.job_shared_gpu is not None else {})}
 
 
-def empty_allocation(n: int) -> Allocation:
-    return Allocation.empty(n)
-
-
 # ------------------------------------------------------------------------------------------ guardrails
 
 def check_allocation(view: SlotView, alloc: Any) -> str | None:
@@ -164,7 +160,7 @@ def guard(view: SlotView, policy: Callable[[SlotView], Allocation] | None, fallb
     A policy that raises, returns NaN / out-of-range / over-capacity output, or would leave a job without
     a worker for ``starve_limit`` slots in a row while the fallback would run that job, is overridden."""
     if len(view) == 0:
-        return Guarded(empty_allocation(0), "policy")
+        return Guarded(Allocation.empty(0), "policy")
     reason = None
     alloc = None
     if policy is None:
@@ -189,7 +185,7 @@ def guard(view: SlotView, policy: Callable[[SlotView], Allocation] | None, fallb
     fb = fb if fb is not None else fallback(view)
     problem = check_allocation(view, fb)
     if problem is not None:  # a heuristic bug: run nothing new rather than overflow the cluster
-        return Guarded(empty_allocation(len(view)), "fallback", f"{reason}; fallback invalid too ({problem})")
+        return Guarded(Allocation.empty(len(view)), "fallback", f"{reason}; fallback invalid too ({problem})")
     return Guarded(fb, "fallback", reason)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
+from dl2d.core.jobs import TaskDemand
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.db.errors import (
     InvalidTransition,
@@ -50,13 +51,6 @@ MAX_COMMAND_CHARS = 65_536  # a training command, not a payload
 
 
 @dataclass(frozen=True)
-class Demand:
-    gpus: float
-    cpus: float
-    mem_gb: float
-
-
-@dataclass(frozen=True)
 class JobSubmission:
     """A validated submission (build it with `validate_submission`)."""
 
@@ -65,8 +59,8 @@ class JobSubmission:
     job_type: str
     total_epochs: float
     command: str
-    worker: Demand
-    ps: Demand
+    worker: TaskDemand
+    ps: TaskDemand
     max_workers: int = MAX_WORKERS
     max_ps: int = MAX_PS
     sync: str = "sync"
@@ -111,7 +105,7 @@ def _number(errors: list[str], where: str, v: Any, lo: float, hi: float, *, lo_o
     return int(v) if integer else float(v)
 
 
-def _demand(errors: list[str], role: str, d: Any, gpus_allowed: bool) -> Demand | None:
+def _demand(errors: list[str], role: str, d: Any, gpus_allowed: bool) -> TaskDemand | None:
     if not isinstance(d, Mapping):
         errors.append(f"{role} must be a mapping with gpus/cpus/mem_gb, got {d!r}")
         return None
@@ -123,7 +117,7 @@ def _demand(errors: list[str], role: str, d: Any, gpus_allowed: bool) -> Demand 
     mem = _number(errors, f"{role}.mem_gb", d.get("mem_gb"), 0, MAX_MEM_GB_PER_TASK, lo_open=True)
     if None in (gpus, cpus, mem):
         return None
-    return Demand(gpus=gpus, cpus=cpus, mem_gb=mem)
+    return TaskDemand(gpus=gpus, cpus=cpus, mem_gb=mem)
 
 
 def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -> JobSubmission:

@@ -183,9 +183,8 @@ def build(name: str, options: PolicyOptions = PolicyOptions(), placement: str = 
 
 def make_heuristic(name: str) -> Policy:
     """A heuristic by name (the guardrails' fallback, a teacher); ValueError for any other name."""
-    if name not in names(heuristic=True):
-        what = "is not a heuristic" if name in entries() else "unknown policy"
-        raise ValueError(f"{what} {name!r}; heuristics are {', '.join(names(heuristic=True))}"
-                         if what == "unknown policy" else
-                         f"{name!r} {what}; heuristics are {', '.join(names(heuristic=True))}")
+    heuristics = names(heuristic=True)
+    if name not in heuristics:
+        what = f"{name!r} is not a heuristic" if name in entries() else f"unknown policy {name!r}"
+        raise ValueError(f"{what}; heuristics are {', '.join(heuristics)}")
     return build(name)
