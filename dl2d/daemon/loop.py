@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Callable
 
@@ -125,7 +125,7 @@ class SlotLoop:
         self.reload = threading.Event()
         self.reloader: Callable[["SlotLoop"], None] | None = None
         self._closed = 0
-        self._specs: dict[int, dict[str, Any]] = {}  # job id -> its submitted spec (demand, limits)
+        self._rows: dict[int, P.JobRow] = {}  # job id -> its row's fixed part: spec, limits, demand
         self.hysteresis = hysteresis
         self._last_change: dict[int, int] = {}  # job id -> the slot of its last size change (hysteresis)
         self.started_at = time.time()
@@ -301,10 +301,13 @@ class SlotLoop:
         jobs = db_jobs.active_jobs(s, spec=False)
         ids = [j.id for j in jobs]
         counts = db_slots.allocation_counts(s, ids)
-        missing = [i for i in ids if i not in self._specs]  # a spec never changes: read each job's once
-        self._specs.update((i, dict(spec)) for i, spec in db_jobs.job_specs(s, missing).items())
-        return [P.job_row(j.id, j.job_type, float(j.total_epochs), float(j.epochs_done), int(j.workers), int(j.ps),
-                          int(counts.get(j.id, 0)), self._specs[j.id], j.name) for j in jobs]
+        # a spec never changes: read each job's once, and parse its limits and demand once
+        by_id = {j.id: j for j in jobs}
+        for i, spec in db_jobs.job_specs(s, [i for i in ids if i not in self._rows]).items():
+            self._rows[i] = P.job_row(i, by_id[i].job_type, 0.0, 0.0, 0, 0, 0, dict(spec), by_id[i].name)
+        self._rows = {i: self._rows[i] for i in ids}  # finished jobs leave the cache
+        return [replace(self._rows[j.id], total_epochs=float(j.total_epochs), epochs_done=float(j.epochs_done),
+                        workers=int(j.workers), ps=int(j.ps), slots_run=int(counts.get(j.id, 0))) for j in jobs]
 
     def _predicted_speed(self, view):
         """The speed model's epochs/s of row j of ``view`` at (workers, ps): what ``min_resize_gain`` weighs."""
