@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 from dl2d.db.engine import make_engine, session_scope
 from dl2d.db.jobs import submit_job
 from dl2d.db.models import Job
+from testkit.daemon import NotifySocket
 
 
 def write_config(path, state_dir, policy: str, extra: str = "") -> None:
@@ -42,18 +41,8 @@ def test_sighup_reloads_the_policy_keeps_the_jobs_and_refuses_a_bad_file(tmp_pat
     cfg = tmp_path / "dl2d.toml"
     write_config(cfg, tmp_path, "drf")
     sock_path = str(tmp_path / "notify.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    srv.bind(sock_path)
-    msgs: list[str] = []
-
-    def reader():
-        while True:
-            try:
-                msgs.append(srv.recv(4096).decode())
-            except OSError:
-                return
-
-    threading.Thread(target=reader, daemon=True).start()
+    srv = NotifySocket(sock_path)
+    msgs = srv.msgs
     env = {k: v for k, v in os.environ.items() if not k.startswith("DL2D_")}
     env.update(PYTHONUNBUFFERED="1", NOTIFY_SOCKET=sock_path)
     p = subprocess.Popen([sys.executable, "-m", "dl2d.daemon.main", "--config", str(cfg)],

@@ -9,11 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
 from dl2d.daemon.notify import Notifier
+from testkit.daemon import NotifySocket
 
 
 def test_notifier_sends_datagrams_and_rate_limits_watchdog(tmp_path):
@@ -38,9 +38,7 @@ def test_notifier_sends_datagrams_and_rate_limits_watchdog(tmp_path):
 
 def test_daemon_under_notify_socket_with_metrics_sigterm_and_status(tmp_path):
     path = str(tmp_path / "notify.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    srv.bind(path)
-    srv.settimeout(60)
+    srv = NotifySocket(path)
     (tmp_path / "dl2d.toml").write_text(
         f'state_dir = "{tmp_path}"\nslot_seconds = 0.2\n[sim]\ncluster = "tiny"\npace = true\n'
         '[metrics]\nport = 0\n')
@@ -48,16 +46,7 @@ def test_daemon_under_notify_socket_with_metrics_sigterm_and_status(tmp_path):
     env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="2000000", PYTHONUNBUFFERED="1")
     p = subprocess.Popen([sys.executable, "-m", "dl2d.daemon.main", "--config", str(tmp_path / "dl2d.toml")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    msgs: list[str] = []
-
-    def reader():  # what systemd does: read every datagram
-        while True:
-            try:
-                msgs.append(srv.recv(4096).decode())
-            except OSError:
-                return
-
-    threading.Thread(target=reader, daemon=True).start()
+    msgs = srv.msgs
 
     def wait_msg(pred, timeout=60):
         end = time.time() + timeout
