@@ -8,7 +8,7 @@ and PS for the next slot, decided from scratch (DL2), and optionally the server 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -49,6 +49,13 @@ class SlotView:
     ps_demand: np.ndarray = field(kw_only=True)  # [jobs, 3]
     kind: tuple[str, ...] = field(kw_only=True)  # [jobs]
     node_names: tuple[str, ...] = field(default=(), kw_only=True)  # [servers] where the cluster names them
+    # what the scheduler believes of each job's speed: epochs per second with (PS, workers), the site's speed
+    # model without what only the cluster knows (interference, noise); all-reduce jobs have speed at PS = 0 only
+    est_speed: np.ndarray = field(kw_only=True)  # [jobs, max_ps + 1, max_workers + 1]
+    requested_workers: np.ndarray | None = field(default=None, kw_only=True)  # [jobs] workers asked for; None: 1
+    # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
+    prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
+    prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         n = len(self.job_ids)
@@ -57,9 +64,44 @@ class SlotView:
                              f"{np.shape(self.worker_demand)}, {np.shape(self.ps_demand)}, {len(self.kind)}")
         if self.node_names and len(self.node_names) != len(self.free):
             raise ValueError(f"{len(self.node_names)} node names for {len(self.free)} servers")
+        if np.shape(self.est_speed) != (n, self.max_ps + 1, self.max_workers + 1):
+            raise ValueError(f"a view of {n} jobs needs est_speed of shape ({n}, {self.max_ps + 1}, "
+                             f"{self.max_workers + 1}), got {np.shape(self.est_speed)}")
+        if self.requested_workers is not None and np.shape(self.requested_workers) != (n,):
+            raise ValueError(f"requested_workers has shape {np.shape(self.requested_workers)}, expected ({n},)")
+        for name in ("prev_worker_servers", "prev_ps_servers"):
+            servers = getattr(self, name)
+            if servers is not None and len(servers) != n:
+                raise ValueError(f"{name} lists {len(servers)} jobs, the view has {n}")
 
     def __len__(self) -> int:
         return len(self.job_ids)
+
+    def subset(self, rows) -> "SlotView":
+        """The view of only these jobs (row indices, in the order given); the cluster stays as it is."""
+        rows = np.asarray(rows, int)
+        pick = lambda a: None if a is None else np.asarray(a)[rows]  # noqa: E731
+        pick_tuple = lambda t: None if t is None else tuple(t[i] for i in rows)  # noqa: E731
+        return replace(
+            self, job_ids=pick(self.job_ids), type_idx=pick(self.type_idx), arrival_slot=pick(self.arrival_slot),
+            slots_run=pick(self.slots_run), epochs_done=pick(self.epochs_done), est_epochs=pick(self.est_epochs),
+            prev_workers=pick(self.prev_workers), prev_ps=pick(self.prev_ps),
+            job_speed_factor=pick(self.job_speed_factor), job_shared_gpu=pick(self.job_shared_gpu),
+            worker_demand=pick(self.worker_demand).reshape(-1, 3), ps_demand=pick(self.ps_demand).reshape(-1, 3),
+            kind=pick_tuple(self.kind), est_speed=pick(self.est_speed), requested_workers=pick(self.requested_workers),
+            prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
+
+    @property
+    def allreduce(self) -> np.ndarray:
+        """[jobs] True for all-reduce jobs (no parameter servers)."""
+        return np.array([k == "allreduce" for k in self.kind], bool)
+
+    @property
+    def requested(self) -> np.ndarray:
+        """[jobs] the workers each job asked for (1 where it did not say)."""
+        if self.requested_workers is None:
+            return np.ones(len(self), int)
+        return np.asarray(self.requested_workers, int)
 
     @property
     def remaining_epochs(self) -> np.ndarray:
@@ -109,3 +151,5 @@ def validate(view: SlotView, alloc: Allocation) -> None:
         raise ValueError(f"allocation for {w.shape}/{p.shape} jobs, the view has {len(view)}")
     if np.any(w < 0) or np.any(p < 0) or np.any(w > view.max_workers) or np.any(p > view.max_ps):
         raise ValueError("allocation outside [0, max_workers] / [0, max_ps]")
+    if np.any(p[view.allreduce] > 0):
+        raise ValueError("allocation gives parameter servers to an all-reduce job")

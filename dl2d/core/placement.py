@@ -56,6 +56,18 @@ class Placer:
     def fits(self, demand) -> bool:
         return self.server_for(demand) >= 0
 
+    def fits_on(self, server: int, demand) -> bool:
+        return all(f >= float(d) - 1e-9 for f, d in zip(self._free[server], demand))
+
+    def add_preferring(self, demand, servers) -> int:
+        """Place one task on the first of ``servers`` it fits on, else where `add` would; -1 if nowhere.
+        (An all-reduce job's workers go where the job already is: it keeps its placement and stays packed.)"""
+        for s in servers:
+            if self.fits_on(s, demand):
+                self._move(s, -1.0, demand)
+                return s
+        return self.add(demand)
+
     def _move(self, s: int, sign: float, demand) -> None:
         key = (self._cap[s], self._free[s])
         heap = self._classes[key][1]

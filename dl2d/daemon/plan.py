@@ -20,6 +20,7 @@ from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
 from dl2d.db.models import IntentKind
+from dl2d.workload.catalog import speed_estimate
 from dl2d.workload.jobtypes import JOB_TYPES, type_index
 
 
@@ -70,9 +71,10 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
     usable = np.array([n.usable for n in nodes], dtype=bool)
     free = cap * usable[:, None]
     slots_run = np.array([j.slots_run for j in jobs], int)
+    type_idx = np.array([type_index(j.job_type) for j in jobs], int)
+    gpus_per_node = float(cap[:, 0].max()) if len(cap) else 1.0
     return SlotView(
-        slot=slot, job_ids=np.array([j.id for j in jobs], int),
-        type_idx=np.array([type_index(j.job_type) for j in jobs], int),
+        slot=slot, job_ids=np.array([j.id for j in jobs], int), type_idx=type_idx,
         arrival_slot=slot - slots_run, slots_run=slots_run,
         epochs_done=np.array([j.epochs_done for j in jobs], float),
         est_epochs=np.array([j.total_epochs for j in jobs], float),
@@ -84,6 +86,7 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
         worker_demand=np.array([j.demand.worker.as_array() for j in jobs], float).reshape(-1, 3),
         ps_demand=np.array([j.demand.ps.as_array() for j in jobs], float).reshape(-1, 3),
         kind=tuple(j.demand.kind.value for j in jobs), node_names=tuple(n.name for n in nodes),
+        est_speed=speed_estimate(type_idx, np.zeros(len(jobs)), max_ps, max_workers, gpus_per_node),
     )
 
 

@@ -3,8 +3,10 @@
 Each is a function of a `SlotView` returning an `Allocation`, re-deciding every job's workers and PS every
 slot, with every task placed on a server through `AllocationBuilder` so capacity can never be exceeded.
 DRF, Tetris, FIFO and SRTF add a worker and a PS together (a "bundle"), as in the DL2 authors' simulator;
-Optimus adds whichever of the two its speed model says helps more. Each is registered in
-dl2d.policy.registry under its name, as a heuristic (a guardrail fallback and a supervised-warm-up teacher).
+Optimus adds whichever of the two its speed model says helps more. An all-reduce job has no PS: its bundle
+is one worker, and its workers go to the servers it held last slot, then to servers it already has, so it
+neither moves (a restart) nor spreads without need. Each is registered in dl2d.policy.registry under its
+name, as a heuristic (a guardrail fallback and a supervised-warm-up teacher).
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from dl2d.core.contract import Allocation, SlotView
 from dl2d.core.placement import Placer
 from dl2d.policy.registry import PolicyEntry, PolicyOptions, StatelessPolicy, register
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, LOCAL_COMP_TIME
-from dl2d.workload.speed import speed_table
 
 KINDS = ("worker", "ps", "bundle")
 
@@ -33,6 +34,8 @@ class AllocationBuilder:
         cap = view.total_capacity
         inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1), 0.0)
         self._w_share, self._p_share = view.worker_demand * inv, view.ps_demand * inv
+        self.allreduce = view.allreduce
+        self._prev = view.prev_worker_servers
 
     def workers(self, j: int) -> int:
         return len(self.worker_servers[j])
@@ -46,12 +49,20 @@ class AllocationBuilder:
 
     def within_limits(self, j: int, kind: str) -> bool:
         ok_w = self.workers(j) < self.view.max_workers
+        if self.allreduce[j]:
+            return kind != "ps" and ok_w
         ok_p = self.ps(j) < self.view.max_ps
         return {"worker": ok_w, "ps": ok_p, "bundle": ok_w and ok_p}[kind]
 
     def add(self, j: int, kind: str) -> bool:
         if not self.within_limits(j, kind):
             return False
+        if self.allreduce[j]:  # one worker, where the job was or already is
+            s = self.placer.add_preferring(self.view.worker_demand[j], self._preferred_servers(j))
+            if s < 0:
+                return False
+            self.worker_servers[j].append(s)
+            return True
         servers = self.placer.add_bundle(*self._demands(j, kind))
         if servers is None:
             return False
@@ -60,6 +71,15 @@ class AllocationBuilder:
         for lst, s in zip(targets, servers):
             lst[j].append(s)
         return True
+
+    def _preferred_servers(self, j: int) -> list[int]:
+        """Last slot's servers of job j not yet given back to it this slot, then the ones it has now."""
+        now = list(self.worker_servers[j])
+        before = list(self._prev[j]) if self._prev is not None else []
+        for s in now:
+            if s in before:
+                before.remove(s)
+        return before + sorted(set(now), key=now.index)
 
     def dominant_share(self, j: int) -> float:
         """max over resources of this job's allocated amount / the cluster's total."""
@@ -85,9 +105,14 @@ def fill_in_order(view: SlotView, order) -> Allocation:
 
 
 def remaining_time_estimate(view: SlotView) -> np.ndarray:
-    """Seconds of single-worker compute the job still needs, from its epoch estimate and step time."""
-    t = view.type_idx
-    return view.remaining_epochs * BATCHES_PER_EPOCH[t] * LOCAL_COMP_TIME[t]
+    """Seconds of single-worker compute the job still needs, from its epoch estimate: for a DL2 job its
+    type's step compute time (the authors' simulator), for an all-reduce job its estimated one-GPU speed."""
+    t = np.where(view.allreduce, 0, view.type_idx)
+    one = view.est_speed[:, 0, 1] if view.max_workers >= 1 else np.zeros(len(view))
+    with np.errstate(divide="ignore"):
+        allreduce = view.remaining_epochs / np.where(one > 0, one, np.nan)
+    return np.where(view.allreduce, np.nan_to_num(allreduce, nan=np.inf),
+                    view.remaining_epochs * BATCHES_PER_EPOCH[t] * LOCAL_COMP_TIME[t])
 
 
 def fifo(view: SlotView) -> Allocation:
@@ -116,7 +141,8 @@ def tetris(view: SlotView, task_threshold: int | None = None) -> Allocation:
     """Tetris: pick the job with the best packing alignment + shortest remaining time, give it bundles up to
     `task_threshold` (default: the per-job maximum), then pick the next."""
     b = AllocationBuilder(view)
-    limit = task_threshold or min(view.max_workers, view.max_ps)
+    ps_limit = task_threshold or min(view.max_workers, view.max_ps)
+    limits = np.where(view.allreduce, task_threshold or view.max_workers, ps_limit)
     cap = view.total_capacity
     norm = np.where(cap > 0, cap, 1.0)
     bundle = (view.worker_demand + view.ps_demand) / norm
@@ -129,34 +155,34 @@ def tetris(view: SlotView, task_threshold: int | None = None) -> Allocation:
         align = align / max(align[list(left)].mean(), 1e-12)
         j = max(left, key=lambda k: (align[k] + urgency[k], -k))
         left.discard(j)
-        while b.workers(j) < limit and b.add(j, "bundle"):
+        while b.workers(j) < limits[j] and b.add(j, "bundle"):
             pass
     return b.allocation()
 
 
 class Optimus:
-    """Optimus: greedy marginal gain in estimated remaining time per unit of dominant resource, using its own
-    fitted (parametric) speed model. Every job first gets one worker and one PS."""
+    """Optimus: greedy marginal gain in estimated remaining time per unit of dominant resource, using the
+    view's speed estimate (a fitted model, not the cluster's truth: for DL2 jobs the parametric fit of their
+    type, for all-reduce jobs the measured packed speed without interference). Every job first gets one
+    worker (and one PS)."""
 
     name = "optimus"
 
-    def __init__(self, model: str = "parametric"):
-        self.table = speed_table(model)
+    @staticmethod
+    def remaining_time(speed: np.ndarray, epochs: float, p: int, w: int) -> float:
+        s = speed[p, w]
+        return epochs / s if s > 0 else np.inf
 
-    def remaining_time(self, t: int, steps: float, p: int, w: int) -> float:
-        n = self.table.shape[1] - 1
-        speed = self.table[t, min(p, n), min(w, n)]
-        return steps / speed if speed > 0 else np.inf
-
-    def best_move(self, view: SlotView, b: AllocationBuilder, j: int, steps: float):
-        t, p, w = int(view.type_idx[j]), b.ps(j), b.workers(j)
-        now = self.remaining_time(t, steps, p, w)
+    def best_move(self, view: SlotView, b: AllocationBuilder, j: int, epochs: float):
+        p, w = b.ps(j), b.workers(j)
+        speed = view.est_speed[j]
+        now = self.remaining_time(speed, epochs, p, w)
         cap = view.total_capacity
         best = None
         for kind, dp, dw, demand in (("worker", 0, 1, view.worker_demand[j]), ("ps", 1, 0, view.ps_demand[j])):
             if not b.within_limits(j, kind):
                 continue
-            gain = now - self.remaining_time(t, steps, p + dp, w + dw)
+            gain = now - self.remaining_time(speed, epochs, p + dp, w + dw)
             share = float(np.max(np.where(cap > 0, demand / np.where(cap > 0, cap, 1), 0.0)))
             util = gain / max(share, 1e-9)
             if best is None or util > best[0]:
@@ -165,13 +191,13 @@ class Optimus:
 
     def __call__(self, view: SlotView) -> Allocation:
         b = AllocationBuilder(view)
-        steps = view.remaining_epochs * BATCHES_PER_EPOCH[view.type_idx]
+        epochs = view.remaining_epochs
         for j in np.argsort(view.arrival_slot, kind="stable"):
             b.add(int(j), "bundle")
         heap = []
         for j in range(len(view)):
             if b.workers(j):
-                move = self.best_move(view, b, j, steps[j])
+                move = self.best_move(view, b, j, epochs[j])
                 if move:
                     heapq.heappush(heap, (-move[0], j, move[1]))
         while heap:
@@ -180,7 +206,7 @@ class Optimus:
                 break
             if not b.add(j, kind):
                 continue  # its most useful task fits nowhere: the job gets no more this slot
-            move = self.best_move(view, b, j, steps[j])
+            move = self.best_move(view, b, j, epochs[j])
             if move:
                 heapq.heappush(heap, (-move[0], j, move[1]))
         return b.allocation()

@@ -43,10 +43,16 @@ class SpeedOracle:
 
     def __call__(self, view: SlotView) -> Allocation:
         ps, workers = fastest_configs(self.table, view.max_ps, view.max_workers)
+        # all-reduce jobs: the view's estimate is the measured speed of the packed placement, their truth
+        # before interference and noise (dl2d.workload.catalog)
+        fastest_allreduce = view.est_speed[:, 0, :].argmax(axis=1)
         b = AllocationBuilder(view)
         for j in np.lexsort((view.arrival_slot, remaining_time_estimate(view))):
             j = int(j)
-            want_p, want_w = ps[view.type_idx[j]], workers[view.type_idx[j]]
+            if view.allreduce[j]:
+                want_p, want_w = 0, int(fastest_allreduce[j])
+            else:
+                want_p, want_w = ps[view.type_idx[j]], workers[view.type_idx[j]]
             pairs = min(want_p, want_w)
             for kind, n in (("bundle", pairs), ("ps", want_p - pairs), ("worker", want_w - pairs)):
                 for _ in range(n):

@@ -24,10 +24,11 @@ import numpy as np
 from dl2d.core.contract import Allocation, SlotView, validate
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place_servers
-from dl2d.sim import hetero, network
+from dl2d.sim import allreduce, hetero, network
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.sim.trace import Trace
-from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES, demand_fields
+from dl2d.workload.catalog import MODEL_NAMES, demand_fields, speed_estimate
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH
 from dl2d.workload.speed import epochs_trained, speed_table
 
 
@@ -39,7 +40,11 @@ class SimConfig:
     slot_noise: float = 0.1  # per job and slot speed factor 1 + noise * U(-1, 1)
     max_workers: int = MAX_WORKERS
     max_ps: int = MAX_PS
-    resize_overhead_s: float = 0.0  # training time a job loses when its allocation changes
+    # training time a job loses when its allocation changes (may exceed a slot: the rest is lost next slot);
+    # for an all-reduce job also when its servers change (a checkpoint-restart)
+    resize_overhead_s: float = 0.0
+    # a multi-server all-reduce job sharing a server with another one trains this much slower (dl2d.sim.allreduce)
+    shared_node_slowdown: float = 0.0
     max_slots: int = 50_000
     # Cross-node PS <-> worker communication (dl2d.sim.network). Traffic is always measured and reported;
     # with this on it also slows jobs whose traffic crosses servers. Off by default.
@@ -63,8 +68,10 @@ class SimConfig:
             raise ValueError("slot_noise must be in [0, 1)")
         if self.max_workers < 1 or self.max_ps < 1:
             raise ValueError("max_workers and max_ps must be >= 1")
-        if not 0 <= self.resize_overhead_s <= self.slot_seconds:
-            raise ValueError("resize_overhead_s must be within [0, slot_seconds]")
+        if not 0 <= self.resize_overhead_s < float("inf"):
+            raise ValueError("resize_overhead_s must be a finite number >= 0")
+        if not 0 <= self.shared_node_slowdown < 1:
+            raise ValueError("shared_node_slowdown must be in [0, 1)")
         if any(c <= 0 for c in self.server_speed_classes):
             raise ValueError("server_speed_classes must be > 0")
         if self.speed_walk_sigma < 0 or not 0 <= self.speed_walk_reversion <= 1 or self.speed_walk_bound < 0:
@@ -80,11 +87,16 @@ class SimState:
     workers: np.ndarray  # [N], last slot's allocation
     ps: np.ndarray  # [N]
     server_perf: np.ndarray | None = None  # [servers] log-speed walk state (heterogeneous runs only)
+    restart_debt: np.ndarray | None = None  # [N] seconds of resize overhead still to lose; None: none
+    worker_servers: tuple[tuple[int, ...], ...] | None = None  # [N] last slot's servers of each job's workers
+    ps_servers: tuple[tuple[int, ...], ...] | None = None
 
     @staticmethod
     def initial(n: int) -> "SimState":
         z = np.zeros(n)
-        return SimState(0, z.copy(), np.full(n, np.nan), np.zeros(n, int), np.zeros(n, int), np.zeros(n, int))
+        none = tuple(() for _ in range(n))
+        return SimState(0, z.copy(), np.full(n, np.nan), np.zeros(n, int), np.zeros(n, int), np.zeros(n, int),
+                        None, z.copy(), none, none)
 
     def active(self, trace: Trace) -> np.ndarray:
         """Trace indices of jobs that have arrived and not finished, by arrival."""
@@ -92,6 +104,16 @@ class SimState:
 
     def done(self) -> bool:
         return bool(np.all(~np.isnan(self.finish_time)))
+
+
+def trace_speed_estimate(trace: Trace, cfg: SimConfig) -> np.ndarray:
+    """[N, max_ps + 1, max_workers + 1]: what a scheduler believes of every job's speed (computed once per
+    trace and limits)."""
+    key = ("est_speed", cfg.max_ps, cfg.max_workers, float(cfg.cluster.gpus))
+    cache = trace.__dict__.setdefault("_cache", {})
+    if key not in cache:
+        cache[key] = speed_estimate(trace.type_idx, trace.batch_size, cfg.max_ps, cfg.max_workers, cfg.cluster.gpus)
+    return cache[key]
 
 
 def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
@@ -102,7 +124,10 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         slots_run=state.slots_run[idx], epochs_done=state.epochs_done[idx], est_epochs=trace.est_epochs[idx],
         prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
         max_workers=cfg.max_workers, max_ps=cfg.max_ps, server_speed=server_speeds(state, cfg),
-        **demand_fields(trace.type_idx[idx]),
+        **demand_fields(trace.type_idx[idx]), est_speed=trace_speed_estimate(trace, cfg)[idx],
+        requested_workers=trace.requested[idx],
+        prev_worker_servers=tuple(state.worker_servers[i] for i in idx),
+        prev_ps_servers=tuple(state.ps_servers[i] for i in idx),
     )
 
 
@@ -143,9 +168,13 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     usage, w, p, w_srv, p_srv = place_servers(view, alloc)
     table = speed_table(cfg.speed_model) if table is None else table
     jobs = view.job_ids
+    ar = trace.allreduce[jobs]
     noise = 1 + cfg.slot_noise * rng.uniform(-1, 1, len(jobs))
     changed = (w != state.workers[jobs]) | (p != state.ps[jobs])
-    seconds = cfg.slot_seconds - cfg.resize_overhead_s * changed
+    if ar.any():  # an all-reduce job moved to other servers restarts as well
+        changed |= ar & allreduce.moved([state.worker_servers[i] for i in jobs], w_srv)
+    debt = state.restart_debt[jobs] + cfg.resize_overhead_s * changed
+    seconds = cfg.slot_seconds - np.minimum(debt, cfg.slot_seconds)
     factor = trace.speed_factor[jobs] * noise
     cross = network.job_cross_fractions(w_srv, p_srv)
     perf = state.server_perf
@@ -156,15 +185,35 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         now = hetero.speeds(hetero.base_speeds(cfg.cluster.num_servers, cfg.server_speed_classes,
                                                cfg.hetero_seed), perf)
         factor = factor * np.array([hetero.bottleneck_speed(now, s) for s in w_srv])
-    if cfg.cross_node_comm:
-        factor = factor * network.comm_speed_factor(view.type_idx, cross)
-    epochs = epochs_per_slot(table, view.type_idx, p, w, factor, seconds)
+    ps_jobs = np.flatnonzero(~ar)
+    if cfg.cross_node_comm and len(ps_jobs):
+        factor[ps_jobs] = factor[ps_jobs] * network.comm_speed_factor(view.type_idx[ps_jobs], cross[ps_jobs])
+    epochs = np.zeros(len(jobs))
+    if len(ps_jobs):
+        epochs[ps_jobs] = epochs_per_slot(table, view.type_idx[ps_jobs], p[ps_jobs], w[ps_jobs], factor[ps_jobs],
+                                          seconds[ps_jobs])
+    ar_jobs = np.flatnonzero(ar)
+    if len(ar_jobs):
+        servers = [w_srv[j] for j in ar_jobs]
+        rate = allreduce.epoch_rates(view.type_idx[ar_jobs], trace.batch_size[jobs[ar_jobs]], servers,
+                                     view.worker_demand[ar_jobs, 0])
+        shared = allreduce.shares_a_server(servers)
+        epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
     nxt, reward, trained = advance(state, trace, jobs, epochs)
     workers, ps = nxt.workers.copy(), nxt.ps.copy()
     workers[jobs], ps[jobs] = w, p
-    nxt = replace(nxt, workers=workers, ps=ps, server_perf=perf)
-    total_mb, cross_mb = network.traffic_mb(network.MODEL_SIZE_MB[view.type_idx],
-                                            trained * BATCHES_PER_EPOCH[view.type_idx], cross)
+    restart_debt = state.restart_debt.copy()
+    restart_debt[jobs] = debt - (cfg.slot_seconds - seconds)
+    all_w, all_p = list(state.worker_servers), list(state.ps_servers)
+    for k, i in enumerate(jobs):
+        all_w[i], all_p[i] = w_srv[k], p_srv[k]
+    nxt = replace(nxt, workers=workers, ps=ps, server_perf=perf, restart_debt=restart_debt,
+                  worker_servers=tuple(all_w), ps_servers=tuple(all_p))
+    total_mb, cross_mb = np.zeros(0), np.zeros(0)
+    if len(ps_jobs):
+        t = view.type_idx[ps_jobs]
+        total_mb, cross_mb = network.traffic_mb(network.MODEL_SIZE_MB[t], trained[ps_jobs] * BATCHES_PER_EPOCH[t],
+                                                cross[ps_jobs])
     cap = cfg.cluster.capacity
     used = usage.sum(axis=0)
     info = {
@@ -207,7 +256,7 @@ class SimResult:
 
     def per_type_jct_hours(self) -> dict[str, float]:
         h = self.slot_seconds / 3600
-        return {TYPE_NAMES[t]: float(np.mean(self.jct_slots[self.type_idx == t]) * h)
+        return {MODEL_NAMES[t]: float(np.mean(self.jct_slots[self.type_idx == t]) * h)
                 for t in np.unique(self.type_idx)}
 
     def summary(self) -> dict:

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
+from dl2d.workload.catalog import IS_ALLREDUCE, MODEL_NAMES, model_index
 from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES, type_index
 
 FORMAT = "dl2d-trace"
 VERSION = 1
 SLOTS_PER_DAY = 72  # 20-minute slots
 CSV_FIELDS = ("id", "arrival_slot", "type", "est_epochs", "true_epochs", "speed_factor")
+#: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for)
+OPTIONAL_FIELDS = ("batch_size", "requested_workers")
 
 
 class TraceError(ValueError):
@@ -59,23 +62,44 @@ class TraceConfig:
 
 @dataclass(frozen=True)
 class Trace:
-    """Jobs sorted by arrival, as parallel arrays (job i is row i)."""
+    """Jobs sorted by arrival, as parallel arrays (job i is row i).
+
+    ``type_idx`` indexes dl2d.workload.catalog.MODEL_NAMES: a DL2 type (a PS job) or an all-reduce model,
+    whose jobs keep their total ``batch_size`` whatever their size (0 for PS jobs: their speed table has it)."""
 
     arrival_slot: np.ndarray  # int
-    type_idx: np.ndarray  # int, into JOB_TYPES
+    type_idx: np.ndarray  # int, into catalog.MODEL_NAMES
     est_epochs: np.ndarray  # what the user told the scheduler
     true_epochs: np.ndarray  # what the job really needs (hidden)
     speed_factor: np.ndarray  # persistent interference factor (hidden), mean 1
     config: dict = field(default_factory=dict)
+    batch_size: np.ndarray | None = None  # total batch of all-reduce jobs (0 for PS jobs); None: all 0
+    requested: np.ndarray | None = None  # workers each job asked for; None: 1 each
 
     def __len__(self) -> int:
         return len(self.arrival_slot)
 
+    @property
+    def allreduce(self) -> np.ndarray:
+        return IS_ALLREDUCE[self.type_idx]
+
     def __post_init__(self):
         n = len(self.arrival_slot)
-        for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor"):
+        if self.batch_size is None:
+            object.__setattr__(self, "batch_size", np.zeros(n))
+        if self.requested is None:
+            object.__setattr__(self, "requested", np.ones(n, int))
+        for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor", "batch_size", "requested"):
             if len(getattr(self, name)) != n:
                 raise TraceError(f"trace column {name} has {len(getattr(self, name))} rows, expected {n}")
+        if n and (np.any(self.type_idx < 0) or np.any(self.type_idx >= len(MODEL_NAMES))):
+            raise TraceError("trace column type_idx has a model index outside the catalog")
+        bad = np.flatnonzero(self.allreduce & ~(np.asarray(self.batch_size) > 0))
+        if len(bad):
+            raise TraceError(f"job {int(bad[0]) + 1}: an all-reduce job ({MODEL_NAMES[self.type_idx[bad[0]]]}) "
+                             "needs a batch_size > 0")
+        if n and np.any(np.asarray(self.requested) < 1):
+            raise TraceError("every job asks for at least one worker (requested_workers >= 1)")
         if n and np.any(np.diff(self.arrival_slot) < 0):
             raise TraceError("jobs must be sorted by arrival_slot")
 
@@ -121,13 +145,46 @@ def generate(cfg: TraceConfig = TraceConfig(), seed: int = 0) -> Trace:
                  config={**asdict(cfg), "seed": seed, "job_types": list(cfg.job_types)})
 
 
+def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: float = 0.27,
+                  epoch_estimate_error: float = 0.0, config: dict | None = None) -> Trace:
+    """A trace of all-reduce jobs from a workload (dl2d.workload.workloads / .philly: arrival second, model, GPUs
+    asked for, total batch). Each job needs its model's epochs to converge (dl2d.workload.catalog), told to the
+    scheduler with ``epoch_estimate_error`` as in :class:`TraceConfig`, asks for one worker per GPU and gets a
+    hidden interference factor as DL2's jobs do; it arrives in the slot its second falls in."""
+    from dl2d.workload.catalog import epochs_to_converge  # noqa: PLC0415 (scipy fit on first use only)
+
+    if not slot_seconds > 0:
+        raise TraceError("slot_seconds must be > 0")
+    if not 0 <= epoch_estimate_error < 1 or interference_sigma < 0:
+        raise TraceError("epoch_estimate_error must be in [0, 1) and interference_sigma >= 0")
+    jobs = sorted(jobs, key=lambda j: j.arrival_s)
+    if not jobs:
+        raise TraceError("a workload with no jobs")
+    n = len(jobs)
+    rng = np.random.default_rng(seed)
+    est = np.array([float(epochs_to_converge(j.model)) for j in jobs])
+    true = est * (1 + epoch_estimate_error * rng.uniform(-1, 1, n))
+    s = interference_sigma
+    factor = np.exp(rng.normal(-s * s / 2, s, n)) if s > 0 else np.ones(n)
+    return Trace(np.array([int(j.arrival_s // slot_seconds) for j in jobs]),
+                 np.array([model_index(j.model) for j in jobs]), est, np.maximum(true, 0.01), factor,
+                 config={**(config or {}), "seed": seed, "slot_seconds": slot_seconds,
+                         "interference_sigma": interference_sigma, "epoch_estimate_error": epoch_estimate_error},
+                 batch_size=np.array([float(j.batch_size) for j in jobs]),
+                 requested=np.array([int(j.gpus) for j in jobs]))
+
+
 # ---------------------------------------------------------------- files
 
 def to_records(trace: Trace) -> list[dict]:
+    """One record per job; the optional fields only where the trace has all-reduce jobs or sized requests."""
+    extra = bool(np.any(trace.allreduce) or np.any(trace.requested != 1))
     return [
-        {"id": i, "arrival_slot": int(trace.arrival_slot[i]), "type": TYPE_NAMES[trace.type_idx[i]],
+        {"id": i, "arrival_slot": int(trace.arrival_slot[i]), "type": MODEL_NAMES[trace.type_idx[i]],
          "est_epochs": float(trace.est_epochs[i]), "true_epochs": float(trace.true_epochs[i]),
-         "speed_factor": float(trace.speed_factor[i])}
+         "speed_factor": float(trace.speed_factor[i]),
+         **({"batch_size": float(trace.batch_size[i]), "requested_workers": int(trace.requested[i])}
+            if extra else {})}
         for i in range(len(trace))
     ]
 
@@ -159,18 +216,26 @@ def from_records(records: list[dict], config: dict | None = None, source: str = 
         if not isinstance(rec, dict):
             raise TraceError(f"{where}: expected an object with fields {', '.join(CSV_FIELDS)}")
         try:
-            t = type_index(str(rec.get("type", "")))
+            t = model_index(str(rec.get("type", "")))
         except ValueError as e:
             raise TraceError(f"{where}: {e}") from None
+        if IS_ALLREDUCE[t]:
+            batch = _number(rec, "batch_size", where)
+        else:
+            batch = 0.0 if rec.get("batch_size") in (None, "") else _number(rec, "batch_size", where,
+                                                                            positive=False)
+        requested = 1 if rec.get("requested_workers") in (None, "") else \
+            int(_number(rec, "requested_workers", where, integer=True))
         rows.append((
             int(_number(rec, "arrival_slot", where, integer=True, positive=False)), t,
             _number(rec, "est_epochs", where), _number(rec, "true_epochs", where),
-            _number(rec, "speed_factor", where),
+            _number(rec, "speed_factor", where), batch, requested,
         ))
     rows.sort(key=lambda r: r[0])  # stable: ties keep file order
     cols = list(zip(*rows))
     return Trace(np.array(cols[0], int), np.array(cols[1], int), np.array(cols[2]), np.array(cols[3]),
-                 np.array(cols[4]), config=dict(config or {}))
+                 np.array(cols[4]), config=dict(config or {}), batch_size=np.array(cols[5], float),
+                 requested=np.array(cols[6], int))
 
 
 def save(trace: Trace, path: str | Path) -> None:
@@ -179,7 +244,8 @@ def save(trace: Trace, path: str | Path) -> None:
     records = to_records(trace)
     if path.suffix == ".csv":
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+        fields = CSV_FIELDS + (OPTIONAL_FIELDS if records and "batch_size" in records[0] else ())
+        w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows(records)
         text = buf.getvalue()

@@ -81,11 +81,3 @@ def type_index(name: str) -> int:
     if key not in TYPE_INDEX:
         raise ValueError(f"unknown job type {name!r}; known: {', '.join(TYPE_NAMES)}")
     return TYPE_INDEX[key]
-
-
-def demand_fields(type_idx) -> dict:
-    """The SlotView fields of jobs of these types that ask for their type's default demand (the simulator's
-    jobs do): ``worker_demand`` / ``ps_demand`` [J, 3] and ``kind`` (PS jobs)."""
-    t = np.asarray(type_idx, int)
-    return {"worker_demand": WORKER_DEMAND[t].astype(float), "ps_demand": PS_DEMAND[t].astype(float),
-            "kind": (JobKind.PS.value,) * len(t)}

@@ -86,28 +86,38 @@ def packaged_workload(k: int, folder: str = "workloads") -> tuple[WorkloadJob, .
 
 # ------------------------------------------------------------------------------------------ work to finish
 
-def parse_validation(text: str, source: str = "validation.csv") -> int:
-    """Cumulative iterations at the last epoch of a validation file."""
-    last = None
+def parse_validation(text: str, source: str = "validation.csv") -> tuple[int, int]:
+    """(epochs, cumulative iterations at the last epoch) of a validation file (one row per epoch)."""
+    last, epochs = None, 0
     for n, row in enumerate(csv.DictReader(io.StringIO(text)), 2):
         last = _int(row, "iteration", source, n, 1)
+        epochs += 1
     if last is None:
         raise ValueError(f"{source}: no epochs")
-    return last
+    return epochs, last
 
 
 @functools.cache
-def convergence_runs(model: str) -> tuple[tuple[int, int], ...]:
-    """(total batch, iterations to finish) of every measured run of ``model``, by batch."""
+def _runs(model: str) -> dict[int, tuple[int, int]]:
     if model not in MODELS:
         raise ValueError(f"no convergence measurements for model {model!r}; measured: {', '.join(MODELS)}")
     base = resources.files("dl2d.workload").joinpath("data/pollux", model)
-    runs = []
+    runs = {}
     for f in base.iterdir():
         if f.name.startswith("validation-") and f.name.endswith(".csv"):
             batch = int(f.name[len("validation-"):-len(".csv")])
-            runs.append((batch, parse_validation(f.read_text(), f"pollux/{model}/{f.name}")))
-    return tuple(sorted(runs))
+            runs[batch] = parse_validation(f.read_text(), f"pollux/{model}/{f.name}")
+    return runs
+
+
+def convergence_runs(model: str) -> tuple[tuple[int, int], ...]:
+    """(total batch, iterations to finish) of every measured run of ``model``, by batch."""
+    return tuple(sorted((b, it) for b, (_, it) in _runs(model).items()))
+
+
+def validation_epochs(model: str, batch: int) -> int:
+    """Epochs of the measured run of ``model`` at total batch ``batch``."""
+    return _runs(model)[batch][0]
 
 
 def iterations_to_finish(model: str, batch_size: float) -> float:

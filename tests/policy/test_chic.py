@@ -16,7 +16,8 @@ from dl2d.policy import chic_train as CT
 from dl2d.sim.cluster import ClusterSpec, preset
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import TraceConfig, generate
-from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, demand_fields
+from dl2d.workload.catalog import view_fields
+from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS
 
 # ---------------------------------------------------------------- CEM arithmetic
 
@@ -133,7 +134,7 @@ def make_view(types, free_frac, servers, max_w, max_p, seed=0) -> SlotView:
     return SlotView(slot=3, job_ids=np.arange(n) * 2 + 1, type_idx=np.asarray(types, int), arrival_slot=np.arange(n),
                     slots_run=np.zeros(n, int), epochs_done=est * rng.uniform(0, 0.9, n), est_epochs=est,
                     prev_workers=np.zeros(n, int), prev_ps=np.zeros(n, int), free=free, capacity=cap,
-                    max_workers=max_w, max_ps=max_p, **demand_fields(types))
+                    max_workers=max_w, max_ps=max_p, **view_fields(types, max_p, max_w))
 
 
 views = st.integers(1, 5).flatmap(lambda servers: st.tuples(
@@ -201,10 +202,7 @@ def test_schedule_kept_until_the_first_I_jobs_change():
     a2 = sched(replace(view, slot=4))  # same first I jobs: same schedule, no new decision phase
     assert sched.trajectory.decisions == 1
     assert a1.worker_servers == a2.worker_servers and a1.ps_servers == a2.ps_servers
-    sched(replace(view, job_ids=view.job_ids[1:], type_idx=view.type_idx[1:], arrival_slot=view.arrival_slot[1:],
-                  slots_run=view.slots_run[1:], epochs_done=view.epochs_done[1:], est_epochs=view.est_epochs[1:],
-                  prev_workers=view.prev_workers[1:], prev_ps=view.prev_ps[1:], worker_demand=view.worker_demand[1:],
-                  ps_demand=view.ps_demand[1:], kind=view.kind[1:]))
+    sched(view.subset(np.arange(1, len(view))))
     assert sched.trajectory.decisions == 2
 
 

@@ -11,7 +11,8 @@ from dl2d.sim import engine as E
 from dl2d.sim import hetero
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.sim.trace import TraceConfig, generate
-from dl2d.workload.jobtypes import demand_fields, type_index
+from dl2d.workload.catalog import view_fields
+from dl2d.workload.jobtypes import type_index
 
 
 def test_matern52_by_hand():
@@ -71,7 +72,7 @@ def test_placement_agent_refuses_a_worker_that_would_slow_the_job():
     n = 1
     view = SlotView(0, np.arange(n), np.array([type_index("resnet-50")]), np.zeros(n, int), np.zeros(n, int),
                       np.zeros(n), np.array([50.0]), np.zeros(n, int), np.zeros(n, int), cap.copy(), cap, 16, 16,
-                      server_speed=np.array([1.0, 0.05]), **demand_fields([type_index("resnet-50")]))
+                      server_speed=np.array([1.0, 0.05]), **view_fields([type_index("resnet-50")], 16, 16))
     a = D.DualAgent()(view)
     assert a.worker_servers == ((0,),) and a.ps_servers == ((0,),)
     view_fast = SlotView(**{**view.__dict__, "server_speed": np.array([1.0, 1.0])})
@@ -84,7 +85,7 @@ def test_ordering_agent_default_is_srtf_like():
     view = SlotView(3, np.arange(2), np.array([type_index("vgg-16"), type_index("vgg-16")]),
                       np.array([0, 0]), np.zeros(2, int), np.zeros(2), np.array([200.0, 5.0]),
                       np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16,
-                      **demand_fields([type_index("vgg-16")] * 2))
+                      **view_fields([type_index("vgg-16")] * 2, 16, 16))
     pri = D.DualAgent().priorities(view, 1.0)
     assert pri[1] > pri[0]  # less remaining work first
 

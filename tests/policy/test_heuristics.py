@@ -152,7 +152,7 @@ def test_optimus_stops_where_its_model_says_more_tasks_do_not_help():
     # helps (or at the limit). For five of the eight models the fit to the authors' data has no compute term
     # (total speed = 1 / (c/p + d), flat in workers), so Optimus keeps them at one worker and adds PS.
     opt = B.Optimus()
-    table = opt.table
+    table = speed_table("parametric")
     stopped_below_the_worker_limit = []
     for name in TYPE_NAMES:
         view = make_view([name], servers=40, est=[100])

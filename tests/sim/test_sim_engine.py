@@ -222,7 +222,8 @@ def test_a_starving_scheduler_is_stopped():
 
 def test_sim_config_rejects_bad_values():
     for kwargs in ({"slot_seconds": 0}, {"slot_noise": 1.0}, {"max_workers": 0},
-                   {"resize_overhead_s": 2000.0}):
+                   {"resize_overhead_s": -1.0}, {"resize_overhead_s": float("inf")},
+                   {"shared_node_slowdown": 1.0}):
         with pytest.raises(ValueError):
             E.SimConfig(**kwargs)
     with pytest.raises(ValueError, match="unknown cluster preset 'huge'"):

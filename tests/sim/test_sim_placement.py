@@ -16,9 +16,9 @@ from dl2d.sim.trace import Trace, TraceConfig, generate
 from dl2d.workload.jobtypes import (
     BATCHES_PER_EPOCH,
     JOB_TYPES,
-    demand_fields,
     type_index,
 )
+from dl2d.workload.catalog import view_fields
 
 RESNET = type_index("resnet-50")
 
@@ -228,7 +228,7 @@ def test_dltap_never_exceeds_capacity(servers, jobs, used, weight, pack, first):
     n = len(jobs)
     view = SlotView(0, np.arange(n), np.array([j[0] for j in jobs]), np.zeros(n, int), np.zeros(n, int),
                       np.zeros(n), np.ones(n), np.zeros(n, int), np.zeros(n, int), free, cap, 16, 16,
-                    **demand_fields([j[0] for j in jobs]))
+                    **view_fields([j[0] for j in jobs], 16, 16))
     want_w, want_p = np.array([j[1] for j in jobs]), np.array([j[2] for j in jobs])
     a = P.dltap_allocation(view, want_w, want_p, weight, pack, workers_first=first)
     usage, w, p = place(view, a)  # CapacityError on any overflow
@@ -252,7 +252,7 @@ def test_dltap_trim_counts_only_the_tasks_placed():
     cap = spec.empty()
     view = SlotView(0, np.arange(2), np.zeros(2, int), np.zeros(2, int), np.zeros(2, int), np.zeros(2),
                       np.ones(2), np.zeros(2, int), np.zeros(2, int), cap.copy(), cap, 16, 16,
-                      **demand_fields([0, 0]))
+                      **view_fields([0, 0], 16, 16))
     inner = lambda v: Allocation(np.array([1, 3]), np.array([1, 0]))  # job 1 has no PS: it cannot train
     kept = P.with_dltap(inner)(view)
     trimmed = P.with_dltap(inner, trim=True)(view)

@@ -6,7 +6,8 @@ import numpy as np
 from dl2d.core.contract import SlotView
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.sim.trace import Trace
-from dl2d.workload.jobtypes import demand_fields, type_index
+from dl2d.workload.catalog import view_fields
+from dl2d.workload.jobtypes import type_index
 
 
 def make_trace(jobs, *, speed_factor=None) -> Trace:
@@ -33,7 +34,7 @@ def make_view(types, *, servers=4, spec: ClusterSpec | None = None, arrival=None
         est_epochs=np.array(est if est is not None else [10.0] * n, float),
         prev_workers=np.zeros(n, int), prev_ps=np.zeros(n, int),
         free=cap.copy() if free is None else np.array(free, float), capacity=cap,
-        max_workers=max_workers, max_ps=max_ps, **demand_fields([type_index(t) for t in types]),
+        max_workers=max_workers, max_ps=max_ps, **view_fields([type_index(t) for t in types], max_ps, max_workers),
     )
 
 

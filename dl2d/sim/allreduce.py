@@ -1,0 +1,58 @@
+"""How fast placed all-reduce jobs train, and what moving them costs: pure functions of a slot's placement.
+
+A job's speed is the measured lookup for the GPUs it holds on each server (dl2d.workload.catalog, packed and
+spread placements both measured), times what only the cluster knows: its persistent interference factor,
+the slot's noise and, for a job spread over several servers, ``shared_node_slowdown`` when one of its
+servers also holds another multi-server job (the two share the server's network link for their gradient
+synchronisation). These are what make a scheduler's speed model wrong on a real cluster.
+
+An all-reduce job whose worker count or servers change restarts from its checkpoint (the elastic
+launchers of PyTorch and JAX restart every rank on a membership change), so it loses the restart time.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from dl2d.workload import catalog, throughput
+
+
+def gpu_placement(servers: Sequence[int], gpus_per_worker: float) -> throughput.Placement | None:
+    """GPUs per server of a job whose workers are on ``servers`` (one entry per worker); None without workers."""
+    if not len(servers):
+        return None
+    g = max(int(round(gpus_per_worker)), 1)
+    return throughput.canonical(n * g for n in Counter(int(s) for s in servers).values())
+
+
+def multi_server(servers: Sequence[int]) -> bool:
+    return len(set(int(s) for s in servers)) > 1
+
+
+def shares_a_server(worker_servers: Sequence[Sequence[int]]) -> np.ndarray:
+    """[jobs] True for a multi-server job one of whose servers holds another multi-server job."""
+    spread = [multi_server(s) for s in worker_servers]
+    count: Counter = Counter()
+    for j, servers in enumerate(worker_servers):
+        if spread[j]:
+            count.update(set(int(s) for s in servers))
+    return np.array([spread[j] and any(count[int(s)] > 1 for s in set(worker_servers[j]))
+                     for j in range(len(worker_servers))], bool)
+
+
+def epoch_rates(type_idx, batch_size, worker_servers, gpus_per_worker) -> np.ndarray:
+    """[jobs] epochs per second of each all-reduce job on its placement, before interference and noise."""
+    out = np.zeros(len(worker_servers))
+    for j, servers in enumerate(worker_servers):
+        placement = gpu_placement(servers, gpus_per_worker[j])
+        if placement is not None:
+            out[j] = catalog.allreduce_epoch_rate(catalog.MODEL_NAMES[int(type_idx[j])], float(batch_size[j]),
+                                                  placement)
+    return out
+
+
+def moved(prev: Sequence[Sequence[int]], now: Sequence[Sequence[int]]) -> np.ndarray:
+    """[jobs] True where a job's multiset of worker servers changed (a restart for an all-reduce job)."""
+    return np.array([sorted(a) != sorted(b) for a, b in zip(prev, now)], bool)

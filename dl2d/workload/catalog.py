@@ -1,0 +1,139 @@
+"""Every model a job can be, in both worlds, in one index space, and what a scheduler believes of each job's
+speed.
+
+Indices 0-7 are DL2's eight parameter-server job types (dl2d.workload.jobtypes, the paper's order, so the
+DL2 world is unchanged); indices 8-13 are today's six all-reduce models with measured throughput
+(dl2d.workload.throughput). A job's ``type_idx`` anywhere in dl2d (trace, view) is an index into
+:data:`MODEL_NAMES`.
+
+Work is counted in epochs in both worlds. An all-reduce model's epochs to convergence are the epochs of its
+measured training runs (the rows of its ``validation-<B>.csv``: 100 for cifar10, 90 for imagenet, ...), and one
+epoch at total batch B is ``iterations_to_finish(model, B) / epochs`` iterations. So its speed in epochs per
+second on a placement is ``1 / (step_time(placement, B / GPUs) x iterations per epoch)``.
+
+What a scheduler knows of a job's speed (:func:`speed_estimate`, the view's ``est_speed``): for a DL2 job, the
+Optimus-style parametric fit of its type (dl2d.workload.speed), which is smooth where the measurements are
+noisy; for an all-reduce job, the measured throughput at the *packed* placement (fewest nodes), without the
+job's hidden interference factor, the slot noise or the slowdown of sharing nodes. Both are what a site's
+speed model would say, and both are wrong the way a real cluster makes them wrong.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from dl2d.core.jobs import JobDemand, JobKind, TaskDemand
+from dl2d.workload import throughput, workloads
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, JOB_TYPES, TYPE_NAMES
+from dl2d.workload.speed import lookup, parametric_table
+
+ALLREDUCE_MODELS: tuple[str, ...] = throughput.MODELS
+MODEL_NAMES: tuple[str, ...] = TYPE_NAMES + ALLREDUCE_MODELS
+NUM_DL2_TYPES = len(TYPE_NAMES)
+MODEL_INDEX = {n: i for i, n in enumerate(MODEL_NAMES)}
+#: [models] True where the model trains with all-reduce (no parameter servers)
+IS_ALLREDUCE = np.array([i >= NUM_DL2_TYPES for i in range(len(MODEL_NAMES))])
+#: One worker of an all-reduce job: one GPU (one rank), with a quarter of the measured nodes' CPUs and memory
+#: (16 x 4 T4 nodes of 48 vCPUs / 192 GB, data/pollux/README.md) less room for the system.
+ALLREDUCE_WORKER = TaskDemand(1.0, 8.0, 40.0)
+ALLREDUCE_DEMAND = JobDemand(ALLREDUCE_WORKER, TaskDemand(0.0, 0.0, 0.0), JobKind.ALLREDUCE)
+
+
+def model_index(name: str) -> int:
+    """The index of a model (a DL2 type name or alias, or an all-reduce model); ValueError if unknown."""
+    key = str(name).lower()
+    if key in MODEL_INDEX:
+        return MODEL_INDEX[key]
+    from dl2d.workload.jobtypes import type_index  # DL2 aliases ("resnet50", "ctc")
+    try:
+        return type_index(key)
+    except ValueError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}") from None
+
+
+def default_demand(type_idx: int) -> JobDemand:
+    """The per-task demand of a job of this model when its spec says nothing."""
+    return ALLREDUCE_DEMAND if IS_ALLREDUCE[type_idx] else JOB_TYPES[type_idx].demand
+
+
+WORKER_DEMAND = np.array([default_demand(i).worker.as_array() for i in range(len(MODEL_NAMES))])
+PS_DEMAND = np.array([default_demand(i).ps.as_array() for i in range(len(MODEL_NAMES))])
+
+
+def demand_fields(type_idx) -> dict:
+    """The SlotView fields of jobs of these models asking for their model's default demand (the simulator's
+    jobs do): ``worker_demand`` / ``ps_demand`` [J, 3] and ``kind``."""
+    t = np.asarray(type_idx, int)
+    return {"worker_demand": WORKER_DEMAND[t].astype(float), "ps_demand": PS_DEMAND[t].astype(float),
+            "kind": tuple(JobKind.ALLREDUCE.value if IS_ALLREDUCE[i] else JobKind.PS.value for i in t)}
+
+
+# ------------------------------------------------------------------------------------------ all-reduce work
+
+@functools.cache
+def epochs_to_converge(model: str) -> int:
+    """Epochs of the model's measured training runs (every run of a model has the same number)."""
+    counts = {workloads.validation_epochs(model, b) for b, _ in workloads.convergence_runs(model)}
+    if len(counts) != 1:
+        raise ValueError(f"{model}: runs at different batches have different epochs: {sorted(counts)}")
+    return counts.pop()
+
+
+def iterations_per_epoch(model: str, batch_size: float) -> float:
+    return workloads.iterations_to_finish(model, batch_size) / epochs_to_converge(model)
+
+
+def packed(gpus: int, per_node: int) -> throughput.Placement:
+    """``gpus`` on the fewest nodes of ``per_node`` GPUs (full nodes, then the rest)."""
+    full, rest = divmod(int(gpus), int(per_node))
+    return throughput.canonical([per_node] * full + ([rest] if rest else []))
+
+
+@functools.lru_cache(maxsize=65536)
+def allreduce_epoch_rate(model: str, batch_size: float, placement: throughput.Placement) -> float:
+    """Epochs per second of an all-reduce job of ``model`` keeping total batch ``batch_size`` on ``placement``
+    (GPUs per node, canonical): the measured lookup, no interference, no noise."""
+    gpus = sum(placement)
+    step = throughput.throughput_model(model).step_time(placement, batch_size / gpus)
+    return 1.0 / (step * iterations_per_epoch(model, batch_size))
+
+
+# ------------------------------------------------------------------------------------------ the estimate
+
+@functools.lru_cache(maxsize=4096)
+def _allreduce_curve(model: str, batch_size: float, gpus_per_worker: int, per_node: int, max_workers: int):
+    curve = np.zeros(max_workers + 1)
+    for w in range(1, max_workers + 1):
+        curve[w] = allreduce_epoch_rate(model, batch_size, packed(w * gpus_per_worker, per_node))
+    curve.setflags(write=False)
+    return curve
+
+
+def speed_estimate(type_idx, batch_size, max_ps: int, max_workers: int, gpus_per_node: float,
+                   gpus_per_worker=None) -> np.ndarray:
+    """[J, max_ps + 1, max_workers + 1]: each job's believed speed in epochs per second with (PS, workers)
+    (module docstring). All-reduce jobs have speed in row PS = 0 only; PS jobs none there."""
+    t = np.asarray(type_idx, int)
+    out = np.zeros((len(t), max_ps + 1, max_workers + 1))
+    dl2 = np.flatnonzero(~IS_ALLREDUCE[t])
+    if len(dl2):
+        p, w = np.meshgrid(np.arange(max_ps + 1), np.arange(max_workers + 1), indexing="ij")
+        table = parametric_table()
+        out[dl2] = lookup(table, t[dl2, None, None], p[None], w[None]) / BATCHES_PER_EPOCH[t[dl2], None, None]
+    per_node = max(int(gpus_per_node), 1)
+    g = np.ones(len(t)) if gpus_per_worker is None else np.asarray(gpus_per_worker, float)
+    b = np.asarray(batch_size, float)
+    for j in np.flatnonzero(IS_ALLREDUCE[t]):
+        gw = max(int(math.ceil(g[j])), 1)
+        out[j, 0] = _allreduce_curve(MODEL_NAMES[t[j]], float(b[j]), gw, per_node, max_workers)
+    return out
+
+
+def view_fields(type_idx, max_ps: int, max_workers: int, gpus_per_node: float = 2.0, batch_size=None) -> dict:
+    """:func:`demand_fields` and ``est_speed``: every per-job SlotView field that follows from the jobs'
+    models (``batch_size`` for all-reduce jobs; gpus_per_node: the cluster's, for the packed estimate)."""
+    t = np.asarray(type_idx, int)
+    b = np.zeros(len(t)) if batch_size is None else batch_size
+    return {**demand_fields(t), "est_speed": speed_estimate(t, b, max_ps, max_workers, gpus_per_node)}

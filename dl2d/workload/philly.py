@@ -1,0 +1,76 @@
+"""New seeded workloads of all-reduce jobs drawn from Microsoft's Philly trace, at a chosen load.
+
+``data/pollux/philly.csv.gz`` holds the GPUs and duration of each of the 82,247 jobs of the Philly trace
+(Sept-Dec 2017) as the Pollux artifact ships it (README there). A workload of ``num_jobs`` jobs:
+
+1. draws ``num_jobs`` Philly jobs at random (with replacement): each keeps its GPU count (at most ``max_gpus``);
+2. gives them models in the proportions of the Pollux artifact's realistic workloads (:data:`MODEL_MIX`), the
+   jobs with the most Philly GPU-time getting the models that need the most (ncf, then cifar10, bert,
+   deepspeech2, yolov3, imagenet, by their one-GPU time to converge), so the size order of the trace is kept;
+3. sets each job's total batch to its model's per-GPU batch in those workloads times its GPUs
+   (:data:`BATCH_PER_GPU`);
+4. lets the jobs arrive as a Poisson process of ``load x 20`` jobs an hour per 64 GPUs of the cluster: the
+   Pollux workloads bring 160 jobs in 8 hours to 64 GPUs, so ``load = 1`` is their rate on any cluster size and
+   ``load = 2`` twice it.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import gzip
+import io
+from importlib import resources
+
+import numpy as np
+
+from dl2d.workload.workloads import WorkloadJob
+
+#: share of the jobs of each model in the Pollux artifact's workloads-realistic (1,280 jobs), by one-GPU time
+MODEL_MIX = (("ncf", 503), ("cifar10", 495), ("bert", 86), ("deepspeech2", 111), ("yolov3", 59), ("imagenet", 26))
+#: total batch per GPU asked for, as in those workloads (cifar10: 128 on 1 GPU, 512 on 4, ...)
+BATCH_PER_GPU = {"bert": 12, "cifar10": 128, "deepspeech2": 20, "imagenet": 200, "ncf": 256, "yolov3": 8}
+JOBS_PER_HOUR_PER_64_GPUS = 20.0
+
+
+@functools.cache
+def philly_jobs() -> tuple[np.ndarray, np.ndarray]:
+    """(GPUs, duration in seconds) of every job of the packaged Philly trace."""
+    raw = resources.files("dl2d.workload").joinpath("data/pollux/philly.csv.gz").read_bytes()
+    gpus, duration = [], []
+    for n, row in enumerate(csv.DictReader(io.StringIO(gzip.decompress(raw).decode())), 2):
+        g, d = int(row["num_gpus"]), float(row["duration"])
+        if g < 1 or d < 0:
+            raise ValueError(f"philly.csv.gz line {n}: a job needs >= 1 GPU and a duration >= 0")
+        gpus.append(g)
+        duration.append(d)
+    return np.array(gpus), np.array(duration)
+
+
+def generate(num_jobs: int, load: float = 1.0, cluster_gpus: int = 64, seed: int = 0,
+             max_gpus: int = 64) -> tuple[WorkloadJob, ...]:
+    """A seeded workload (module docstring); the same arguments always give the same jobs."""
+    if num_jobs < 1:
+        raise ValueError("a workload needs at least one job (num_jobs >= 1)")
+    if not load > 0 or not np.isfinite(load):
+        raise ValueError(f"load must be a number > 0, got {load!r}")
+    if cluster_gpus < 1 or max_gpus < 1:
+        raise ValueError("cluster_gpus and max_gpus must be >= 1")
+    rng = np.random.default_rng(seed)
+    all_gpus, all_duration = philly_jobs()
+    pick = rng.integers(len(all_gpus), size=num_jobs)
+    gpus = np.minimum(all_gpus[pick], max_gpus)
+    gpu_time = all_gpus[pick] * all_duration[pick]
+    counts = np.array([c for _, c in MODEL_MIX], float)
+    bounds = np.round(np.cumsum(counts / counts.sum()) * num_jobs).astype(int)
+    rank = np.empty(num_jobs, int)
+    rank[np.lexsort((rng.random(num_jobs), gpu_time))] = np.arange(num_jobs)  # ties broken at random
+    model_of = np.searchsorted(bounds, rank, side="right")
+    rate = load * JOBS_PER_HOUR_PER_64_GPUS * cluster_gpus / 64 / 3600  # jobs per second
+    arrival = np.cumsum(rng.exponential(1 / rate, num_jobs))
+    arrival -= arrival[0]
+    jobs = []
+    for i in range(num_jobs):
+        model = MODEL_MIX[min(int(model_of[i]), len(MODEL_MIX) - 1)][0]
+        g = int(gpus[i])
+        jobs.append(WorkloadJob(f"philly-{seed}-{i}", float(round(arrival[i])), model, g, BATCH_PER_GPU[model] * g))
+    return tuple(jobs)
