@@ -52,6 +52,7 @@ class SlotView:
     # what the scheduler believes of each job's speed: epochs per second with (PS, workers), the site's speed
     # model without what only the cluster knows (interference, noise); all-reduce jobs have speed at PS = 0 only
     est_speed: np.ndarray = field(kw_only=True)  # [jobs, max_ps + 1, max_workers + 1]
+    slot_seconds: float = field(default=1200.0, kw_only=True)  # length of the slot being decided
     requested_workers: np.ndarray | None = field(default=None, kw_only=True)  # [jobs] workers asked for; None: 1
     # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)

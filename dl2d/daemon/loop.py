@@ -331,7 +331,8 @@ class SlotLoop:
             rows = self._job_rows(s)
         hist = {r.id: self._job_hist[r.id] for r in rows if r.id in self._job_hist}
         flags = JS.job_flags(hist)
-        view = P.build_view(number, rows, nodes, speed_factor=JS.speed_factor_estimate(hist),
+        view = P.build_view(number, rows, nodes, slot_seconds=self.slot_seconds,
+                            speed_factor=JS.speed_factor_estimate(hist),
                             shared_gpu={j: "shared_gpu" in f for j, f in flags.items()})
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)

@@ -57,7 +57,7 @@ def job_row(job_id: int, job_type: str, total_epochs: float, epochs_done: float,
 
 
 def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
-               max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS, *,
+               max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS, *, slot_seconds: float = 1200.0,
                speed_factor: Mapping[int, float] | None = None,
                shared_gpu: Mapping[int, bool] | None = None) -> SlotView:
     """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
@@ -87,6 +87,7 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
         ps_demand=np.array([j.demand.ps.as_array() for j in jobs], float).reshape(-1, 3),
         kind=tuple(j.demand.kind.value for j in jobs), node_names=tuple(n.name for n in nodes),
         est_speed=speed_estimate(type_idx, np.zeros(len(jobs)), max_ps, max_workers, gpus_per_node),
+        slot_seconds=slot_seconds,
     )
 
 

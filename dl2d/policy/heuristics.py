@@ -72,6 +72,20 @@ class AllocationBuilder:
             lst[j].append(s)
         return True
 
+    def add_gang(self, j: int, workers: int, ps: int) -> bool:
+        """Add ``workers`` workers and ``ps`` PS to job j all together, or nothing (a job that starts whole)."""
+        pairs = min(workers, ps)
+        plan = ["bundle"] * pairs + ["worker"] * (workers - pairs) + ["ps"] * (ps - pairs)
+        w0, p0 = self.workers(j), self.ps(j)
+        for kind in plan:
+            if not self.add(j, kind):
+                while self.workers(j) > w0:
+                    self.placer.remove(self.worker_servers[j].pop(), self.view.worker_demand[j])
+                while self.ps(j) > p0:
+                    self.placer.remove(self.ps_servers[j].pop(), self.view.ps_demand[j])
+                return False
+        return True
+
     def _preferred_servers(self, j: int) -> list[int]:
         """Last slot's servers of job j not yet given back to it this slot, then the ones it has now."""
         now = list(self.worker_servers[j])

@@ -37,12 +37,21 @@ class ClusterSpec:
         return np.tile(self.server_capacity, (self.num_servers, 1))
 
 
-#: Named cluster sizes. "dl2" is the scale of the paper's simulation; the small ones are for tests and demos.
+#: One node of the hardware the all-reduce throughput was measured on (dl2d/workload/data/pollux/README.md):
+#: 4 NVIDIA T4 GPUs, 48 vCPUs, 192 GB (an AWS g4dn.12xlarge).
+T4_NODE = {"gpus": 4.0, "cpus": 48.0, "mem_gb": 192.0}
+
+#: Named cluster sizes. DL2's world (2-GPU servers): "dl2" is the scale of the paper's simulation, the small ones
+#: are for tests and demos. Today's world (4-GPU T4 nodes): "t4-16" is the measured 64-GPU cluster, "t4-128"
+#: (512 GPUs) and "t4-512" (2048 GPUs) larger ones.
 PRESETS: dict[str, ClusterSpec] = {
     "dl2": ClusterSpec(500),
     "testbed": ClusterSpec(13),
     "small": ClusterSpec(40),
     "tiny": ClusterSpec(4),
+    "t4-16": ClusterSpec(16, **T4_NODE),
+    "t4-128": ClusterSpec(128, **T4_NODE),
+    "t4-512": ClusterSpec(512, **T4_NODE),
 }
 
 

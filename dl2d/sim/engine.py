@@ -125,7 +125,7 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
         max_workers=cfg.max_workers, max_ps=cfg.max_ps, server_speed=server_speeds(state, cfg),
         **demand_fields(trace.type_idx[idx]), est_speed=trace_speed_estimate(trace, cfg)[idx],
-        requested_workers=trace.requested[idx],
+        requested_workers=trace.requested[idx], slot_seconds=cfg.slot_seconds,
         prev_worker_servers=tuple(state.worker_servers[i] for i in idx),
         prev_ps_servers=tuple(state.ps_servers[i] for i in idx),
     )

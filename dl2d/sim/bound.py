@@ -1,0 +1,120 @@
+"""A lower bound on the average JCT any scheduler can reach on a trace, so every figure can be read against
+what is possible. Pure functions of the trace and the simulator's settings; it reads the hidden truth (true
+epochs, interference factors) that no scheduler sees.
+
+Two bounds, each valid for every scheduler; the result is the larger:
+
+* **No contention**: a job cannot finish before its arrival plus the time it needs at its fastest size and
+  placement, trained at the slot noise's upper end (1 + noise) from its very first second, plus the restart
+  it pays when it starts (``resize_overhead_s``). All-reduce jobs: the fastest over every worker count of the
+  packed placement and of even spreads over more nodes; PS jobs: the fastest (PS, workers) of the true table.
+* **Capacity** (the cluster as one machine): a job needs at least its GPU work, the fewest GPU-seconds any
+  size trains it in (at that same best speed), and the cluster does at most its GPU count of GPU-seconds per
+  second. Shortest-remaining-processing-time on one machine of that speed, with the jobs' arrivals, minimises
+  the sum of completion times among all schedules that respect only those two facts, so its average is a
+  bound too. (Jobs without GPUs, DL2's CPU-only types, have no GPU work and only the first bound.)
+
+Neither bound knows placement contention or the shared-server slowdown, so the gap to a real policy is what
+those and the cluster's shape cost, plus the schedule's own inefficiency.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from dl2d.sim.engine import SimConfig
+from dl2d.sim.trace import Trace
+from dl2d.workload import catalog, throughput
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, WORKER_DEMAND
+from dl2d.workload.speed import speed_table
+
+
+@dataclass(frozen=True)
+class Bound:
+    avg_jct_slots: float  # the larger of the two
+    no_contention_slots: float
+    capacity_slots: float
+    min_seconds: np.ndarray  # [N] each job's fastest time (before the restart)
+    gpu_seconds: np.ndarray  # [N] each job's least GPU work
+
+
+def placements(workers: int, gpus_per_worker: int, per_node: int):
+    """The packed placement of ``workers`` and its even spreads over more nodes."""
+    gpus = workers * gpus_per_worker
+    yield catalog.packed(gpus, per_node)
+    low = -(-gpus // per_node)
+    for nodes in range(low + 1, workers + 1):
+        yield throughput.even_spread(gpus, nodes)
+
+
+def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int):
+    """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference."""
+    best_rate, best_work = 0.0, np.inf
+    for w in range(1, max_workers + 1):
+        rate = max(catalog.allreduce_epoch_rate(model, batch, p) for p in placements(w, gpus_per_worker, per_node))
+        best_rate = max(best_rate, rate)
+        best_work = min(best_work, w * gpus_per_worker / rate)
+    return best_rate, best_work
+
+
+def best_ps(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int):
+    speed = table[type_idx, : max_ps + 1, : max_workers + 1] / BATCHES_PER_EPOCH[type_idx]  # epochs/s
+    rate = float(speed.max())
+    gpus = np.arange(max_workers + 1)[None, :] * WORKER_DEMAND[type_idx, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        work = np.where(speed > 0, gpus / speed, np.inf)
+    return rate, float(work.min())
+
+
+def srpt_completions(release: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Completion times of preemptive shortest-remaining-processing-time on one machine of speed 1."""
+    order = np.argsort(release, kind="stable")
+    done = np.empty(len(release))
+    heap: list[tuple[float, int]] = []
+    t, k = 0.0, 0
+    while k < len(order) or heap:
+        if not heap:
+            t = max(t, release[order[k]])
+        while k < len(order) and release[order[k]] <= t:
+            heapq.heappush(heap, (float(size[order[k]]), int(order[k])))
+            k += 1
+        left, j = heapq.heappop(heap)
+        until = release[order[k]] if k < len(order) else np.inf
+        if t + left <= until:
+            t += left
+            done[j] = t
+        else:
+            heapq.heappush(heap, (left - (until - t), j))
+            t = until
+    return done
+
+
+def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
+    """The bound of the module docstring for ``trace`` under ``cfg``."""
+    n = len(trace)
+    table = speed_table(cfg.speed_model)
+    per_node = max(int(cfg.cluster.gpus), 1)
+    rate, work = np.zeros(n), np.zeros(n)
+    cache: dict = {}
+    for i in range(n):
+        t = int(trace.type_idx[i])
+        if trace.allreduce[i]:
+            g = max(int(round(catalog.WORKER_DEMAND[t, 0])), 1)
+            key = (t, float(trace.batch_size[i]))
+            if key not in cache:
+                cache[key] = best_allreduce(catalog.MODEL_NAMES[t], key[1], cfg.max_workers, g, per_node)
+            rate[i], work[i] = cache[key]
+        else:
+            rate[i], work[i] = best_ps(t, table, cfg.max_ps, cfg.max_workers)
+    fastest = trace.speed_factor * (1 + cfg.slot_noise)
+    min_seconds = trace.true_epochs / (rate * fastest)
+    gpu_seconds = np.where(np.isfinite(work), trace.true_epochs * work / fastest, 0.0)
+    release = trace.arrival_slot * cfg.slot_seconds
+    alone = (min_seconds + cfg.resize_overhead_s) / cfg.slot_seconds
+    gpus = float(cfg.cluster.capacity[0])
+    packed_end = srpt_completions(release, gpu_seconds / gpus) if gpus > 0 else release
+    capacity = (packed_end - release) / cfg.slot_seconds
+    no_contention, cap = float(alone.mean()), float(capacity.mean())
+    return Bound(max(no_contention, cap), no_contention, cap, min_seconds, gpu_seconds)
