@@ -1,9 +1,11 @@
 """`dl2ctl sim`: run the time-slotted cluster simulator with one scheduling policy, or compare several.
 
-Without options it simulates the DL2 paper's scale (500 servers of 2 GPUs / 8 cores / 48 GB, 200 jobs arriving
-in the daily pattern, trace seed 0) under DRF and prints a table. Every number it prints comes from
-`dl2d.sim.engine.SimResult.summary()`; `--json` prints that summary (plus the trace and cluster settings and
-the per-slot GPU utilisation) as pure JSON on stdout, with the progress bar off.
+Without options it simulates today's world (dl2d.sim.worlds): 160 all-reduce jobs drawn from the Philly trace
+at load 1 on 16 nodes of 4 T4 GPUs, 60-second slots, under DRF, and prints a table with the JCT lower bound
+(dl2d.sim.bound). `--world dl2` is the DL2 paper's world (500 servers of 2 GPUs, 200 PS jobs of its eight
+models in the daily pattern, 20-minute slots). Every number it prints comes from
+`dl2d.sim.engine.SimResult.summary()`; `--json` prints that summary (plus the trace and cluster settings, the
+bound and the per-slot GPU utilisation) as pure JSON on stdout, with the progress bar off.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import click
 
 from dl2d.policy import registry
 from dl2d.sim.cluster import PRESETS
+from dl2d.sim.worlds import DEFAULT_WORLD, WORLDS
 
 #: Every registered policy (dl2d.policy.registry); learned ones need --checkpoint.
 POLICIES = registry.names()
@@ -21,7 +24,12 @@ BASELINE_NAMES = registry.names(heuristic=True)
 LEARNED = registry.names(learned=True)
 CLUSTERS = tuple(PRESETS)
 #: Options that only shape a generated trace: rejected together with --trace.
-GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estimate_error", "interference")
+GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estimate_error", "interference",
+                      "workload", "load")
+#: Options of one world's generated traces only.
+DL2_ONLY = ("arrivals", "max_arrivals", "epochs_model")
+TODAY_ONLY = ("workload", "load")
+DEFAULT_JOBS = {"today": 160, "dl2": 200}
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -74,6 +82,18 @@ def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None
             from None
 
 
+def parse_workload(text: str) -> tuple[str, int | None]:
+    """`philly` (generated) or `pollux:K` / `pollux-realistic:K` (the packaged workload K, 1-8)."""
+    name, _, k = text.strip().lower().partition(":")
+    if name == "philly" and not k:
+        return "philly", None
+    folders = {"pollux": "workloads", "pollux-realistic": "workloads-realistic"}
+    if name in folders and k.isdigit() and 1 <= int(k) <= 8:
+        return folders[name], int(k)
+    raise click.BadParameter(f"{text!r}: give philly, pollux:K or pollux-realistic:K with K in 1-8",
+                             param_hint="--workload")
+
+
 def sparkline(values, width: int = 24) -> str:
     """Mean of `values` over `width` equal chunks, drawn with block characters (0 = ▁, 1 = █)."""
     import numpy as np
@@ -96,8 +116,16 @@ def sparkline(values, width: int = 24) -> str:
                    "drf,tetris,optimus,fifo,srtf ('all' = those five).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read the jobs from a trace file (.json or .csv, see docs/simulator.md) instead of generating them.")
-@click.option("--jobs", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Number of jobs to generate.")
+@click.option("--world", type=click.Choice(tuple(WORLDS)), default=DEFAULT_WORLD, show_default=True,
+              help="today: all-reduce jobs of present-day models on 4-GPU T4 nodes, measured speeds, Philly "
+                   "workloads, 60 s slots; dl2: the DL2 paper's PS jobs, testbed speeds and 20-minute slots.")
+@click.option("--workload", default="philly", show_default=True,
+              help="today: philly (drawn from the Philly trace: --jobs, --load, --seed) or a packaged Pollux "
+                   "workload, pollux:K or pollux-realistic:K (K = 1-8).")
+@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="today, philly: arrival rate, 1 = 20 jobs an hour per 64 GPUs (the Pollux workloads' rate).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Number of jobs to generate [default: 160 today, 200 dl2].")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the generated trace and of the per-slot speed noise (same seed, same result).")
 @click.option("--arrivals", type=click.Choice(("daily", "uniform", "poisson")), default="daily", show_default=True,
@@ -110,13 +138,15 @@ def sparkline(values, width: int = 24) -> str:
               help="Relative error of the user's epoch estimate: true = estimate x (1 + E x U(-1, 1)).")
 @click.option("--interference", type=click.FloatRange(min=0), default=0.27, show_default=True,
               help="Sigma of each job's persistent log-normal speed factor (cluster interference).")
-@click.option("--cluster", type=click.Choice(CLUSTERS), default="dl2", show_default=True,
-              help="Cluster preset: dl2 = 500 servers, testbed = 13, small = 40, tiny = 4 "
-                   "(each server 2 GPUs, 8 CPU cores, 48 GB).")
+@click.option("--cluster", type=click.Choice(CLUSTERS), default=None,
+              help="Cluster preset [default: the world's]: t4-16 / t4-128 / t4-512 nodes of 4 T4 GPUs, 48 cores, "
+                   "192 GB; dl2 = 500, testbed = 13, small = 40, tiny = 4 servers of 2 GPUs, 8 cores, 48 GB.")
 @click.option("--servers", type=click.IntRange(min=1), default=None,
-              help="Number of servers (2 GPUs, 8 cores, 48 GB each); overrides --cluster.")
-@click.option("--slot-seconds", type=click.FloatRange(min=0, min_open=True), default=1200.0, show_default=True,
-              help="Length of a scheduling slot in seconds (DL2: 20 minutes).")
+              help="Number of servers of the --cluster preset's kind; overrides its count.")
+@click.option("--slot-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Length of a scheduling slot in seconds [default: today 60, dl2 1200].")
+@click.option("--restart-seconds", type=click.FloatRange(min=0), default=None,
+              help="Training a job loses when it is resized or moved [default: today 30, dl2 0].")
 @click.option("--speed-model", type=click.Choice(("measured", "parametric")), default="measured", show_default=True,
               help="Training speeds: measured (the DL2 testbed data, interpolated) or parametric (Optimus-style fit).")
 @click.option("--slot-noise", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
@@ -129,9 +159,9 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the results as JSON on stdout (no table, no progress bar).")
 @click.pass_context
-def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max_arrivals, epochs_model,
-        estimate_error, interference, cluster, servers, slot_seconds, speed_model, slot_noise, tetris_threshold,
-        save_trace, per_type, as_json) -> None:
+def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jobs, seed, arrivals, max_arrivals,
+        epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds, speed_model,
+        slot_noise, tetris_threshold, save_trace, per_type, as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
     A job's completion time (JCT) runs from its arrival slot to the moment it finishes, fractions of a slot
@@ -141,9 +171,11 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
 
     \b
     Examples:
-      dl2ctl sim                                     # DRF, 500 servers, 200 jobs
-      dl2ctl sim --compare drf,tetris,optimus,fifo,srtf
-      dl2ctl sim --policy srtf --cluster small --jobs 40 --seed 3 --json
+      dl2ctl sim                                     # DRF, today: 160 Philly jobs, 64 GPUs
+      dl2ctl sim --compare slurm,tiresias,drf,optimus --workload pollux:3
+      dl2ctl sim --compare all --cluster t4-128 --jobs 1280 --load 2
+      dl2ctl sim --world dl2 --compare drf,tetris,optimus,fifo,srtf
+      dl2ctl sim --world dl2 --policy srtf --cluster small --jobs 40 --seed 3 --json
       dl2ctl sim --policy dl2 --checkpoint dl2-policy.ckpt --trace jobs.csv
     """
     if compare is not None and policy is not None:
@@ -152,12 +184,23 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
     if checkpoints and not any(n in LEARNED for n in names):
         raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
     checkpoint = parse_checkpoints(checkpoints, names)
-    if trace_path is not None:
-        given = [n for n in GENERATION_OPTIONS
-                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
-        if given:
-            opts = ", ".join("--" + n.replace("_", "-") for n in given)
-            raise click.UsageError(f"{opts} only shape a generated trace; they cannot be used with --trace")
+    def given(options):
+        return [n for n in options if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+
+    def flags(options):
+        return ", ".join("--" + n.replace("_", "-") for n in options)
+
+    if trace_path is not None and given(GENERATION_OPTIONS):
+        raise click.UsageError(f"{flags(given(GENERATION_OPTIONS))} only shape a generated trace; they cannot be "
+                               "used with --trace")
+    wrong = given(DL2_ONLY if world == "today" else TODAY_ONLY)
+    if wrong:
+        raise click.UsageError(f"{flags(wrong)} only shape the {'dl2' if world == 'today' else 'today'} world's "
+                               f"traces (--world {'dl2' if world == 'today' else 'today'})")
+    workload_folder, workload_k = parse_workload(workload)
+    if workload_k is not None and given(("jobs", "load")):
+        raise click.UsageError(f"{flags(given(('jobs', 'load')))} shape a generated Philly workload, not the "
+                               f"packaged {workload}")
 
     import numpy as np
     from rich import box
@@ -171,15 +214,37 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
     )
     from rich.table import Table
 
+    from dataclasses import replace
+
     from dl2d.sim import engine as E
     from dl2d.sim import trace as T
-    from dl2d.sim.cluster import ClusterSpec, preset
+    from dl2d.sim.bound import lower_bound
+    from dl2d.sim.cluster import preset
+    from dl2d.sim.worlds import world as world_named
+    from dl2d.workload import philly, workloads
 
+    the_world = world_named(world)
+    spec = preset(cluster or the_world.cluster)
+    if servers:
+        spec = replace(spec, num_servers=servers)
+    slot_seconds = slot_seconds or the_world.slot_seconds
+    jobs = jobs or DEFAULT_JOBS[world]
     if trace_path is not None:
         try:
             trace = T.load(trace_path)
         except T.TraceError as e:
             raise click.BadParameter(str(e), param_hint="--trace") from None
+    elif world == "today":
+        try:
+            if workload_k is None:
+                wl = philly.generate(jobs, load=load, cluster_gpus=int(spec.capacity[0]), seed=seed,
+                                     max_gpus=the_world.max_workers)
+            else:
+                wl = workloads.packaged_workload(workload_k, workload_folder)
+            trace = T.from_workload(wl, slot_seconds, seed=seed, interference_sigma=interference,
+                                    epoch_estimate_error=estimate_error, config={"workload": workload, "load": load})
+        except (T.TraceError, ValueError) as e:
+            raise click.UsageError(str(e)) from None
     else:
         try:
             tcfg = T.TraceConfig(num_jobs=jobs, max_arrivals_per_slot=max_arrivals, arrival_pattern=arrivals,
@@ -196,15 +261,17 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
         except OSError as e:
             raise click.BadParameter(f"cannot write {save_trace}: {e.strerror}", param_hint="--save-trace") from None
 
-    spec = ClusterSpec(servers) if servers else preset(cluster)
     schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
         cfg = getattr(s, "cfg", None)
         if cfg is not None:
             limits = {"max_workers": cfg.max_workers, "max_ps": cfg.max_ps}
-    sim_cfg = E.SimConfig(cluster=spec, slot_seconds=slot_seconds, speed_model=speed_model, slot_noise=slot_noise,
-                          **limits)
+    overhead = the_world.resize_overhead_s if restart_seconds is None else restart_seconds
+    sim_cfg = the_world.sim_config(slot_seconds=slot_seconds, speed_model=speed_model, slot_noise=slot_noise,
+                                   resize_overhead_s=overhead, **limits)
+    sim_cfg = replace(sim_cfg, cluster=spec)
+    bound = lower_bound(trace, sim_cfg)
 
     n_jobs = len(trace)
     results = []
@@ -220,13 +287,24 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
 
             results.append(E.run(trace, scheduler, sim_cfg, seed=seed, on_slot=on_slot, name=label))
 
+    if trace_path is not None:
+        trace_setting = {"file": str(trace_path)}
+    elif world == "today":
+        trace_setting = {"workload": workload, "jobs": len(trace), "seed": seed, "estimate_error": estimate_error,
+                         "interference": interference, **({"load": load} if workload_k is None else {})}
+    else:
+        trace_setting = {"jobs": jobs, "seed": seed, "arrivals": arrivals, "max_arrivals": max_arrivals,
+                         "epochs_model": epochs_model, "estimate_error": estimate_error, "interference": interference}
     setting = {
-        "trace": {"file": str(trace_path)} if trace_path is not None else
-                 {"jobs": jobs, "seed": seed, "arrivals": arrivals, "max_arrivals": max_arrivals,
-                  "epochs_model": epochs_model, "estimate_error": estimate_error, "interference": interference},
+        "world": world, "trace": trace_setting,
         "cluster": {"servers": spec.num_servers, "gpus": spec.gpus, "cpus": spec.cpus, "mem_gb": spec.mem_gb},
         "sim": {"slot_seconds": slot_seconds, "speed_model": speed_model, "slot_noise": slot_noise, "seed": seed,
-                "max_workers": sim_cfg.max_workers, "max_ps": sim_cfg.max_ps},
+                "max_workers": sim_cfg.max_workers, "max_ps": sim_cfg.max_ps, "restart_seconds": overhead,
+                "shared_node_slowdown": sim_cfg.shared_node_slowdown},
+        "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),
+                        "avg_jct_hours": round(bound.avg_jct_slots * slot_seconds / 3600, 3),
+                        "no_contention_slots": round(bound.no_contention_slots, 3),
+                        "capacity_slots": round(bound.capacity_slots, 3)},
     }
     if as_json:
         out = {**setting, "results": [{**r.summary(), "gpu_util_per_slot": [round(float(u), 4) for u in r.gpu_util]}
@@ -235,20 +313,28 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
         return
 
     console = Console()
-    src = f"trace {trace_path}" if trace_path is not None else f"{arrivals} trace, seed {seed}"
-    table = Table(title=f"{n_jobs} jobs ({src}) on {spec.num_servers} servers, "
-                        f"{slot_seconds / 60:g}-minute slots, {speed_model} speeds", box=box.SIMPLE_HEAD,
-                  caption="JCT: arrival to completion, averaged over jobs; util: allocated / total, "
-                          "mean over slots; ms/slot: scheduler decision time")
-    for col in ("policy", "avg JCT h", "avg JCT slots", "makespan h", "GPU util", "CPU util", "GPU util over time",
-                "ms/slot", "wall s"):
+    if trace_path is not None:
+        src = f"trace {trace_path}"
+    elif world == "today":
+        src = f"{workload}" + (f" at load {load:g}" if workload_k is None else "") + f", seed {seed}"
+    else:
+        src = f"{arrivals} trace, seed {seed}"
+    gpus = int(spec.capacity[0])
+    table = Table(title=f"{world} world: {n_jobs} jobs ({src}) on {spec.num_servers} servers ({gpus} GPUs), "
+                        f"{slot_seconds / 60:g}-minute slots", box=box.SIMPLE_HEAD,
+                  caption="JCT: arrival to completion, averaged over jobs (p99: 99th percentile); util: allocated / "
+                          "total, mean over slots; resizes: allocations changed (restarts); ms/slot: decision time. "
+                          f"Lower bound on the average JCT (dl2d.sim.bound): "
+                          f"{bound.avg_jct_slots * slot_seconds / 3600:.2f} h")
+    for col in ("policy", "avg JCT h", "p99 JCT h", "avg JCT slots", "makespan h", "GPU util", "resizes",
+                "GPU util over time", "ms/slot", "wall s"):
         table.add_column(col, justify="left" if col in ("policy", "GPU util over time") else "right",
                          no_wrap=col == "policy", min_width=12 if col == "GPU util over time" else None)
     for r in results:
         s = r.summary()
-        table.add_row(s["policy"], f"{s['avg_jct_hours']:.2f}", f"{s['avg_jct_slots']:.2f}",
-                      f"{s['makespan_hours']:.1f}", f"{s['gpu_util']:.3f}", f"{s['cpu_util']:.3f}",
-                      sparkline(r.gpu_util, 12), f"{s['decision_ms']:.2f}", f"{s['wall_s']:.1f}")
+        table.add_row(s["policy"], f"{s['avg_jct_hours']:.2f}", f"{s['p99_jct_hours']:.2f}",
+                      f"{s['avg_jct_slots']:.2f}", f"{s['makespan_hours']:.1f}", f"{s['gpu_util']:.3f}",
+                      str(s["resizes"]), sparkline(r.gpu_util, 12), f"{s['decision_ms']:.2f}", f"{s['wall_s']:.1f}")
     console.print(table)
     if per_type:
         pt = Table(title="Average JCT per job type (hours)", box=box.SIMPLE_HEAD)
@@ -257,9 +343,9 @@ def sim(ctx, policy, checkpoints, compare, trace_path, jobs, seed, arrivals, max
         for r in results:
             pt.add_column(r.policy, justify="right")
         per = [r.per_type_jct_hours() for r in results]
-        from dl2d.workload.jobtypes import TYPE_NAMES
+        from dl2d.workload.catalog import MODEL_NAMES
 
-        for t, tname in enumerate(TYPE_NAMES):
+        for t, tname in enumerate(MODEL_NAMES):
             count = int(np.sum(trace.type_idx == t))
             if count:
                 pt.add_row(tname, str(count), *(f"{p[tname]:.2f}" for p in per))

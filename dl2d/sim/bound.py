@@ -28,7 +28,7 @@ from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import Trace
 from dl2d.workload import catalog, throughput
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, WORKER_DEMAND
-from dl2d.workload.speed import speed_table
+from dl2d.workload.speed import lookup, speed_table
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: 
 
 
 def best_ps(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int):
-    speed = table[type_idx, : max_ps + 1, : max_workers + 1] / BATCHES_PER_EPOCH[type_idx]  # epochs/s
+    p, w = np.meshgrid(np.arange(max_ps + 1), np.arange(max_workers + 1), indexing="ij")
+    speed = lookup(table, type_idx, p, w) / BATCHES_PER_EPOCH[type_idx]  # epochs/s, counts clamped to the table
     rate = float(speed.max())
     gpus = np.arange(max_workers + 1)[None, :] * WORKER_DEMAND[type_idx, 0]
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -263,6 +263,7 @@ class SimResult:
         return {
             "policy": self.policy, "jobs": len(self.jct_slots),
             "avg_jct_slots": round(self.avg_jct_slots, 3), "avg_jct_hours": round(self.avg_jct_hours, 3),
+            "p99_jct_hours": round(float(np.percentile(self.jct_slots, 99)) * self.slot_seconds / 3600, 3),
             "makespan_slots": round(self.makespan_slots, 3),
             "makespan_hours": round(self.makespan_slots * self.slot_seconds / 3600, 3),
             "gpu_util": round(float(np.mean(self.gpu_util)), 4), "cpu_util": round(float(np.mean(self.cpu_util)), 4),

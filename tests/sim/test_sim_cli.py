@@ -11,7 +11,7 @@ from testkit.sim import make_trace
 from dl2d.cli.main import cli
 from dl2d.sim import trace as T
 
-SMALL = ["sim", "--cluster", "tiny", "--jobs", "4", "--max-arrivals", "2"]
+SMALL = ["sim", "--world", "dl2", "--cluster", "tiny", "--jobs", "4", "--max-arrivals", "2"]
 KEYS = {"policy", "jobs", "avg_jct_slots", "avg_jct_hours", "makespan_slots", "makespan_hours", "gpu_util",
         "cpu_util", "total_reward", "per_type_jct_hours", "gpu_util_per_slot", "wall_s"}
 
@@ -30,7 +30,7 @@ def short_trace(tmp_path_factory):
 
 
 def test_default_policy_prints_a_table(short_trace):
-    r = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace))
+    r = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--trace", str(short_trace))
     assert r.exit_code == 0, r.output
     header = next(line for line in r.output.splitlines() if "avg JCT h" in line).split()
     assert header[:2] == ["policy", "avg"] and "makespan" in header
@@ -58,19 +58,19 @@ def test_same_seed_same_json_numbers():
 
 
 def test_compare_runs_every_policy_on_the_same_trace(short_trace):
-    r = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "all", "--json")
+    r = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "all", "--json")
     assert r.exit_code == 0, r.output
     results = json.loads(r.stdout)["results"]
     assert [x["policy"] for x in results] == ["drf", "tetris", "optimus", "fifo", "srtf", "slurm", "tiresias"]
     assert all(x["jobs"] == 3 for x in results)
-    table = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "fifo,optimus", "--per-type")
+    table = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "fifo,optimus", "--per-type")
     assert table.exit_code == 0, table.output
     assert "fifo" in table.output and "optimus" in table.output and "Average JCT per job type" in table.output
     assert "dssm" in table.output
 
 
 def test_tetris_threshold_is_passed_on(short_trace):
-    r = invoke("sim", "--cluster", "tiny", "--trace", str(short_trace), "--policy", "tetris",
+    r = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--trace", str(short_trace), "--policy", "tetris",
                "--tetris-threshold", "2", "--json")
     assert json.loads(r.stdout)["results"][0]["policy"] == "tetris(k=2)"
 
@@ -81,7 +81,7 @@ def test_trace_file_gives_the_same_result_as_the_generated_trace(tmp_path):
     assert gen.exit_code == 0, gen.output
     assert np.array_equal(T.load(saved).true_epochs, T.generate(
         T.TraceConfig(num_jobs=4, max_arrivals_per_slot=2), seed=2).true_epochs)
-    again = invoke("sim", "--cluster", "tiny", "--seed", "2", "--trace", str(saved), "--json")
+    again = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--seed", "2", "--trace", str(saved), "--json")
     assert again.exit_code == 0, again.output
     a, b = json.loads(gen.stdout)["results"][0], json.loads(again.stdout)["results"][0]
     assert a["avg_jct_slots"] == b["avg_jct_slots"] and a["makespan_slots"] == b["makespan_slots"]
@@ -105,11 +105,25 @@ def test_trace_file_gives_the_same_result_as_the_generated_trace(tmp_path):
     (["--slot-noise", "1"], "--slot-noise"),
 ])
 def test_bad_options_fail_with_a_clear_message(args, message):
-    r = invoke("sim", "--cluster", "tiny", "--jobs", "2", *args) if "--cluster" not in args and "--jobs" not in args \
+    r = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--jobs", "2", *args) if "--cluster" not in args and "--jobs" not in args \
         else invoke("sim", *args)
     assert r.exit_code == 2, r.output
     assert message in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-arrivals", "3"], "--max-arrivals only shape the dl2 world's traces (--world dl2)"),
+    (["--world", "dl2", "--load", "2"], "--load only shape the today world's traces (--world today)"),
+    (["--workload", "pollux:9"], "give philly, pollux:K or pollux-realistic:K"),
+    (["--workload", "pollux:2", "--jobs", "5"], "--jobs shape a generated Philly workload, not the packaged pollux:2"),
+    (["--load", "0"], "--load"),
+    (["--world", "mars"], "'mars' is not one of"),
+])
+def test_options_of_the_other_world_fail_with_a_clear_message(args, message):
+    r = invoke("sim", *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
 
 
 def test_trace_file_errors_are_reported_not_raised(tmp_path, short_trace):
@@ -146,3 +160,37 @@ def test_chic_checkpoints_run_side_by_side_by_name(tmp_path):
     res = json.loads(r.stdout)["results"]
     assert [row["policy"] for row in res] == ["drf", "chic", "chic-pair"]
     assert all(row["jobs"] == 4 and row["avg_jct_slots"] > 0 for row in res)
+
+
+# ---------------------------------------------------------------- today's world (the default)
+
+def test_default_world_is_today_with_its_cluster_slots_and_a_bound():
+    r = invoke("sim", "--jobs", "8", "--compare", "slurm,drf", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["world"] == "today" and out["trace"]["workload"] == "philly" and out["trace"]["jobs"] == 8
+    assert out["cluster"] == {"servers": 16, "gpus": 4.0, "cpus": 48.0, "mem_gb": 192.0}
+    assert out["sim"]["slot_seconds"] == 60.0 and out["sim"]["restart_seconds"] == 30.0
+    assert out["sim"]["max_workers"] == 64
+    bound = out["lower_bound"]["avg_jct_slots"]
+    for res in out["results"]:
+        assert res["jobs"] == 8 and "p99_jct_hours" in res
+        assert res["avg_jct_slots"] >= bound - 1e-9, res["policy"]
+        assert set(res["per_type_jct_hours"]) <= {"bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"}
+
+
+def test_a_packaged_pollux_workload_runs_and_slurm_never_resizes():
+    r = invoke("sim", "--workload", "pollux:2", "--policy", "slurm", "--restart-seconds", "0", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    (res,) = out["results"]
+    assert res["jobs"] == 160 and out["sim"]["restart_seconds"] == 0.0
+    assert res["resizes"] == 160  # each job started once, never changed
+    assert 0 < res["gpu_util"] <= 1
+
+
+def test_the_dl2_world_is_one_flag_away():
+    r = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--jobs", "3", "--json")
+    out = json.loads(r.stdout)
+    assert out["world"] == "dl2" and out["sim"]["slot_seconds"] == 1200.0 and out["cluster"]["gpus"] == 2.0
+    assert set(out["results"][0]["per_type_jct_hours"]) <= set(T.TYPE_NAMES)

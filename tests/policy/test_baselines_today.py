@@ -1,0 +1,118 @@
+"""The baselines a cluster would run instead of dl2d: Slurm as it is (FIFO + EASY backfill, never resized) and
+Tiresias (discretised 2D least-attained-service); and the lower bound every figure is read against."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dl2d.policy import registry
+from dl2d.policy.slurm_fifo import slurm_fifo
+from dl2d.policy.tiresias import Tiresias
+from dl2d.sim import engine as E
+from dl2d.sim import trace as T
+from dl2d.sim.bound import lower_bound, srpt_completions
+from dl2d.sim.cluster import ClusterSpec, preset
+from dl2d.workload.workloads import WorkloadJob
+
+NODES = ClusterSpec(2, gpus=4, cpus=48, mem_gb=192)  # 8 GPUs
+
+
+def trace_of(*jobs):
+    """jobs: (arrival_slot, model, GPUs asked, total batch)."""
+    wl = [WorkloadJob(f"j{i}", a * 60.0, m, g, b) for i, (a, m, g, b) in enumerate(jobs)]
+    return T.from_workload(wl, 60.0, interference_sigma=0.0)
+
+
+def cfg(cluster=NODES):
+    return E.SimConfig(cluster=cluster, slot_seconds=60.0, slot_noise=0.0, max_workers=16, max_ps=2,
+                       resize_overhead_s=30.0)
+
+
+def run_slots(tr, policy, n, config=None, state=None):
+    config = config or cfg()
+    state = state or replace(E.SimState.initial(len(tr)), slot=int(tr.arrival_slot.min()))
+    rng = np.random.default_rng(0)
+    views = []
+    for _ in range(n):
+        view = E.view_of(tr, state, config)
+        alloc = policy(view)
+        views.append((view, alloc))
+        state, _, _ = E.step(tr, state, alloc, config, rng)
+    return state, views
+
+
+def test_slurm_gives_exactly_what_was_asked_and_never_moves_a_job():
+    tr = trace_of((0, "cifar10", 3, 384), (0, "ncf", 2, 512), (1, "ncf", 1, 256))
+    state, views = run_slots(tr, registry.build("slurm"), 4)
+    for view, alloc in views:
+        assert np.all((alloc.workers == 0) | (alloc.workers == view.requested))
+        assert np.all(alloc.ps == 0)
+    first = {int(j): s for j, s in zip(views[1][0].job_ids, views[1][1].worker_servers)}
+    for view, alloc in views[2:]:
+        for j, s in zip(view.job_ids, alloc.worker_servers):
+            if int(j) in first and first[int(j)]:
+                assert sorted(s) == sorted(first[int(j)])
+
+
+def test_slurm_backfills_a_short_job_but_not_one_that_would_delay_the_head():
+    # 8 GPUs: A holds 6 for a long time; B (head of the queue) wants 4 and must wait for A;
+    # C (1 GPU, short) may backfill: it ends before A; D (2 GPUs, long) would delay B: it waits.
+    tr = trace_of((0, "imagenet", 6, 1200), (1, "cifar10", 4, 512), (1, "ncf", 1, 256), (1, "imagenet", 2, 400))
+    state, views = run_slots(tr, slurm_fifo, 3)
+    view, alloc = views[-1]
+    got = dict(zip(view.job_ids.tolist(), alloc.workers.tolist()))
+    assert got[0] == 6 and got[1] == 0 and got[2] == 1 and got[3] == 0
+
+
+def test_slurm_backfills_a_long_job_into_gpus_the_head_will_not_need():
+    # A holds 4 of 8 GPUs; B (head) wants 6 and waits for A; D (long, 1 GPU) fits in the 2 GPUs B leaves.
+    tr = trace_of((0, "imagenet", 4, 800), (1, "cifar10", 6, 768), (1, "imagenet", 1, 200))
+    _, views = run_slots(tr, slurm_fifo, 3)
+    view, alloc = views[-1]
+    got = dict(zip(view.job_ids.tolist(), alloc.workers.tolist()))
+    assert got == {0: 4, 1: 0, 2: 1}
+
+
+def test_tiresias_preempts_the_job_with_the_most_service_for_a_newcomer():
+    # A 8-GPU job runs alone and passes the first threshold (1 GPU-hour: 8 GPUs x 8 minutes); then a job
+    # arrives that wants all 8 GPUs: it has had no service, so it is served first and A is preempted.
+    tr = trace_of((0, "imagenet", 8, 1600), (9, "imagenet", 8, 1600))
+    policy = Tiresias()
+    state, views = run_slots(tr, policy, 12)
+    view, alloc = views[-1]
+    got = dict(zip(view.job_ids.tolist(), alloc.workers.tolist()))
+    assert got == {0: 0, 1: 8}
+    assert policy.attained[0] >= 3600.0 and list(policy.queues(view)) == [1, 0]
+
+
+def test_tiresias_promotes_a_starving_job():
+    policy = Tiresias(thresholds=(60.0,), starvation_factor=1.0)
+    tr = trace_of((0, "imagenet", 8, 1600), (1, "imagenet", 8, 1600))
+    _, views = run_slots(tr, policy, 6)
+    served = [dict(zip(v.job_ids.tolist(), a.workers.tolist())) for v, a in views]
+    assert any(s.get(0) == 8 for s in served[2:]) and any(s.get(1) == 8 for s in served[1:])  # they take turns
+
+
+def test_srpt_on_one_machine():
+    done = srpt_completions(np.array([0.0, 1.0, 2.0]), np.array([4.0, 1.0, 5.0]))
+    assert list(done) == [5.0, 2.0, 10.0]
+
+
+@pytest.mark.parametrize("world", ["today", "dl2"])
+def test_no_policy_beats_the_lower_bound(world):
+    if world == "today":
+        from dl2d.workload import philly
+        config = E.SimConfig(cluster=preset("t4-16"), slot_seconds=300.0, max_workers=64, resize_overhead_s=30.0,
+                             shared_node_slowdown=0.1)
+        tr = T.from_workload(philly.generate(16, load=4.0, seed=7), 300.0, seed=7)
+    else:
+        config = E.SimConfig(cluster=preset("small"))
+        tr = T.generate(T.TraceConfig(num_jobs=30), seed=7)
+    bound = lower_bound(tr, config)
+    assert bound.avg_jct_slots == max(bound.no_contention_slots, bound.capacity_slots) > 0
+    for name in [*registry.names(heuristic=True), "oracle"]:
+        res = E.run(tr, registry.build(name), config, seed=7)
+        assert res.avg_jct_slots >= bound.avg_jct_slots, name
+        assert np.all(res.jct_slots * config.slot_seconds >= bound.min_seconds - 1e-6), name
