@@ -37,7 +37,7 @@ def decide_batch(cfg: PolicyConfig, params, key, views: list[SlotView], epsilon:
         if len(v) > cfg.max_jobs:
             raise ValueError(f"{len(v)} jobs in a slot: batched rollouts support one window of {cfg.max_jobs}")
     wins = [pad_window(cfg, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity,
-                       worker_demand=v.worker_demand, ps_demand=v.ps_demand) for v in views]
+                       worker_demand=v.worker_demand, ps_demand=v.ps_demand, allreduce=v.allreduce) for v in views]
     stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *wins)
     out = jax.device_get(run_windows(cfg, params, jax.random.split(key, len(views)), stacked, epsilon, mode=mode))
     res = []

@@ -45,7 +45,8 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
     for i, start in enumerate(starts):
         sl = slice(start, min(start + cfg.max_jobs, n))
         win = pad_window(cfg, view.type_idx[sl], view.slots_run[sl], view.remaining_epochs[sl], free, view.capacity,
-                         worker_demand=view.worker_demand[sl], ps_demand=view.ps_demand[sl])
+                         worker_demand=view.worker_demand[sl], ps_demand=view.ps_demand[sl],
+                         allreduce=view.allreduce[sl])
         tw = tu = None
         if targets is not None:
             tw = np.zeros(cfg.max_jobs, np.int32)

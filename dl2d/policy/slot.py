@@ -15,6 +15,9 @@ changes at most two servers, so per block of ~sqrt(S) servers and demand row the
 least-loaded fitting server and fit count (`FitCache`) and recomputes only the changed servers' blocks;
 masks and placements are the same as a full scan's (ties to the lowest index).
 
+All-reduce jobs (DL2 section 7) have no parameter servers: their PS and worker + PS actions are masked, their
+starting task is a worker alone and their PS inputs stay zero.
+
 Demand: every job asks for its own (worker, PS) demand (dl2d.core.contract.SlotView). A window keeps the
 distinct demand pairs of its jobs as a small table (`Window.demands_w` / `demands_p`, L rows, padded with
 rows that fit nowhere; L = 8 or the next power of two, so jit compiles for a few sizes only) and each job's
@@ -52,6 +55,7 @@ class Window(NamedTuple):
     demand_row: jax.Array  # int32 [J]: the job's row of demands_w / demands_p
     demands_w: jax.Array  # f32 [L, 3]: a worker's demand per row
     demands_p: jax.Array  # f32 [L, 3]: a PS's demand per row
+    allreduce: jax.Array  # bool [J]: an all-reduce job: no PS, so its PS and bundle actions are masked (DL2 s. 7)
 
 
 class SlotOut(NamedTuple):
@@ -200,7 +204,7 @@ def cached_row_fits(win: Window, cache: FitCache, free_p):
 
 def _mask_from_fits(cfg: PolicyConfig, win: Window, w, u, fw, fp, fb):
     t = win.demand_row
-    room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
+    room_w, room_p = w < cfg.max_workers, (u < cfg.max_ps) & ~win.allreduce
     m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
                    win.valid & room_w & room_p & fb[t]], axis=1)
     return jnp.concatenate([m.reshape(-1), jnp.array([True])])
@@ -231,7 +235,7 @@ def _cached_apply(cfg: PolicyConfig, win: Window, w, u, free_p, cap_p, cache: Fi
 def action_mask(cfg: PolicyConfig, win: Window, w, u, free, load=None):
     fw, fp, fb = row_fits(free, win.capacity, win.demands_w, win.demands_p, load)
     t = win.demand_row
-    room_w, room_p = w < cfg.max_workers, u < cfg.max_ps
+    room_w, room_p = w < cfg.max_workers, (u < cfg.max_ps) & ~win.allreduce
     m = jnp.stack([win.valid & room_w & fw[t], win.valid & room_p & fp[t],
                    win.valid & room_w & room_p & fb[t]], axis=1)
     return jnp.concatenate([m.reshape(-1), jnp.array([True])])
@@ -273,7 +277,7 @@ def poor_state_action(cfg: PolicyConfig, win: Window, w, u, mask):
     skew = (w > 0) & (u > 0) & (skew_w | skew_u)
     kind = jnp.where(no_ps, 1, jnp.where(no_w, 0, jnp.where(wf > uf, 1, 0)))
     action = 3 * jnp.arange(cfg.max_jobs) + kind
-    poor = win.valid & (no_ps | no_w | skew) & mask[action]
+    poor = win.valid & ~win.allreduce & (no_ps | no_w | skew) & mask[action]
     j = jnp.argmax(poor)
     return action[j], jnp.any(poor)
 
@@ -291,7 +295,8 @@ def teacher_action(cfg: PolicyConfig, w, u, mask, target_w, target_u):
 
 
 def starting_bundles(cfg: PolicyConfig, win: Window):
-    """One worker + one PS for each job without one, in window order, where it fits."""
+    """One worker + one PS (an all-reduce job: one worker) for each job without one, in window order, where it
+    fits."""
     K = _block_size(win.free.shape[0])
     free_p, cap_p = _pad_servers(win.free, win.capacity, K)
     w, u, free_p, _, _, _ = _starting_bundles(cfg, win, free_p, cap_p, _fit_cache(free_p, cap_p, K, _cache_rows(win)),
@@ -304,9 +309,11 @@ def _starting_bundles(cfg: PolicyConfig, win: Window, free_p, cap_p, cache: FitC
 
     def body(j, carry):
         w, u, free_p, cache, bw, bp = carry
-        _, _, fb, worker_server = cached_row_fits(win, cache, free_p)
-        fits = win.valid[j] & (w[j] < cfg.max_workers) & (u[j] < cfg.max_ps) & fb[win.demand_row[j]]
-        a = jnp.where((w[j] == 0) & (u[j] == 0) & fits, 3 * j + 2, 3 * cfg.max_jobs)
+        fw, _, fb, worker_server = cached_row_fits(win, cache, free_p)
+        ar = win.allreduce[j]
+        fits = win.valid[j] & (w[j] < cfg.max_workers) & jnp.where(
+            ar, fw[win.demand_row[j]], (u[j] < cfg.max_ps) & fb[win.demand_row[j]])
+        a = jnp.where((w[j] == 0) & (u[j] == 0) & fits, 3 * j + jnp.where(ar, 0, 2), 3 * cfg.max_jobs)
         w, u, free_p, cache, sw, sp = _cached_apply(cfg, win, w, u, free_p, cap_p, cache, worker_server, a, K)
         return w, u, free_p, cache, bw.at[j].set(sw), bp.at[j].set(sp)
 
@@ -405,9 +412,9 @@ def demand_table(worker_demand, ps_demand) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None, *,
-               worker_demand, ps_demand) -> Window:
+               worker_demand, ps_demand, allreduce=None) -> Window:
     """A Window from NumPy arrays of up to J jobs (padding the rest); `worker_demand` / `ps_demand` [n, 3]
-    are the jobs' own per-task demands."""
+    are the jobs' own per-task demands, `allreduce` [n] marks the jobs without PS (default: none)."""
     n = len(type_idx)
     if n > cfg.max_jobs:
         raise ValueError(f"{n} jobs in a window of {cfg.max_jobs}")
@@ -424,5 +431,5 @@ def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity
         pad(type_idx, np.int32), np.arange(J) < n, pad(slots_run, np.float32), pad(remaining, np.float32),
         pad(zeros if w0 is None else w0, np.int32), pad(zeros if u0 is None else u0, np.int32),
         np.asarray(free, np.float32), np.asarray(capacity, np.float32),
-        pad(job_row, np.int32), demands_w, demands_p,
+        pad(job_row, np.int32), demands_w, demands_p, pad(zeros if allreduce is None else allreduce, bool),
     )))

@@ -116,3 +116,42 @@ def test_no_policy_beats_the_lower_bound(world):
         res = E.run(tr, registry.build(name), config, seed=7)
         assert res.avg_jct_slots >= bound.avg_jct_slots, name
         assert np.all(res.jct_slots * config.slot_seconds >= bound.min_seconds - 1e-6), name
+
+
+# ---------------------------------------------------------------- elastic (dl2d's own heuristic)
+
+def test_efficient_size_is_the_largest_that_keeps_the_efficiency_and_gets_faster():
+    from dl2d.policy.elastic import efficient_sizes
+    curves = np.array([[0, 1, 2, 2.9, 3.5, 3.6, 3.0],  # linear to 2, 3.5 at 4 = 0.875/GPU, 3.6 at 5 = 0.72
+                       [0, 1, 0.9, 1.5, 1.6, 1.7, 1.8],  # 2 is slower than 1: never "efficient" at 2
+                       [0, 1, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    assert list(efficient_sizes(curves, 0.7)) == [5, 1, 1]
+    assert list(efficient_sizes(curves, 0.8)) == [4, 1, 1]
+    assert list(efficient_sizes(curves, 0.25)) == [5, 6, 1]
+
+
+def test_elastic_orders_by_remaining_work_and_sizes_jobs_efficiently():
+    # 8 GPUs; a short ncf job and a long imagenet job arrive together: the short one is served first at
+    # its efficient size, the rest goes to the long one; no PS anywhere.
+    tr = trace_of((0, "imagenet", 1, 1600), (0, "ncf", 1, 256))
+    _, views = run_slots(tr, registry.build("elastic"), 1)
+    view, alloc = views[0]
+    from dl2d.policy.elastic import efficient_sizes, size_curves
+    want = efficient_sizes(size_curves(view), 0.6)
+    assert alloc.workers[1] == min(want[1], 8) and alloc.workers.sum() <= 8 and np.all(alloc.ps == 0)
+    assert alloc.workers.sum() == min(8, int(size_curves(view).argmax(axis=1).sum()))
+
+
+def test_elastic_keeps_a_running_size_when_a_resize_would_gain_little():
+    from dl2d.policy.elastic import elastic_srtf
+    tr = trace_of((0, "cifar10", 1, 512))
+    state, views = run_slots(tr, elastic_srtf, 2)
+    size = int(views[-1][1].workers[0])
+    assert size >= 1
+    view = E.view_of(tr, state, cfg())
+    near = int(size) - 1 if size > 1 else size + 1
+    nudged = replace(view, prev_workers=np.array([near]))
+    kept = elastic_srtf(nudged, keep_gain=10.0)  # any change gains less than 1000 %: keep
+    assert kept.workers[0] == near
+    moved = elastic_srtf(nudged, keep_gain=0.0)
+    assert moved.workers[0] == size

@@ -300,3 +300,25 @@ def test_epsilon_one_always_takes_the_fix_in_poor_states(cfg, params):
             w, u, free, _, _ = apply_action(cfg, win, w, u, free, jnp.int32(out.actions[t]))
         np.testing.assert_array_equal(w, out.workers)
     assert poor_steps >= 3
+
+
+# ---------------------------------------------------------------- all-reduce jobs (DL2 section 7)
+
+def test_allreduce_jobs_get_workers_only_their_ps_and_bundle_actions_masked(params):
+    from dl2d.workload.catalog import ALLREDUCE_WORKER
+    types = [0, 3, 0, 3]
+    ar = np.array([False, True, False, True])
+    wd = np.where(ar[:, None], ALLREDUCE_WORKER.as_array()[None] * [1, 0.25, 0.2], WORKER_DEMAND[types])
+    pd = np.where(ar[:, None], 0.0, PS_DEMAND[types])
+    rng = np.random.default_rng(0)
+    win = pad_window(CFG, np.asarray(types), rng.integers(0, 50, 4), rng.uniform(1, 300, 4), CAP.copy(), CAP,
+                     worker_demand=wd, ps_demand=pd, allreduce=ar)
+    zero = jnp.zeros(CFG.max_jobs, jnp.int32)
+    m = np.asarray(_mask(win, zero, zero, win.free))
+    for j in range(4):
+        assert m[3 * j] and m[3 * j + 1] == (not ar[j]) and m[3 * j + 2] == (not ar[j]), j
+    w, u, _ = starting_bundles(CFG, win)
+    assert list(np.asarray(w)[:4]) == [1, 1, 1, 1] and list(np.asarray(u)[:4]) == [1, 0, 1, 0]
+    for seed in range(5):
+        out = run_window(CFG, params, jax.random.PRNGKey(seed), win, mode=SAMPLE, epsilon=0.3)
+        assert np.all(np.asarray(out.ps)[:4][ar] == 0) and np.all(np.asarray(out.workers)[:4] >= 1)
