@@ -2,7 +2,8 @@
 
 The paper, mapped onto `dl2d.sim`:
 
-- State (sec. 4.2): for each of the first I jobs by arrival, its model (one-hot over the job types), remaining
+- State (sec. 4.2): for each of the first I jobs by arrival, its model (one-hot over dl2d.workload.catalog's
+  models: DL2's eight types and the six all-reduce models), remaining
   iterations (here: remaining epochs / MAX_EPOCHS), workers and PS allocated so far in this decision phase
   (/ max_workers, / max_ps); plus the backlog N_t (jobs beyond the first I; fed as log1p(N_t)). Empty rows
   are all zero. Chic-Pair drops the PS column (it always equals the workers).
@@ -22,6 +23,9 @@ The paper, mapped onto `dl2d.sim`:
   of the sorted returns; theta_hat = argmax of the log-likelihood of the elite episodes' actions (Adam from the
   current parameters; dropout 0.5 on the first hidden layer while fitting); smoothed update
   theta_k = alpha theta_hat + (1 - alpha) theta_{k-1}; a validation set picks the best policy.
+
+All-reduce jobs have no PS: their PS actions are masked (Chic-Pair's pair is one worker), they train with
+workers alone, Condition (2) reads their speed estimate over workers, and r_t3 never applies to them.
 
 Deviations: the void action is masked while no job of the first I has both a worker and a PS and a task still
 fits (a policy that allocates nothing would never be re-asked: the set of the first I jobs would not change).
@@ -48,10 +52,11 @@ from dl2d.core.files import atomic_open
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.policy.heuristics import AllocationBuilder
 from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
-from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS
+from dl2d.workload.catalog import MODEL_NAMES
+from dl2d.workload.jobtypes import MAX_EPOCHS
 from dl2d.workload.speed import speed_table
 
-NUM_TYPES = len(JOB_TYPES)
+NUM_TYPES = len(MODEL_NAMES)
 GREEDY, SAMPLE, UNIFORM = "greedy", "sample", "uniform"
 
 
@@ -165,21 +170,28 @@ def decode_action(cfg: ChicConfig, a: int) -> tuple[int, str] | None:
     return a // 2, ("worker" if a % 2 == 0 else "ps")
 
 
-def can_improve(table: np.ndarray, t: int, w: int, p: int, pair: bool, max_w: int, max_p: int) -> bool:
-    """Negation of Condition (2) for one job: one more worker or PS (a pair for Chic-Pair) would raise its
-    speed (= lower its per-iteration time). A job lacking a worker or a PS can always improve."""
+def can_improve(speed: np.ndarray, w: int, p: int, pair: bool, max_w: int, max_p: int,
+                allreduce: bool = False) -> bool:
+    """Negation of Condition (2) for one job whose speed by (PS, workers) is ``speed``: one more worker or PS
+    (a pair for Chic-Pair) would raise its speed (= lower its per-iteration time). A job lacking a worker or a
+    PS can always improve; an all-reduce job has only workers."""
+    n_p, n_w = speed.shape[0] - 1, speed.shape[1] - 1
+    s = lambda pp, ww: speed[min(pp, n_p), min(ww, n_w)]  # noqa: E731
+    if allreduce:
+        return w < max_w and (w == 0 or s(0, w + 1) > s(0, w))
     if w == 0 or p == 0:
         return (w < max_w) and (p < max_p) if pair else True
-    n = table.shape[1] - 1
-    s = lambda pp, ww: table[t, min(pp, n), min(ww, n)]
     now = s(p, w)
     if pair:
         return w < max_w and p < max_p and s(p + 1, w + 1) > now
     return (w < max_w and s(p, w + 1) > now) or (p < max_p and s(p + 1, w) > now)
 
 
-def r3_change(w_before: int, p_before: int, w_after: int, p_after: int, p2: float) -> float:
-    """r_t3: -p2 when a job gets its first task, +p2 when it then has both a worker and a PS."""
+def r3_change(w_before: int, p_before: int, w_after: int, p_after: int, p2: float, allreduce: bool = False) -> float:
+    """r_t3: -p2 when a job gets its first task, +p2 when it then has both a worker and a PS (never for an
+    all-reduce job: its first worker is all it needs)."""
+    if allreduce:
+        return 0.0
     r = 0.0
     if w_before + p_before == 0 and w_after + p_after > 0:
         r -= p2
@@ -302,7 +314,7 @@ class ChicScheduler:
                 m[2 * j] = b.within_limits(j, "worker") and self._fits_keeping_complements(view, b, n, j, "worker")
                 m[2 * j + 1] = b.within_limits(j, "ps") and self._fits_keeping_complements(view, b, n, j, "ps")
         # starvation guard (ours): no void while no job would train and something still fits
-        m[cfg.void] = not m[:-1].any() or any(b.workers(j) and b.ps(j) for j in range(n))
+        m[cfg.void] = not m[:-1].any() or any(b.workers(j) and (b.ps(j) or view.allreduce[j]) for j in range(n))
         return m
 
     @staticmethod
@@ -314,6 +326,8 @@ class ChicScheduler:
         tasks = [demand[j]]
         for k in range(n):
             w, p = b.workers(k) + (k == j and kind == "worker"), b.ps(k) + (k == j and kind == "ps")
+            if view.allreduce[k]:
+                continue
             if w and not p:
                 tasks.append(view.ps_demand[k])
             elif p and not w:
@@ -333,6 +347,11 @@ class ChicScheduler:
             return int(np.argmax(np.where(allowed, z, -np.inf)))
         return int(self.rng.choice(len(z), p=masked_probs(z, allowed)))
 
+    def _speed(self, view: SlotView, j: int) -> np.ndarray:
+        """Job j's speed by (PS, workers) as Condition (2) believes it: its type's row of the configured table
+        for a DL2 job, the view's estimate for an all-reduce job."""
+        return view.est_speed[j] if view.allreduce[j] else self.table[int(view.type_idx[j])]
+
     def decide(self, view: SlotView) -> AllocationBuilder:
         """One decision phase for the first I jobs of the view (rows are by arrival)."""
         cfg = self.cfg
@@ -346,8 +365,8 @@ class ChicScheduler:
             w = np.array([b.workers(j) for j in range(n)], int)
             p = np.array([b.ps(j) for j in range(n)], int)
             mask = self._mask(view, b, n)
-            improvable = any(can_improve(self.table, int(view.type_idx[j]), int(w[j]), int(p[j]), cfg.pair,
-                                         view.max_workers, view.max_ps) for j in range(n))
+            improvable = any(can_improve(self._speed(view, j), int(w[j]), int(p[j]), cfg.pair, view.max_workers,
+                                         view.max_ps, bool(view.allreduce[j])) for j in range(n))
             if n == 0 or not mask[:-1].any() or not improvable:
                 break  # a state of S': the void action is forced, nothing to learn from it
             state = encode_state(cfg, view.type_idx[:n], rem, w, p, backlog)
@@ -366,7 +385,8 @@ class ChicScheduler:
                 continue
             b.add(j, kind)
             if not cfg.pair:
-                self.trajectory.penalty += r3_change(w[j], p[j], b.workers(j), b.ps(j), cfg.p2)
+                self.trajectory.penalty += r3_change(w[j], p[j], b.workers(j), b.ps(j), cfg.p2,
+                                                     bool(view.allreduce[j]))
         return b
 
     def __call__(self, view: SlotView) -> Allocation:
@@ -394,7 +414,7 @@ class ChicScheduler:
 # ---------------------------------------------------------------- checkpoints
 
 FORMAT = "dl2d-chic"
-VERSION = 1
+VERSION = 2  # 2: one-hot over the whole model catalog (14 models), not DL2's eight types
 
 
 class ChicCheckpointError(RuntimeError):

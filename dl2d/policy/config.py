@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.workload.catalog import MODEL_NAMES
 
 
 #: (field, low, high): integer fields' bounds, checked first
@@ -23,7 +24,7 @@ MAX_WEIGHTS = 60_000_000
 class PolicyConfig:
     # state / action space
     max_jobs: int = 40  # J: the scheduling window; more concurrent jobs are scheduled in windows of J
-    num_types: int = 8  # L
+    num_types: int = len(MODEL_NAMES)  # L: one-hot over the model catalog (DL2's eight types, six all-reduce)
     max_workers: int = MAX_WORKERS
     max_ps: int = MAX_PS
     starting_bundle: bool = True  # give every job one worker + one PS before the network decides (no starvation)

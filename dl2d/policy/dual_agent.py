@@ -20,8 +20,9 @@ What is the paper's, and what differs (read this before quoting a figure):
   performance being predicted is per machine, so the graphs are job-agnostic. The affinity of machine k
   for a job's next task is  mu_k + eta * (share of the job's tasks already on k)  (the second term is
   the "topological communication" part, as DLTAP's aggregation degree), sampled from N(mu, Sigma) when
-  exploring. A worker is added only while the job's predicted speed (its parametric speed table, as
-  Optimus believes it, times the slowest predicted machine among its workers) still grows.
+  exploring. A worker is added only while the job's predicted speed (the view's speed estimate, as
+  Optimus believes it, times the slowest predicted machine among its workers) still grows. An all-reduce
+  job gets workers only.
 - Ordering agent (section 4.1): priority = tanh(theta . phi_j) on job features (remaining-time estimate,
   waiting time, GPU demand, model size) and the squeezed cluster message (the mean predicted machine speed,
   entering as a product with the remaining time in place of the paper's learned gate). The paper's
@@ -42,10 +43,8 @@ from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.dltap import aggregation_degree, default_scores
 from dl2d.policy.heuristics import AllocationBuilder, remaining_time_estimate
 from dl2d.policy.registry import PolicyEntry, register
-from dl2d.workload.jobtypes import JOB_TYPES
-from dl2d.workload.speed import lookup, speed_table
+from dl2d.workload.catalog import MODEL_SIZE_MB
 
-MODEL_MB = np.array([t.model_size_mb for t in JOB_TYPES])
 EPS = 1e-9
 
 
@@ -160,7 +159,7 @@ def job_features(view: SlotView, cluster_message: float) -> np.ndarray:
     """phi_j: [-log1p(remaining h), log1p(wait slots), GPU demand, log model MB / 6, message * -log1p(rem h)]."""
     rem = -np.log1p(remaining_time_estimate(view) / 3600.0)
     wait = np.log1p(np.maximum(view.slot - view.arrival_slot, 0))
-    return np.stack([rem, wait, view.worker_demand[:, 0], np.log(MODEL_MB[view.type_idx]) / 6.0,
+    return np.stack([rem, wait, view.worker_demand[:, 0], np.log(MODEL_SIZE_MB[view.type_idx]) / 6.0,
                      cluster_message * rem], axis=1)
 
 
@@ -172,13 +171,11 @@ class DualAgent:
 
     name = "dual-agent"
 
-    def __init__(self, theta=SRTF_THETA, tau: int = 8, eta: float = 0.3, explore: float = 0.0, seed: int = 0,
-                 speed_model: str = "parametric"):
+    def __init__(self, theta=SRTF_THETA, tau: int = 8, eta: float = 0.3, explore: float = 0.0, seed: int = 0):
         self.theta = np.asarray(theta, float)
         self.eta, self.explore = eta, explore
         self.rng = np.random.default_rng(seed)
         self.gp = RWGP(tau=tau)
-        self.table = speed_table(speed_model)
         self._last: tuple[int, Spectrum, np.ndarray] | None = None  # (slot, graph, predicted) of last decision
         self._prev_obs: np.ndarray | None = None
         self._gpu_used: np.ndarray | None = None  # GPU share each machine got from our last allocation
@@ -205,11 +202,12 @@ class DualAgent:
             mu = mu + self.explore * self.rng.standard_normal(len(mu))
         return mu
 
-    def job_speed(self, type_idx: int, ps: int, worker_servers, mu: np.ndarray) -> float:
-        """Predicted speed: the believed table speed at (ps, workers) times the slowest predicted machine."""
-        if not worker_servers or ps < 1:
+    @staticmethod
+    def job_speed(view: SlotView, j: int, ps: int, worker_servers, mu: np.ndarray) -> float:
+        """Predicted speed: the view's estimate at (ps, workers) times the slowest predicted machine."""
+        if not worker_servers:
             return 0.0
-        return float(lookup(self.table, type_idx, ps, len(worker_servers))) * min(mu[s] for s in worker_servers)
+        return float(view.est_speed[j, ps, len(worker_servers)]) * min(mu[s] for s in worker_servers)
 
     def _server(self, b: AllocationBuilder, j: int, demand, score) -> int:
         free = b.placer.free
@@ -229,11 +227,14 @@ class DualAgent:
                 ws = self._server(b, j, view.worker_demand[j], affinity + self.eta * agg)
                 if ws < 0:
                     break
-                w_now, t = list(b.worker_servers[j]), int(view.type_idx[j])
-                if w_now and (self.job_speed(t, b.ps(j) + 1, w_now + [ws], mu)
-                              <= self.job_speed(t, b.ps(j), w_now, mu)):
+                w_now, extra_ps = list(b.worker_servers[j]), int(not view.allreduce[j])
+                if w_now and (self.job_speed(view, j, b.ps(j) + extra_ps, w_now + [ws], mu)
+                              <= self.job_speed(view, j, b.ps(j), w_now, mu)):
                     break  # the placement agent predicts this worker would slow the job down
                 b.placer.add_at(ws, view.worker_demand[j])
+                if view.allreduce[j]:
+                    b.worker_servers[j].append(ws)
+                    continue
                 wagg = aggregation_degree(w_now + [ws], m)
                 ps = self._server(b, j, view.ps_demand[j], wagg + 0.01 * default_scores(b.placer.free, view.capacity))
                 if ps < 0:

@@ -41,6 +41,12 @@ ALLREDUCE_WORKER = TaskDemand(1.0, 8.0, 40.0)
 ALLREDUCE_DEMAND = JobDemand(ALLREDUCE_WORKER, TaskDemand(0.0, 0.0, 0.0), JobKind.ALLREDUCE)
 
 
+#: Parameter size in MB (fp32) of each model: DL2's from its authors' simulator; the all-reduce models' from
+#: their published parameter counts, approximate (BERT-base 110 M, ResNet-18 on CIFAR-10 11 M, DeepSpeech2
+#: about 38 M, ResNet-50 25.6 M, NeuMF on MovieLens about 5 M, YOLOv3 62 M). A job feature, nothing more.
+MODEL_SIZE_MB = np.array([t.model_size_mb for t in JOB_TYPES] + [440.0, 45.0, 150.0, 102.0, 20.0, 248.0])
+
+
 def model_index(name: str) -> int:
     """The index of a model (a DL2 type name or alias, or an all-reduce model); ValueError if unknown."""
     key = str(name).lower()

@@ -90,14 +90,15 @@ def test_r3_penalty_sequence():
 def test_encode_state_layout():
     cfg = CH.ChicConfig(num_jobs=3, max_workers=4, max_ps=8)
     s = CH.encode_state(cfg, [2, 0], [MAX_EPOCHS / 2, 30.0], [1, 2], [4, 0], backlog=5)
-    assert s.shape == (cfg.state_dim,) == (3 * (len(JOB_TYPES) + 3) + 1,)
+    assert s.shape == (cfg.state_dim,) == (3 * (CH.NUM_TYPES + 3) + 1,)
     rows = s[:-1].reshape(3, -1)
-    assert rows[0, 2] == 1 and rows[0, :len(JOB_TYPES)].sum() == 1
-    np.testing.assert_allclose(rows[0, len(JOB_TYPES):], [0.5, 0.25, 0.5])
+    assert CH.NUM_TYPES == 14  # every model of the catalog: DL2's eight, the six all-reduce ones
+    assert rows[0, 2] == 1 and rows[0, :CH.NUM_TYPES].sum() == 1
+    np.testing.assert_allclose(rows[0, CH.NUM_TYPES:], [0.5, 0.25, 0.5])
     assert not rows[2].any()  # empty row
     assert s[-1] == pytest.approx(np.log1p(5))
     pair = CH.ChicConfig(num_jobs=3, pair=True)
-    assert CH.encode_state(pair, [1], [10.0], [1], [1], 0).shape == (3 * (len(JOB_TYPES) + 2) + 1,)
+    assert CH.encode_state(pair, [1], [10.0], [1], [1], 0).shape == (3 * (CH.NUM_TYPES + 2) + 1,)
     with pytest.raises(ValueError):
         CH.encode_state(cfg, [0] * 4, [1.0] * 4, [0] * 4, [0] * 4, 0)
 
@@ -113,14 +114,24 @@ def test_action_space_sizes_and_decoding():
 
 
 def test_condition_2_on_a_hand_made_speed_table():
-    table = np.zeros((1, 4, 4))
-    table[0, 1:, 1:] = [[1, 2, 2], [1.5, 2, 2], [1.5, 2, 2]]  # [p, w]
-    assert CH.can_improve(table, 0, 0, 0, False, 3, 3)  # nothing yet: always
-    assert CH.can_improve(table, 0, 1, 1, False, 3, 3)  # +worker 1 -> 2
-    assert not CH.can_improve(table, 0, 2, 1, False, 3, 3)  # +worker 2 -> 2, +ps 2 -> 2: Condition (2)
-    assert CH.can_improve(table, 0, 1, 1, True, 3, 3)  # pair: (2,2) = 2 > 1
-    assert not CH.can_improve(table, 0, 2, 2, True, 3, 3)
-    assert not CH.can_improve(table, 0, 1, 1, False, 1, 1)  # at the per-job limits
+    speed = np.zeros((4, 4))
+    speed[1:, 1:] = [[1, 2, 2], [1.5, 2, 2], [1.5, 2, 2]]  # [p, w]
+    assert CH.can_improve(speed, 0, 0, False, 3, 3)  # nothing yet: always
+    assert CH.can_improve(speed, 1, 1, False, 3, 3)  # +worker 1 -> 2
+    assert not CH.can_improve(speed, 2, 1, False, 3, 3)  # +worker 2 -> 2, +ps 2 -> 2: Condition (2)
+    assert CH.can_improve(speed, 1, 1, True, 3, 3)  # pair: (2,2) = 2 > 1
+    assert not CH.can_improve(speed, 2, 2, True, 3, 3)
+    assert not CH.can_improve(speed, 1, 1, False, 1, 1)  # at the per-job limits
+
+
+def test_condition_2_for_an_allreduce_job_reads_workers_only():
+    speed = np.zeros((2, 5))
+    speed[0, 1:] = [1.0, 1.8, 2.0, 2.0]  # [PS = 0, workers]
+    assert CH.can_improve(speed, 0, 0, False, 4, 1, allreduce=True)  # no worker yet
+    assert CH.can_improve(speed, 2, 0, False, 4, 1, allreduce=True)  # 2 -> 3 still faster
+    assert not CH.can_improve(speed, 3, 0, True, 4, 1, allreduce=True)  # 3 -> 4: no gain, pair or not
+    assert not CH.can_improve(speed, 4, 0, False, 4, 1, allreduce=True)  # at the limit
+    assert CH.r3_change(0, 0, 1, 0, 1.0, allreduce=True) == 0.0  # its first worker is all it needs
 
 
 # ---------------------------------------------------------------- the scheduler on random views

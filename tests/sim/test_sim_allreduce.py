@@ -98,12 +98,22 @@ def mixed_trace(seed=0) -> T.Trace:
                    requested=cat(ps.requested, ar.requested))
 
 
-@pytest.mark.parametrize("name", [*registry.names(heuristic=True), "oracle"])
-def test_every_heuristic_runs_a_mixed_trace_within_capacity(name):
+def build_any(name: str):
+    """Any registered policy; a learned one with random parameters (what it decides does not matter here,
+    only that it runs within the contract)."""
+    if name in ("chic", "chic-pair"):
+        from dl2d.policy import chic as CH
+        cfg = CH.ChicConfig(pair=name == "chic-pair")
+        return CH.ChicScheduler(cfg, CH.init_params(cfg, 0))
+    return registry.build(name, registry.PolicyOptions(allow_untrained=True))
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_policy_runs_a_mixed_trace_within_capacity(name):
     tr = mixed_trace()
     config = E.SimConfig(cluster=ClusterSpec(4, gpus=4, cpus=48, mem_gb=192), resize_overhead_s=30.0,
                          shared_node_slowdown=0.1)
-    policy = registry.build(name)
+    policy = build_any(name)
     state = E.SimState.initial(len(tr))
     state = E.replace(state, slot=int(tr.arrival_slot.min()))
     rng = np.random.default_rng(0)
