@@ -123,19 +123,32 @@ def _detail_text(detail: dict[str, Any] | None) -> str:
 def _submit_flags(f: Any) -> Any:
     opts = [
         click.option("-J", "--job-name", help="Job name (as sbatch -J): letters, digits, '.', '_', '-'."),
-        click.option("--type", "job_type", metavar="TYPE",
-                     help="Job type, one of the 8 DL2 models: resnet-50, vgg-16, resnext-110, inception-bn, "
-                          "seq2seq, cnn-text-classification, dssm, wlm (aliases resnet50, vgg16, ctc)."),
+        click.option("--arch", type=click.Choice(["allreduce", "ps"]),
+                     help="How the job trains: allreduce (DDP, FSDP, JAX: workers only) or ps (parameter "
+                          "servers) [default: ps for a DL2 type or a job given PS demands, else allreduce]."),
+        click.option("--type", "job_type", metavar="MODEL",
+                     help="The model: any name for an all-reduce job (bert, cifar10, deepspeech2, imagenet, ncf, "
+                          "yolov3 are measured); for a PS job one of the 8 DL2 models: resnet-50, vgg-16, "
+                          "resnext-110, inception-bn, seq2seq, cnn-text-classification, dssm, wlm (aliases "
+                          "resnet50, vgg16, ctc)."),
+        click.option("--batch-size", type=float,
+                     help="All-reduce: the total batch of all workers together (required for a measured model)."),
+        click.option("--workers", type=int, help="The workers you ask for (what Slurm alone would give the job)."),
+        click.option("--epoch-seconds", type=float,
+                     help="All-reduce, a model dl2d does not know: seconds per epoch on one GPU (a hint for "
+                          "the scheduler's speed prior)."),
         click.option("--epochs", type=float, help="Total epochs to train (your estimate)."),
         click.option("--wrap", "--command", "command", metavar="CMD",
                      help="The training command each worker runs (as sbatch --wrap)."),
-        click.option("--gpus-per-worker", type=float, help="GPUs per worker [default 0]."),
+        click.option("--gpus-per-worker", type=float,
+                     help="GPUs per worker [default: 1 for an all-reduce job, 0 for a PS job]."),
         click.option("--cpus-per-worker", type=float, help="CPUs per worker."),
         click.option("--mem-per-worker", metavar="MEM",
                      help="Memory per worker, sbatch syntax: 8G, 512M; plain numbers are megabytes."),
         click.option("--cpus-per-ps", type=float, help="CPUs per parameter server."),
         click.option("--mem-per-ps", metavar="MEM", help="Memory per parameter server (as --mem-per-worker)."),
-        click.option("--max-workers", type=int, help="Most workers the scheduler may give the job [default 16]."),
+        click.option("--max-workers", type=int,
+                     help="Most workers the scheduler may give the job [default 64 all-reduce, 16 PS]."),
         click.option("--max-ps", type=int, help="Most parameter servers [default 16]."),
         click.option("--sync-mode", type=click.Choice(["sync", "async"]), help="Training mode [default sync]."),
         click.option("-t", "--time", metavar="TIME",
@@ -160,15 +173,19 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
     """Submit a training job; prints its id.
 
     SPEC is a TOML or JSON job spec file ('-' reads standard input); flags override its fields, and a job
-    can be given by flags alone. Required: name, job type, total epochs, command, worker cpus and memory,
-    PS cpus and memory. Every problem is listed at once and nothing is written when there is one (exit 1).
+    can be given by flags alone. Required: name, model (job type), total epochs, command, worker cpus and
+    memory; an all-reduce job of a measured model its total batch size; a PS job its PS cpus and memory.
+    Every problem is listed at once and nothing is written when there is one (exit 1).
 
-    Spec keys: name, job_type, total_epochs, command, [worker] gpus/cpus/mem_gb, [ps] cpus/mem_gb, and
-    optionally max_workers, max_ps, sync, time_limit_min, owner (see docs/cli.md).
+    Spec keys: name, kind, job_type, total_epochs, command, [worker] gpus/cpus/mem_gb, [ps] cpus/mem_gb
+    (PS jobs), batch_size and epoch_seconds (all-reduce jobs), and optionally workers, max_workers, max_ps,
+    sync, time_limit_min, owner (see docs/cli.md).
 
     \b
     Examples:
       dl2ctl submit job.toml
+      dl2ctl submit -J bert-a --arch allreduce --type bert --batch-size 96 --workers 8 --epochs 2 \\
+          --wrap 'torchrun train.py' --gpus-per-worker 1 --cpus-per-worker 8 --mem-per-worker 40G
       dl2ctl submit -J resnet-a --type resnet-50 --epochs 30 --wrap 'python train.py' \\
           --gpus-per-worker 1 --cpus-per-worker 4 --mem-per-worker 16G --cpus-per-ps 2 --mem-per-ps 8G
     """
@@ -337,16 +354,22 @@ def _print_detail(rec: dict[str, Any]) -> None:
     console = Console(width=max(120, Console().width))
     spec = rec["spec"] or {}
     w, p = spec.get("worker", {}), spec.get("ps", {})
+    allreduce = spec.get("kind") == "allreduce"
+    asked = f", asked {spec['workers']}" if spec.get("workers") else ""
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
     for k, v in [
         ("job", f"{rec['id']} {rec['name']}"), ("owner", rec["owner"]), ("type", rec["job_type"]),
+        ("architecture", "all-reduce" if allreduce else "parameter servers"),
         ("state", rec["state"]), ("epochs", f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}"),
-        ("allocation", f"{rec['workers']} workers, {rec['ps']} PS (max {spec.get('max_workers')} workers, "
-                       f"{spec.get('max_ps')} PS)"),
+        ("allocation", f"{rec['workers']} workers (max {spec.get('max_workers')}{asked})" if allreduce else
+         f"{rec['workers']} workers, {rec['ps']} PS (max {spec.get('max_workers')} workers, "
+         f"{spec.get('max_ps')} PS{asked})"),
         ("worker demand", f"{_n(w.get('gpus'))} GPU, {_n(w.get('cpus'))} CPU, {_n(w.get('mem_gb'))} GB"),
-        ("PS demand", f"{_n(p.get('cpus'))} CPU, {_n(p.get('mem_gb'))} GB"),
+        *([("batch size", _n(spec.get("batch_size")) if spec.get("batch_size") else "-")] if allreduce else
+          [("PS demand", f"{_n(p.get('cpus'))} CPU, {_n(p.get('mem_gb'))} GB")]),
+        *([("epoch seconds (hint)", _n(spec["epoch_seconds"]))] if spec.get("epoch_seconds") else []),
         ("command", spec.get("command", "")), ("sync", spec.get("sync", "")),
         ("time limit", f"{spec['time_limit_min']} min" if spec.get("time_limit_min") else "none"),
         ("slurm job", rec["slurm_job_id"] or "-"), ("submitted", rec["submitted_at"]),

@@ -1,12 +1,28 @@
 """Pure helpers of `dl2ctl submit`: read a job spec (TOML or JSON), parse sbatch-style values, and merge
 the spec with the command-line flags into the dict that `dl2d.db.jobs.validate_submission` checks.
 
-A spec file holds the keys of `validate_submission` (see docs/cli.md):
+A spec file holds the keys of `validate_submission` (see docs/cli.md). An all-reduce job (DDP, FSDP, JAX):
+
+    name = "bert-a"
+    kind = "allreduce"            # or --arch; the default for a model that is not one of DL2's 8 types
+    job_type = "bert"             # any model name; bert, cifar10, deepspeech2, imagenet, ncf, yolov3 are measured
+    batch_size = 96               # total batch, all workers together (required for a measured model)
+    workers = 8                   # optional: the workers you ask for (Slurm as it is gives exactly these)
+    epoch_seconds = 600           # optional, a model dl2d does not know: seconds per epoch on one GPU
+    total_epochs = 2              # your estimate of the epochs to train
+    command = "torchrun train.py" # or `script`
+    max_workers = 16              # optional, default 64
+    [worker]                      # one worker = one rank
+    gpus = 1                      # whole GPUs, default 1
+    cpus = 8
+    mem_gb = 40
+
+A parameter-server job (DL2's model; no `kind` needed for one of its types):
 
     name = "resnet-a"
     job_type = "resnet-50"        # one of the 8 DL2 types (paper aliases such as resnet50 accepted)
-    total_epochs = 30             # your estimate of the epochs to train
-    command = "python train.py"   # or `script`
+    total_epochs = 30
+    command = "python train.py"
     max_workers = 8               # optional, default 16
     max_ps = 4                    # optional, default 16
     sync = "sync"                 # optional: "sync" or "async"
@@ -28,6 +44,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from dl2d.workload.catalog import ALLREDUCE_MODELS
 from dl2d.workload.jobtypes import ALIASES, TYPE_NAMES
 
 
@@ -138,6 +155,10 @@ FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
     "sync_mode": (("sync",), None),
     "time": (("time_limit_min",), parse_time),
     "owner": (("owner",), None),
+    "arch": (("kind",), None),
+    "batch_size": (("batch_size",), None),
+    "workers": (("workers",), None),
+    "epoch_seconds": (("epoch_seconds",), None),
 }
 
 # the flag each field is set by, for messages
@@ -146,7 +167,8 @@ FLAG_NAMES = {
     "gpus_per_worker": "--gpus-per-worker", "cpus_per_worker": "--cpus-per-worker",
     "mem_per_worker": "--mem-per-worker", "cpus_per_ps": "--cpus-per-ps", "mem_per_ps": "--mem-per-ps",
     "max_workers": "--max-workers", "max_ps": "--max-ps", "sync_mode": "--sync-mode", "time": "--time",
-    "owner": "--owner",
+    "owner": "--owner", "arch": "--arch", "batch_size": "--batch-size", "workers": "--workers",
+    "epoch_seconds": "--epoch-seconds",
 }
 
 
@@ -192,6 +214,7 @@ FIELD_HINTS = {
     "worker.mem_gb": "[worker] mem_gb, or --mem-per-worker",
     "ps.cpus": "[ps] cpus, or --cpus-per-ps",
     "ps.mem_gb": "[ps] mem_gb, or --mem-per-ps",
+    "batch_size": "batch_size, or --batch-size",
 }
 
 _MISSING_NUMBER_RE = re.compile(r"^(\S+) must be (?:a number|an integer), got None$")
@@ -208,7 +231,8 @@ def explain_errors(errors: list[str]) -> list[str]:
         elif msg.startswith("name must be") and msg.endswith("got None"):
             msg = f"missing name (give {FIELD_HINTS['name']})"
         elif msg.startswith("unknown job type None"):
-            msg = f"missing job type (give {FIELD_HINTS['job_type']}); known types: {', '.join(TYPE_NAMES)}"
+            msg = (f"missing job type (give {FIELD_HINTS['job_type']}): any model name for an all-reduce job "
+                   f"(measured: {', '.join(ALLREDUCE_MODELS)}), or for a PS job one of {', '.join(TYPE_NAMES)}")
         elif msg.startswith(("worker must be a mapping", "ps must be a mapping")) and msg.endswith("got None"):
             role = msg.split()[0]
             msg = (f"missing {role} demand: give [{role}] cpus and mem_gb in the spec, "

@@ -27,10 +27,18 @@ from dl2d.db.errors import (
 from dl2d.db.events import record_event
 from dl2d.db.intents import plan_intent
 from dl2d.db.models import ACTIVE_STATES, EventKind, IntentKind, Job, JobState, utcnow
+from dl2d.workload.catalog import ALLREDUCE_MODELS
 from dl2d.workload.jobtypes import TYPE_NAMES
 
-#: The 8 models of DL2's evaluation: the simulator's catalogue is the one list of job types.
+#: The 8 models of DL2's evaluation: the simulator's catalogue is the one list of PS job types.
 DL2_JOB_TYPES: tuple[str, ...] = TYPE_NAMES
+#: A job's architecture (``kind`` in the spec, ``dl2ctl submit --arch``): DL2's parameter-server jobs, or
+#: all-reduce (DDP-style) jobs of any model. Without one, a job of a DL2 type or asking for parameter servers
+#: (a non-zero [ps] table) is ``ps``, any other ``allreduce``; the stored spec always says which.
+KINDS = ("ps", "allreduce")
+#: Most workers of an all-reduce job when its submission does not say: the largest measured job (64 GPUs,
+#: dl2d/workload/data/pollux); a PS job's default stays DL2's 16 (dl2d.core.limits).
+ALLREDUCE_MAX_WORKERS = 64
 
 # Sanity bounds: anything beyond is a typo, not a real demand.
 MAX_GPUS_PER_WORKER = 16
@@ -39,6 +47,8 @@ MAX_MEM_GB_PER_TASK = 4096.0
 MAX_TASKS = 256
 MAX_EPOCHS = 1_000_000.0
 MAX_TIME_LIMIT_MIN = 366 * 24 * 60
+MAX_BATCH_SIZE = 2 ** 24  # samples per step, all workers together
+MAX_EPOCH_SECONDS = 366 * 24 * 3600.0
 SYNC_MODES = ("sync", "async")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # used with fullmatch: no trailing newline
@@ -65,10 +75,16 @@ class JobSubmission:
     max_ps: int = MAX_PS
     sync: str = "sync"
     time_limit_min: int | None = None
+    kind: str = "ps"  # one of KINDS
+    batch_size: float | None = None  # total batch of an all-reduce job
+    workers: int | None = None  # workers the user asks for (Slurm as it is would give exactly these)
+    epoch_seconds: float | None = None  # one-GPU seconds per epoch of a model dl2d does not know (a hint)
 
     def spec(self) -> dict[str, Any]:
-        """The JSON stored in `jobs.spec`."""
+        """The JSON stored in `jobs.spec` (the optional fields only where given)."""
+        optional = {"batch_size": self.batch_size, "workers": self.workers, "epoch_seconds": self.epoch_seconds}
         return {
+            "kind": self.kind,
             "command": self.command,
             "worker": asdict(self.worker),
             "ps": asdict(self.ps),
@@ -76,12 +92,14 @@ class JobSubmission:
             "max_ps": self.max_ps,
             "sync": self.sync,
             "time_limit_min": self.time_limit_min,
+            **{k: v for k, v in optional.items() if v is not None},
         }
 
 
 _SUBMISSION_KEYS = {
     "name", "owner", "job_type", "total_epochs", "command", "script",
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
+    "kind", "batch_size", "workers", "epoch_seconds",
 }
 
 
@@ -105,26 +123,85 @@ def _number(errors: list[str], where: str, v: Any, lo: float, hi: float, *, lo_o
     return int(v) if integer else float(v)
 
 
-def _demand(errors: list[str], role: str, d: Any, gpus_allowed: bool) -> TaskDemand | None:
+def _demand(errors: list[str], role: str, d: Any, gpus_allowed: bool, allreduce: bool = False) -> TaskDemand | None:
+    """A task's demand; an all-reduce worker drives whole GPUs, one by default."""
     if not isinstance(d, Mapping):
         errors.append(f"{role} must be a mapping with gpus/cpus/mem_gb, got {d!r}")
         return None
     unknown = sorted(set(d) - {"gpus", "cpus", "mem_gb"})
     if unknown:
         errors.append(f"{role}: unknown keys {unknown} (expected gpus, cpus, mem_gb)")
-    gpus = _number(errors, f"{role}.gpus", d.get("gpus", 0), 0, MAX_GPUS_PER_WORKER if gpus_allowed else 0)
+    if allreduce:
+        gpus = _number(errors, f"{role}.gpus", d.get("gpus", 1), 1, MAX_GPUS_PER_WORKER, integer=True)
+        if gpus is None:
+            errors[-1] += " (an all-reduce worker drives whole GPUs, at least one)"
+    else:
+        gpus = _number(errors, f"{role}.gpus", d.get("gpus", 0), 0, MAX_GPUS_PER_WORKER if gpus_allowed else 0)
     cpus = _number(errors, f"{role}.cpus", d.get("cpus"), 0, MAX_CPUS_PER_TASK, lo_open=True)
     mem = _number(errors, f"{role}.mem_gb", d.get("mem_gb"), 0, MAX_MEM_GB_PER_TASK, lo_open=True)
     if None in (gpus, cpus, mem):
         return None
-    return TaskDemand(gpus=gpus, cpus=cpus, mem_gb=mem)
+    return TaskDemand(gpus=float(gpus), cpus=cpus, mem_gb=mem)
+
+
+def _kind_and_model(errors: list[str], data: Mapping[str, Any], known: tuple[str, ...]) -> tuple[str, Any]:
+    """(kind, model name as stored): a PS job's model is one of ``known`` (DL2's types); an all-reduce job's any
+    name, a measured model's in the catalog's spelling (lower case)."""
+    job_type = data.get("job_type")
+    kind = data.get("kind")
+    if kind is None:  # a DL2 type, or a job asking for parameter servers, is a PS job; any other all-reduce
+        asked = data.get("ps")
+        wants_ps = isinstance(asked, Mapping) and any(v not in (0, 0.0) for v in asked.values())
+        kind = "ps" if job_type in known or wants_ps else "allreduce"
+    elif kind not in KINDS:
+        errors.append(f"kind must be one of {', '.join(KINDS)} (dl2ctl submit --arch), got {kind!r}")
+        return "", job_type
+    if kind == "ps" or job_type is None:
+        if job_type not in known:
+            errors.append(f"unknown job type {job_type!r}; known types: {', '.join(known)}"
+                          + (" (a PS job's model is one of DL2's types; --arch allreduce takes any model)"
+                             if job_type is not None else ""))
+        return kind, job_type
+    if not isinstance(job_type, str) or not _NAME_RE.fullmatch(job_type):
+        errors.append(f"job_type of an all-reduce job must be a model name of 1-64 letters, digits, '.', '_', '-' "
+                      f"starting with a letter or digit, got {job_type!r}")
+        return kind, job_type
+    return kind, job_type.lower() if job_type.lower() in ALLREDUCE_MODELS else job_type
+
+
+def _allreduce_fields(errors: list[str], data: Mapping[str, Any], kind: str, model: Any) -> tuple[Any, Any]:
+    """(batch_size, epoch_seconds) of an all-reduce job; a PS job takes neither."""
+    batch, hint = data.get("batch_size"), data.get("epoch_seconds")
+    if kind != "allreduce":
+        for key, value in (("batch_size", batch), ("epoch_seconds", hint)):
+            if value is not None:
+                errors.append(f"{key}: only an all-reduce job (kind allreduce, --arch allreduce) takes one; "
+                              "a PS job trains at its DL2 type's measured batch")
+        return None, None
+    measured = model in ALLREDUCE_MODELS
+    if batch is not None or measured:
+        batch = _number(errors, "batch_size", batch, 0, MAX_BATCH_SIZE, lo_open=True)
+        if batch is None and measured:
+            errors[-1] += f" (the total batch of the {model} job: its measured speed depends on it)"
+    if hint is not None:
+        if measured:
+            errors.append(f"epoch_seconds: {model}'s speed is measured (dl2d.workload.throughput); the hint is "
+                          "for models dl2d does not know")
+            hint = None
+        else:
+            hint = _number(errors, "epoch_seconds", hint, 0, MAX_EPOCH_SECONDS, lo_open=True)
+    return batch, hint
 
 
 def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -> JobSubmission:
     """Check a submission (parsed JSON/YAML) and return it typed, or raise SubmissionError listing all problems.
 
     Keys: name, owner, job_type, total_epochs, command (alias: script), worker {gpus, cpus, mem_gb},
-    ps {cpus, mem_gb}, and optionally max_workers, max_ps, sync ("sync"|"async"), time_limit_min.
+    ps {cpus, mem_gb}, and optionally kind ("ps"|"allreduce"), max_workers, max_ps, sync ("sync"|"async"),
+    time_limit_min, workers (asked for), and for all-reduce jobs batch_size (required for a measured model)
+    and epoch_seconds (a hint for a model dl2d does not know). ``known_types``: the models of PS jobs.
+
+    An all-reduce job has no parameter servers: its [ps] table, if any, must ask for nothing, and max_ps is 0.
     """
     if not isinstance(data, Mapping):
         raise SubmissionError([f"a submission must be a mapping, got {type(data).__name__}"])
@@ -140,10 +217,8 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     owner = data.get("owner")
     if not isinstance(owner, str) or not _USER_RE.fullmatch(owner):
         errors.append(f"owner must be a unix user name, got {owner!r}")
-    known = tuple(known_types)
-    job_type = data.get("job_type")
-    if job_type not in known:
-        errors.append(f"unknown job type {job_type!r}; known types: {', '.join(known)}")
+    kind, job_type = _kind_and_model(errors, data, tuple(known_types))
+    allreduce = kind == "allreduce"
     epochs = _number(errors, "total_epochs", data.get("total_epochs"), 0, MAX_EPOCHS, lo_open=True)
 
     if "command" in data and "script" in data:
@@ -156,10 +231,27 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     elif len(command) > MAX_COMMAND_CHARS:
         errors.append(f"command must be at most {MAX_COMMAND_CHARS} characters, got {len(command)}")
 
-    worker = _demand(errors, "worker", data.get("worker"), gpus_allowed=True)
-    ps = _demand(errors, "ps", data.get("ps"), gpus_allowed=False)
-    max_workers = _number(errors, "max_workers", data.get("max_workers", 16), 1, MAX_TASKS, integer=True)
-    max_ps = _number(errors, "max_ps", data.get("max_ps", 16), 1, MAX_TASKS, integer=True)
+    worker = _demand(errors, "worker", data.get("worker"), gpus_allowed=True, allreduce=allreduce)
+    if allreduce:
+        ps = TaskDemand(0.0, 0.0, 0.0)
+        asked = data.get("ps")
+        if asked is not None and (not isinstance(asked, Mapping) or any(v not in (0, 0.0) for v in asked.values())):
+            errors.append(f"ps: an all-reduce job has no parameter servers; leave out [ps] (or give --arch ps), "
+                          f"got {asked!r}")
+        if data.get("max_ps") not in (None, 0):
+            errors.append(f"max_ps: an all-reduce job has no parameter servers, got {data.get('max_ps')!r}")
+        max_ps = 0
+    else:
+        ps = _demand(errors, "ps", data.get("ps"), gpus_allowed=False)
+        max_ps = _number(errors, "max_ps", data.get("max_ps", MAX_PS), 1, MAX_TASKS, integer=True)
+    default_max = ALLREDUCE_MAX_WORKERS if allreduce else MAX_WORKERS
+    max_workers = _number(errors, "max_workers", data.get("max_workers", default_max), 1, MAX_TASKS, integer=True)
+    workers = data.get("workers")
+    if workers is not None:
+        workers = _number(errors, "workers", workers, 1, MAX_TASKS, integer=True)
+        if workers is not None and max_workers is not None and workers > max_workers:
+            errors.append(f"workers ({workers}) must be <= max_workers ({max_workers})")
+    batch, epoch_seconds = _allreduce_fields(errors, data, kind, job_type)
     sync = data.get("sync", "sync")
     if sync not in SYNC_MODES:
         errors.append(f"sync must be one of {SYNC_MODES}, got {sync!r}")
@@ -173,6 +265,7 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     return JobSubmission(
         name=name, owner=owner, job_type=job_type, total_epochs=epochs, command=command.strip(),
         worker=worker, ps=ps, max_workers=max_workers, max_ps=max_ps, sync=sync, time_limit_min=time_limit,
+        kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds,
     )
 
 

@@ -55,7 +55,7 @@ def test_dl2ctl_subprocess_round_trip(run, tmp_path):
     assert cancelled.stdout.strip() == f"Cancelled job {jid} (sub)"
     assert run("queue", "--json").stdout.strip() == "[]"
 
-    bad = run("submit", "--type", "nope", "-J", "x")
+    bad = run("submit", "--arch", "ps", "--type", "nope", "-J", "x")  # a PS job's model is one of DL2's types
     assert bad.returncode == 1 and "unknown job type 'nope'" in bad.stderr
     missing = run("show", "999")
     assert missing.returncode == 1 and "no job with id 999" in missing.stderr

@@ -141,7 +141,8 @@ def test_every_problem_is_listed(dl2ctl, tmp_path):
         "- name must be 1-64 characters of letters, digits, '.', '_', '-' starting with a letter or digit, "
         "got 'bad name'",
         "- unknown job type 'foo'; known types: resnet-50, vgg-16, resnext-110, inception-bn, seq2seq, "
-        "cnn-text-classification, dssm, wlm",
+        "cnn-text-classification, dssm, wlm (a PS job's model is one of DL2's types; --arch allreduce takes any "
+        "model)",  # a job asking for a PS CPU is a PS job
         "- total_epochs must be > 0 and <= 1e+06, got -3.0",
         "- missing script: give the training command as `command` (or `script`) or --wrap",
         "- missing worker demand: give [worker] cpus and mem_gb in the spec, or --cpus-per-worker and "
@@ -199,3 +200,49 @@ def test_missing_database_directory_is_a_clear_error(dl2ctl, tmp_path, spec, as_
     r = CliRunner().invoke(cli, ["submit", "--db", url, str(f)])
     assert r.exit_code == 1
     assert f"no directory {tmp_path / 'nope'} for the database" in r.output
+
+
+def test_submit_an_all_reduce_job_of_a_measured_model_by_flags(dl2ctl, db_url):
+    r = dl2ctl("submit", "-J", "bert-a", "--arch", "allreduce", "--type", "BERT", "--batch-size", "96", "--workers",
+               "8", "--epochs", "2", "--wrap", "torchrun train.py", "--cpus-per-worker", "8", "--mem-per-worker", "40G")
+    assert r.exit_code == 0, r.output
+    [(_, name, _, jtype, epochs, state, spec)] = jobs_in(db_url)
+    assert (name, jtype, epochs, state) == ("bert-a", "bert", 2.0, "PENDING")
+    assert (spec["kind"], spec["batch_size"], spec["workers"], spec["max_workers"], spec["max_ps"]) == \
+        ("allreduce", 96.0, 8, 64, 0)
+    assert spec["worker"] == {"gpus": 1.0, "cpus": 8.0, "mem_gb": 40.0}  # one GPU per worker by default
+    assert spec["ps"] == {"gpus": 0.0, "cpus": 0.0, "mem_gb": 0.0} and "epoch_seconds" not in spec
+
+
+def test_submit_a_model_dl2d_has_never_seen(dl2ctl, db_url, tmp_path):
+    """Any model name is an all-reduce job (no --arch needed); its speed hint is kept for the scheduler's prior."""
+    f = tmp_path / "llm.toml"
+    f.write_text('name = "llm"\njob_type = "My-LLM-7b"\ntotal_epochs = 3\ncommand = "torchrun llm.py"\n'
+                 'workers = 16\nepoch_seconds = 900\n[worker]\ngpus = 2\ncpus = 16\nmem_gb = 80\n')
+    r = dl2ctl("submit", str(f))
+    assert r.exit_code == 0, r.output
+    [(_, _, _, jtype, _, _, spec)] = jobs_in(db_url)
+    assert jtype == "My-LLM-7b" and spec["kind"] == "allreduce" and "batch_size" not in spec
+    assert (spec["workers"], spec["epoch_seconds"], spec["worker"]["gpus"]) == (16, 900.0, 2.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--type", "bert"), "batch_size must be a number, got None (the total batch of the bert job"),
+    (("--type", "bert", "--batch-size", "0"), "batch_size must be > 0"),
+    (("--type", "bert", "--batch-size", "96", "--epoch-seconds", "60"), "epoch_seconds: bert's speed is measured"),
+    (("--type", "bert", "--batch-size", "96", "--workers", "80"), "workers (80) must be <= max_workers (64)"),
+    (("--type", "x", "--gpus-per-worker", "0.5"), "worker.gpus must be an integer, got 0.5 (an all-reduce worker"),
+    (("--type", "x", "--gpus-per-worker", "0"), "worker.gpus must be >= 1"),
+    (("--arch", "allreduce", "--type", "x", "--cpus-per-ps", "2"), "ps: an all-reduce job has no parameter servers"),
+    (("--arch", "allreduce", "--type", "x", "--max-ps", "2"), "max_ps: an all-reduce job has no parameter servers"),
+    (("--type", "resnet-50", "--batch-size", "32", "--cpus-per-ps", "1", "--mem-per-ps", "1G"),
+     "batch_size: only an all-reduce job"),
+    (("--arch", "ps", "--type", "bert", "--cpus-per-ps", "1", "--mem-per-ps", "1G"), "unknown job type 'bert'"),
+    (("--type", "bad model!"), "job_type of an all-reduce job must be a model name"),
+])
+def test_bad_all_reduce_submissions_name_the_field_and_write_nothing(dl2ctl, tmp_path, flags, message):
+    r = dl2ctl("submit", "-J", "j", "--epochs", "1", "--wrap", "run", "--cpus-per-worker", "1", "--mem-per-worker",
+               "1G", *flags)
+    assert r.exit_code == 1, r.output
+    assert "invalid job submission (1 problem)" in r.output and message in r.output, r.output
+    assert not (tmp_path / "dl2d.sqlite").exists()
