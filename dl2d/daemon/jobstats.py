@@ -1,7 +1,8 @@
 """Per-job measurements of a slot, as pure functions: measured speed, interference factor, GPU features.
 
 * :func:`measure_slot` — for every job that ran in the slot: epochs trained (from the backend's progress),
-  measured epochs/s, the simulator's predicted epochs/s for the (workers, PS) it ran with, their ratio (the
+  measured epochs/s, the predicted epochs/s for the (workers, PS) it ran with (a PS job: the DL2 speed
+  table's; an all-reduce job: what its view believed, dl2d.daemon.jobmodel), their ratio (the
   *speed factor*: 1 = as the speed model predicts, below 1 = slower, e.g. interference), and its GPU
   features from the agents' samples of the slot (``dl2d.agents.features.job_gpu_features``; agent process
   Slurm job ids are matched to dl2d jobs through ``JobStatus.backend_ref``);
@@ -37,6 +38,9 @@ class RanJob:
     workers: int
     ps: int
     epochs_before: float
+    # the believed epochs/s at this size where the daemon has it (an all-reduce job: its view's est_speed, the
+    # measured throughput or the prior); None: the DL2 speed table's for its type
+    predicted: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,13 @@ def measure_slot(ran: Sequence[RanJob], statuses: Mapping[int, JobStatus], sampl
             continue
         epochs = max(float(st.epochs_done) - r.epochs_before, 0.0)
         rate = epochs / slot_seconds
-        try:
-            pred = predicted_epochs_per_s(table, r.job_type, r.workers, r.ps)
-        except ValueError:  # a job type the speed model does not know
-            pred = None
+        if r.predicted is not None:
+            pred = r.predicted
+        else:
+            try:
+                pred = predicted_epochs_per_s(table, r.job_type, r.workers, r.ps)
+            except ValueError:  # a job type the speed model does not know
+                pred = None
         ended = st.state in (FINISHED, FAILED)
         factor = rate / pred if pred and not ended else None
         g = gpu.get(r.job_id)

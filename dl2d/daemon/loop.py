@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Callable
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from dl2d.core.files import write_json_atomic
@@ -106,7 +107,7 @@ class SlotLoop:
                  retention_every: int = 1, feeder: Callable[[Session, int, datetime], int] | None = None,
                  learner=None, checkpoint_path: str | None = None, checkpoint_every: int = 10,
                  status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None,
-                 hysteresis: Hysteresis = Hysteresis()):
+                 hysteresis: Hysteresis = Hysteresis(), max_workers: int = P.ALLREDUCE_MAX_WORKERS):
         self.engine, self.backend = engine, backend
         self.policy, self.fallback = policy, fallback
         self.slot_seconds, self.starve_slots = slot_seconds, starve_slots
@@ -127,6 +128,8 @@ class SlotLoop:
         self._closed = 0
         self._rows: dict[int, P.JobRow] = {}  # job id -> its row's fixed part: spec, limits, demand
         self.hysteresis = hysteresis
+        self.max_workers = max_workers  # the most workers of any job (a job's own limit is within it)
+        self._believed: dict[int, np.ndarray] = {}  # job id -> believed epochs/s by workers (all-reduce jobs)
         self._last_change: dict[int, int] = {}  # job id -> the slot of its last size change (hysteresis)
         self.started_at = time.time()
         # per-job measurements (dl2d.daemon.jobstats): the agents' samples of the current slot, each job's last
@@ -310,8 +313,25 @@ class SlotLoop:
                         workers=int(j.workers), ps=int(j.ps), slots_run=int(counts.get(j.id, 0))) for j in jobs]
 
     def _predicted_speed(self, view):
-        """The speed model's epochs/s of row j of ``view`` at (workers, ps): what ``min_resize_gain`` weighs."""
-        return lambda j, w, p: float(epochs_trained(self._speed_table, [view.type_idx[j]], [p], [w])[0])
+        """The speed model's epochs/s of row j of ``view`` at (workers, ps): what ``min_resize_gain`` weighs (a PS
+        job: the DL2 speed table's; an all-reduce job: the view's own belief, measured throughput or prior)."""
+        allreduce = view.allreduce
+
+        def speed(j: int, w: int, p: int) -> float:
+            if allreduce[j]:
+                return float(view.est_speed[j, 0, min(w, view.max_workers)])
+            return float(epochs_trained(self._speed_table, [view.type_idx[j]], [p], [w])[0])
+        return speed
+
+    def _remember_beliefs(self, view) -> None:
+        """Each all-reduce job's believed speed by worker count, for the slot's speed factor (close_slot)."""
+        self._believed = {int(view.job_ids[j]): view.est_speed[j, 0] for j in np.flatnonzero(view.allreduce)}
+
+    def _believed_speed(self, job_id: int, workers: int) -> float | None:
+        curve = self._believed.get(job_id)
+        if curve is None or workers >= len(curve):
+            return None
+        return float(curve[workers])
 
     def tick(self) -> SlotOutcome:
         """Everything of a slot before the wait: poll, reconcile, decide, journal, apply."""
@@ -333,7 +353,9 @@ class SlotLoop:
         flags = JS.job_flags(hist)
         view = P.build_view(number, rows, nodes, slot_seconds=self.slot_seconds,
                             speed_factor=JS.speed_factor_estimate(hist),
-                            shared_gpu={j: "shared_gpu" in f for j, f in flags.items()})
+                            shared_gpu={j: "shared_gpu" in f for j, f in flags.items()},
+                            worker_bound=self.max_workers)
+        self._remember_beliefs(view)
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
         decide_ms = 1000 * (time.perf_counter() - td)
@@ -392,7 +414,8 @@ class SlotLoop:
             totals = {j.id: float(j.total_epochs) for j in jobs}
             reward = P.slot_reward(before, statuses, totals)
             db_slots.finish_slot(s, slot_id, now, reward, duration_ms=tick_ms)
-            measured = JS.measure_slot([JS.RanJob(j.id, j.job_type, int(j.workers), int(j.ps), before[j.id])
+            measured = JS.measure_slot([JS.RanJob(j.id, j.job_type, int(j.workers), int(j.ps), before[j.id],
+                                                  self._believed_speed(j.id, int(j.workers)))
                                         for j in jobs], statuses, self._slot_samples, self.slot_seconds,
                                        self._speed_table) if measure else []
             db_slots.record_job_slot_stats(s, slot_id, [m.row() for m in measured])

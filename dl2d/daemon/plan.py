@@ -15,21 +15,22 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dl2d.core.contract import Allocation, CapacityError, SlotView
-from dl2d.core.jobs import JobDemand, demand_from_spec
+from dl2d.core.jobs import JobDemand, JobKind, demand_from_spec
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place
+from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
+from dl2d.db.jobs import ALLREDUCE_MAX_WORKERS
 from dl2d.db.models import IntentKind
-from dl2d.workload.catalog import speed_estimate
-from dl2d.workload.jobtypes import JOB_TYPES, type_index
 
 
 @dataclass(frozen=True)
 class JobRow:
     """What the planner needs of one active (not terminal) DB job.
 
-    ``demand`` is the job's per-task demand from its spec (dl2d.core.jobs.demand_from_spec, the job type's
-    default where the spec is silent): the one the Slurm backend sizes the job with."""
+    ``model`` is the job's model, kind, batch and request (dl2d.daemon.jobmodel.model_of: from its
+    ``job_type`` and spec); ``demand`` its per-task demand from its spec (the model's default where the spec
+    is silent): the one the Slurm backend sizes the job with."""
 
     id: int
     job_type: str
@@ -43,38 +44,60 @@ class JobRow:
     name: str = ""
     spec: Mapping[str, Any] = field(default_factory=dict)
     demand: JobDemand = None  # type: ignore[assignment]  # None: from the spec
+    model: jobmodel.JobModel = None  # type: ignore[assignment]  # None: from the job type and spec
 
     def __post_init__(self):
+        if self.model is None:
+            object.__setattr__(self, "model", jobmodel.model_of(self.job_type, self.spec))
         if self.demand is None:
-            object.__setattr__(self, "demand", demand_from_spec(self.spec, JOB_TYPES[type_index(self.job_type)].demand))
+            object.__setattr__(self, "demand", demand_from_spec(self.spec, jobmodel.default_demand(self.model)))
+        if self.model.kind == JobKind.ALLREDUCE:
+            object.__setattr__(self, "max_ps", 0)  # no parameter servers, whatever the limits say
 
 
 def job_row(job_id: int, job_type: str, total_epochs: float, epochs_done: float, workers: int, ps: int,
             slots_run: int, spec: Mapping[str, Any], name: str = "") -> JobRow:
-    """A JobRow whose limits and demand come from the job's submitted spec."""
+    """A JobRow whose limits, model and demand come from the job's submitted spec (an all-reduce job without
+    max_workers may have up to db.jobs.ALLREDUCE_MAX_WORKERS, a PS job DL2's 16)."""
+    allreduce = jobmodel.spec_kind(job_type, spec) == JobKind.ALLREDUCE
+    default_max = ALLREDUCE_MAX_WORKERS if allreduce else MAX_WORKERS
     return JobRow(job_id, job_type, total_epochs, epochs_done, workers, ps, slots_run,
-                  int(spec.get("max_workers") or MAX_WORKERS), int(spec.get("max_ps") or MAX_PS), name, spec)
+                  int(spec.get("max_workers") or default_max), int(spec.get("max_ps") or MAX_PS), name, spec)
+
+
+def view_max_workers(jobs: Sequence[JobRow], bound: int) -> int:
+    """The view's worker limit: the largest of the jobs' own (their submissions'), at most ``bound`` (the
+    daemon's ``max_workers``); DL2's 16 for no jobs. A cluster of DL2 PS jobs keeps DL2's 16, all-reduce jobs
+    that may grow bring theirs."""
+    return max(1, min(int(bound), max((j.max_workers for j in jobs), default=MAX_WORKERS)))
 
 
 def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
-               max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS, *, slot_seconds: float = 1200.0,
+               max_workers: int | None = None, max_ps: int = MAX_PS, *, slot_seconds: float = 1200.0,
                speed_factor: Mapping[int, float] | None = None,
-               shared_gpu: Mapping[int, bool] | None = None) -> SlotView:
+               shared_gpu: Mapping[int, bool] | None = None,
+               worker_bound: int = ALLREDUCE_MAX_WORKERS) -> SlotView:
     """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
 
     The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived). Each job's
-    demand is its own (``JobRow.demand``). ``speed_factor`` / ``shared_gpu`` (by job id, from
+    demand, kind and requested workers are its own (``JobRow.demand`` / ``model``); its believed speed
+    (``est_speed``) is the catalog's for a known model at its batch and GPUs per worker on the cluster's
+    nodes, the stated prior for a model never seen (dl2d.daemon.jobmodel). ``max_workers`` None:
+    :func:`view_max_workers` within ``worker_bound``. ``speed_factor`` / ``shared_gpu`` (by job id, from
     dl2d.daemon.jobstats) become the view's optional ``job_speed_factor`` (NaN for jobs not measured) /
     ``job_shared_gpu`` (False for jobs not seen)."""
     jobs = sorted(jobs, key=lambda j: j.id)
+    if max_workers is None:
+        max_workers = view_max_workers(jobs, worker_bound)
     cap = np.array([[n.gpus, n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
     usable = np.array([n.usable for n in nodes], dtype=bool)
     free = cap * usable[:, None]
     slots_run = np.array([j.slots_run for j in jobs], int)
-    type_idx = np.array([type_index(j.job_type) for j in jobs], int)
+    models = [j.model for j in jobs]
     gpus_per_node = float(cap[:, 0].max()) if len(cap) else 1.0
     return SlotView(
-        slot=slot, job_ids=np.array([j.id for j in jobs], int), type_idx=type_idx,
+        slot=slot, job_ids=np.array([j.id for j in jobs], int),
+        type_idx=np.array([m.type_idx for m in models], int),
         arrival_slot=slot - slots_run, slots_run=slots_run,
         epochs_done=np.array([j.epochs_done for j in jobs], float),
         est_epochs=np.array([j.total_epochs for j in jobs], float),
@@ -86,7 +109,9 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
         worker_demand=np.array([j.demand.worker.as_array() for j in jobs], float).reshape(-1, 3),
         ps_demand=np.array([j.demand.ps.as_array() for j in jobs], float).reshape(-1, 3),
         kind=tuple(j.demand.kind.value for j in jobs), node_names=tuple(n.name for n in nodes),
-        est_speed=speed_estimate(type_idx, np.zeros(len(jobs)), max_ps, max_workers, gpus_per_node),
+        est_speed=jobmodel.speed_estimate(models, [j.demand.worker.gpus for j in jobs], max_ps, max_workers,
+                                          gpus_per_node),
+        requested_workers=np.array([m.requested for m in models], int),
         slot_seconds=slot_seconds,
     )
 
@@ -94,6 +119,7 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
 def view_digest_input(view: SlotView) -> dict[str, Any]:
     """The policy input as plain JSON (hashed into decisions.state_digest)."""
     return {"slot": int(view.slot), "jobs": view.job_ids.tolist(), "type": view.type_idx.tolist(),
+            "kind": list(view.kind), "requested": view.requested.tolist(), "max_workers": int(view.max_workers),
             "slots_run": view.slots_run.tolist(), "epochs_done": np.round(view.epochs_done, 6).tolist(),
             "est": view.est_epochs.tolist(), "prev": [view.prev_workers.tolist(), view.prev_ps.tolist()],
             "free": view.free.tolist(), "demand": [view.worker_demand.tolist(), view.ps_demand.tolist()],

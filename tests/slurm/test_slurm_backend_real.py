@@ -271,3 +271,43 @@ def test_a_two_gpu_per_worker_job_is_planned_and_run_with_two(slurm, wait_for, t
     live = next(j for j in slurm.driver().jobs() if j.job_id == st.backend_ref)
     assert live.num_nodes * live.gpus_per_node == 2 * workers  # Slurm gave it 2 GPUs per worker
     assert b.apply(JobRequest(307, "resnet-50", 60.0, spec), Target(0, 0)).method == STOP
+
+
+def test_an_all_reduce_job_starts_as_nodes_x_gpus_and_is_shrunk(slurm, wait_for, tmp_path):
+    """An all-reduce job of 8 one-GPU workers, planned as the daemon plans it (its view: kind, no PS, the 8
+    workers it asked for; Slurm-as-it-is gives exactly those), is started on the 4-GPU nodes as 2 nodes x
+    --gres=gpu:4 with no PS, then shrunk in place to the one node its 4 workers need, then stopped."""
+    from dl2d.daemon import plan as P
+    from dl2d.policy import registry
+
+    b = backend(slurm, tmp_path / "state")
+    spec = {**demo_request(308, epochs=60).spec, "kind": "allreduce", "batch_size": 96.0, "workers": 8,
+            "worker": {"gpus": 1, "cpus": 1, "mem_gb": 0}}
+    del spec["ps"]
+    row = P.job_row(308, "bert", 60.0, 0.0, 0, 0, 0, spec, "bert-8")
+    view = P.build_view(0, [row], b.nodes())
+    assert view.kind == ("allreduce",) and view.requested.tolist() == [8] and not view.ps_demand.any()
+    g = P.guard(view, registry.build("slurm"), registry.make_heuristic("fifo"), {}, 6)
+    assert g.source == "policy" and (int(g.allocation.workers[0]), int(g.allocation.ps[0])) == (8, 0)
+    (planned,), _ = P.plan_targets(view, g.allocation, list(view.node_names), {308: (row.max_workers, row.max_ps)})
+    job = JobRequest(308, "bert", 60.0, spec)
+    assert (planned.target.workers, planned.target.ps) == (8, 0)
+
+    r = b.apply(job, planned.target)
+    assert r.method == START
+    st = status_when(b, 308, wait_for, 30, "the all-reduce job running", state=RUNNING, epochs_min=1)
+    assert (st.workers, st.ps, len(st.nodes)) == (8, 0, 2)
+    live = next(j for j in slurm.driver().jobs() if j.job_id == r.backend_ref)
+    assert (live.num_nodes, live.gpus_per_node) == (2, 4)  # nodes x GPUs per node, as Slurm holds it
+    out = subprocess.run(["scontrol", "show", "job", r.backend_ref], capture_output=True, text=True,
+                         env={**os.environ, **slurm.env}, timeout=15, check=True).stdout
+    assert "gpu:4" in out and "NumNodes=2" in out, out
+    assert json.loads((b.job_dir(308) / "target.json").read_text()) == {"workers": 8, "ps": 0}
+
+    assert b.apply(job, Target(4, 0)).method == SHRINK  # 4 one-GPU workers fit one of its nodes
+    st = status_when(b, 308, wait_for, 15, "the job on one node", state=RUNNING, workers=4)
+    assert len(st.nodes) == 1 and st.ps == 0 and st.backend_ref == r.backend_ref
+    live = next(j for j in slurm.driver().jobs() if j.job_id == r.backend_ref)
+    assert (live.state, live.num_nodes, live.gpus_per_node) == ("RUNNING", 1, 4)
+    assert b.apply(job, Target(4, 0)).method == NOOP
+    assert b.apply(job, Target(0, 0)).method == STOP

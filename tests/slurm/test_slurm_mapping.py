@@ -47,8 +47,11 @@ def test_job_demand_is_the_spec_with_the_job_types_defaults():
     two = JobRequest(1, "resnet-50", 5, {"worker": {"gpus": 2}, "ps": {"mem_gb": 1}})
     assert job_demand(two) == JobDemand(TaskDemand(2, 2, 8), TaskDemand(0, 2, 1), JobKind.PS)
     assert job_demand(JobRequest(1, "dssm", 5, {})).worker.gpus == 0  # a CPU-only type
-    with pytest.raises(ValueError, match="unknown job type"):
-        job_demand(JobRequest(1, "gpt-9", 5, {}))
+    with pytest.raises(ValueError, match="a PS job's model must be one of DL2's types"):
+        job_demand(JobRequest(1, "gpt-9", 5, {"kind": "ps"}))
+    # any other model is an all-reduce job: one GPU per worker by default (dl2d.workload.catalog), no PS
+    assert job_demand(JobRequest(1, "gpt-9", 5, {})) == \
+        JobDemand(TaskDemand(1, 8, 40), TaskDemand(0, 0, 0), JobKind.ALLREDUCE)
     with pytest.raises(ValueError, match="worker.gpus"):
         job_demand(JobRequest(1, "resnet-50", 5, {"worker": {"gpus": -1}}))
     with pytest.raises(ValueError, match="ps.cpus"):

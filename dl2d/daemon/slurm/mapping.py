@@ -8,8 +8,9 @@ gets the GPUs of the busiest one), and likewise every node asks for the CPUs and
 node of that layout (:func:`spread`, :func:`per_node_request`; ``--mincpus``, ``--mem``). A node's capacity is that of the smallest usable node, or the
 configured node shape. PS need no GPU and share the workers' nodes.
 
-A task's demand comes from one place, :func:`job_demand`: the job's spec where it says, the job type's
-default where it is silent (dl2d.core.jobs) — what the policy plans the job with. Slurm hands out whole
+A task's demand comes from one place, :func:`job_demand`: the job's spec where it says, its model's
+default where it is silent (dl2d.daemon.jobmodel) — what the policy plans the job with. An all-reduce job is
+the same rule with no PS: its workers spread evenly over the fewest nodes, ``--gres`` their GPUs per node. Slurm hands out whole
 GPUs and CPUs, so those demands are rounded up (:class:`TaskSize`); memory stays in GB.
 
 A running job can only keep or release nodes (Slurm cannot add nodes or GPUs per node to a running
@@ -28,17 +29,19 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from dl2d.core.jobs import JobDemand, TaskDemand, demand_from_spec
+from dl2d.core.jobs import JobDemand, TaskDemand
+from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import JobRequest, NodeInfo, Target
 from dl2d.slurm.driver import SlurmJob, SlurmNode
-from dl2d.workload.jobtypes import JOB_TYPES, type_index
 
 
 def job_demand(job: JobRequest) -> JobDemand:
-    """The job's per-task demand: its spec's ``[worker]``/``[ps]`` values, its job type's default where
-    the spec gives none. The same source the policy plans from, so a job submitted with 2 GPUs per worker
-    is sized with 2 here too. ValueError for an unknown job type or a bad spec value."""
-    return demand_from_spec(job.spec or {}, JOB_TYPES[type_index(job.job_type)].demand)
+    """The job's per-task demand: its spec's ``[worker]``/``[ps]`` values, its model's default where the spec
+    gives none (dl2d.daemon.jobmodel.job_demand). The same source the policy plans from, so a job submitted
+    with 2 GPUs per worker is sized with 2 here too, and an all-reduce job has no PS: W workers of g GPUs are
+    ``N`` nodes x ``ceil(W / N) * g`` GPUs (8 one-GPU workers on 4-GPU nodes: 2 nodes x ``--gres=gpu:4``).
+    ValueError for a PS job of an unknown type or a bad spec value."""
+    return jobmodel.job_demand(job.job_type, job.spec or {})
 
 
 @dataclass(frozen=True)
