@@ -44,6 +44,11 @@ class SimSection:
     speed_model: str = "measured"
     pace: bool = False  # true: wait slot_seconds of wall time per slot; false: run slots back to back
     state_file: str = ""  # default <state_dir>/sim-cluster.json (the simulated cluster survives restarts)
+    # training time a job loses when it is started or resized (an all-reduce job also when it moves: a
+    # checkpoint-restart), as the simulator's resize_overhead_s; the demo's today world sets 30 s
+    resize_overhead_s: float = 0.0
+    # an all-reduce job spread over servers trains this much slower while one of them holds another such job
+    shared_node_slowdown: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,9 @@ class DaemonConfig:
     log_level: str = "info"
     admin_group: str = "dl2d-admin"  # read by dl2ctl
     retention_every: int = 1  # slots between node-sample retention passes
+    # the most workers the daemon gives any job: a job's own max_workers (its submission's; 16 for a PS job,
+    # 64 for an all-reduce job where it does not say) is capped by it
+    max_workers: int = 64
     sim: SimSection = SimSection()
     slurm: SlurmSection = SlurmSection()  # the Slurm backend's [slurm] table (dl2d.daemon.slurm.settings)
     policy: PolicySection = PolicySection()
@@ -135,6 +143,7 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(cfg.slot_seconds > 0, "slot_seconds", f"must be > 0, got {cfg.slot_seconds}")
     need(cfg.max_slots >= 0, "max_slots", f"must be >= 0, got {cfg.max_slots}")
     need(cfg.retention_every >= 1, "retention_every", f"must be >= 1, got {cfg.retention_every}")
+    need(1 <= cfg.max_workers <= 256, "max_workers", f"must be in 1..256, got {cfg.max_workers}")
     need(bool(cfg.state_dir), "state_dir", "must not be empty")
     need(cfg.log_level.lower() in ("debug", "info", "warning", "error"), "log_level",
          f"must be debug, info, warning or error, got {cfg.log_level!r}")
@@ -152,6 +161,9 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(0 <= s.noise < 1, "sim.noise", f"must be in [0, 1), got {s.noise}")
     need(s.speed_model in ("measured", "parametric"), "sim.speed_model",
          f"must be measured or parametric, got {s.speed_model!r}")
+    need(0 <= s.resize_overhead_s <= 86400, "sim.resize_overhead_s", f"must be in [0, 86400], got {s.resize_overhead_s}")
+    need(0 <= s.shared_node_slowdown < 1, "sim.shared_node_slowdown",
+         f"must be in [0, 1), got {s.shared_node_slowdown}")
     p = cfg.policy
     need(p.name in POLICIES, "policy.name", f"must be one of {', '.join(POLICIES)}, got {p.name!r}")
     need(p.checkpoint_every >= 1, "policy.checkpoint_every", f"must be >= 1, got {p.checkpoint_every}")

@@ -1,6 +1,7 @@
 """``dl2d``: the scheduler daemon (console script).
 
-    dl2d --demo                         # simulated cluster + demo trace, prints a result table, exits
+    dl2d --demo                         # today's world: simulated T4 cluster + a Philly workload, a result table
+    dl2d --demo --world dl2             # the DL2 paper's world: PS jobs of its eight models
     dl2d --config /etc/dl2d/dl2d.toml   # the service (systemd/dl2d.service)
 
 Wiring only: config -> database, backend, policy, agents poller, metrics, sd_notify -> SlotLoop.run.
@@ -51,7 +52,8 @@ def make_backend(cfg: DaemonConfig, hidden=None):
         if cfg.sim.servers:
             spec = replace(spec, num_servers=cfg.sim.servers)
         return SimBackend(spec, cfg.slot_seconds, cfg.sim.noise, cfg.sim.seed, cfg.sim.speed_model,
-                          state_file=cfg.sim_state_file, hidden=hidden)
+                          state_file=cfg.sim_state_file, hidden=hidden, resize_overhead_s=cfg.sim.resize_overhead_s,
+                          shared_node_slowdown=cfg.sim.shared_node_slowdown)
     try:
         from dl2d.daemon.slurm.backend import backend_from_section
         from dl2d.slurm.driver import SlurmError
@@ -94,24 +96,65 @@ def make_poller(cfg: DaemonConfig):
     return Poller(sorted(targets.items()), token, timeout=cfg.agents.timeout, stale_after=cfg.agents.stale_after)
 
 
+DEMO_WORLDS = ("today", "dl2")
+
+
 class DemoFeeder:
-    """Submits the jobs of a generated trace as they arrive (slot k of the daemon = trace slot first + k)."""
+    """Submits the jobs of a demo trace as they arrive (slot k of the daemon = trace slot first + k).
 
-    def __init__(self, num_jobs: int, seed: int, job_types: tuple[str, ...] | None = None):
+    ``world`` (dl2d.sim.worlds): ``today`` (the default) draws a seeded workload of all-reduce jobs from the
+    Philly trace at load 1 for the cluster's GPUs (dl2d.workload.philly, dl2d.sim.trace.from_workload), each
+    job submitted with its model, total batch and the GPUs it asked for (one GPU per worker); ``dl2`` generates
+    a DL2 trace of PS jobs (``job_types``: only these of its eight types)."""
+
+    def __init__(self, num_jobs: int, seed: int, job_types: tuple[str, ...] | None = None, world: str = "today",
+                 slot_seconds: float | None = None, cluster_gpus: int = 64):
         from dl2d.daemon.sim_backend import Hidden
-        from dl2d.sim.trace import TraceConfig, generate
+        from dl2d.sim.worlds import world as world_of
 
-        tc = TraceConfig(num_jobs=num_jobs, **({"job_types": tuple(job_types)} if job_types else {}))
-        self.trace = generate(tc, seed=seed)
+        if world not in DEMO_WORLDS:
+            raise ValueError(f"unknown world {world!r}; choose one of {', '.join(DEMO_WORLDS)}")
+        self.world = world
+        self.max_workers = world_of(world).max_workers
+        if world == "dl2":
+            from dl2d.sim.trace import TraceConfig, generate
+
+            tc = TraceConfig(num_jobs=num_jobs, **({"job_types": tuple(job_types)} if job_types else {}))
+            self.trace = generate(tc, seed=seed)
+        else:
+            if job_types:
+                raise ValueError("the today world draws its models from the Philly trace; --demo-types picks DL2 "
+                                 "types (give --world dl2)")
+            from dl2d.sim.trace import from_workload
+            from dl2d.workload import philly
+
+            jobs = philly.generate(num_jobs, load=1.0, cluster_gpus=cluster_gpus, seed=seed,
+                                   max_gpus=self.max_workers)
+            self.trace = from_workload(jobs, slot_seconds or world_of(world).slot_seconds, seed=seed)
         self.first = int(self.trace.arrival_slot.min())
         self.names = [f"demo-{i:04d}" for i in range(len(self.trace))]
         self.hidden = {n: Hidden(float(self.trace.true_epochs[i]), float(self.trace.speed_factor[i]))
                        for i, n in enumerate(self.names)}
         self.submitted: set[str] | None = None
 
+    def submission(self, i: int) -> dict[str, Any]:
+        """The submission of trace job ``i``, as a user would make it."""
+        from dl2d.workload.catalog import ALLREDUCE_WORKER, MODEL_NAMES
+        from dl2d.workload.jobtypes import JOB_TYPES
+
+        t = int(self.trace.type_idx[i])
+        base = {"name": self.names[i], "owner": "demo", "total_epochs": float(self.trace.est_epochs[i]),
+                "command": "simulated"}
+        if self.world == "dl2":
+            jt = JOB_TYPES[t]
+            return {**base, "job_type": jt.name, "worker": dict(zip(("gpus", "cpus", "mem_gb"), jt.worker_demand)),
+                    "ps": {"cpus": jt.ps_demand[1], "mem_gb": jt.ps_demand[2]}}
+        return {**base, "kind": "allreduce", "job_type": MODEL_NAMES[t], "batch_size": float(self.trace.batch_size[i]),
+                "workers": int(self.trace.requested[i]), "max_workers": self.max_workers,
+                "worker": dict(zip(("gpus", "cpus", "mem_gb"), ALLREDUCE_WORKER.as_array().tolist()))}
+
     def __call__(self, session, number: int, now) -> int:
         from dl2d.db.jobs import job_names_with_prefix, submit_job
-        from dl2d.workload.jobtypes import JOB_TYPES
 
         if self.submitted is None:
             self.submitted = job_names_with_prefix(session, "demo-")
@@ -119,17 +162,35 @@ class DemoFeeder:
         for i, name in enumerate(self.names):
             if name in self.submitted or self.trace.arrival_slot[i] - self.first > number:
                 continue
-            t = JOB_TYPES[int(self.trace.type_idx[i])]
-            submit_job(session, {
-                "name": name, "owner": "demo", "job_type": t.name, "total_epochs": float(self.trace.est_epochs[i]),
-                "command": "simulated", "worker": dict(zip(("gpus", "cpus", "mem_gb"), t.worker_demand)),
-                "ps": {"cpus": t.ps_demand[1], "mem_gb": t.ps_demand[2]}}, now=now)
+            submit_job(session, self.submission(i), now=now)
             self.submitted.add(name)
             n += 1
         return n
 
     def exhausted(self) -> bool:
         return self.submitted is not None and len(self.submitted) == len(self.names)
+
+
+def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | None) -> dict[str, Any]:
+    """The config the demo of a world runs with (flags win): today's world on its cluster (t4-16), 60 s slots,
+    its restart cost and shared-node slowdown, up to 64 workers a job; the DL2 world as the demo always ran
+    (the config's cluster, 20-minute slots)."""
+    if world_name != "today":
+        return {"sim.cluster": cluster, "slot_seconds": slot_seconds}
+    from dl2d.sim.worlds import world
+
+    w = world(world_name)
+    return {"sim.cluster": cluster or w.cluster, "slot_seconds": slot_seconds or w.slot_seconds,
+            "sim.resize_overhead_s": w.resize_overhead_s, "sim.shared_node_slowdown": w.shared_node_slowdown,
+            "max_workers": w.max_workers}
+
+
+def demo_cluster_gpus(cfg: DaemonConfig) -> int:
+    """GPUs of the simulated cluster the config describes (the demo's workload load is per GPU)."""
+    from dl2d.sim.cluster import preset
+
+    spec = preset(cfg.sim.cluster)
+    return int(spec.gpus * (cfg.sim.servers or spec.num_servers))
 
 
 def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=None, metrics=None):
@@ -157,6 +218,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
         learner=learner if cfg.policy.online_rl else None, checkpoint_path=cfg.policy_save_path,
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
         hysteresis=Hysteresis(cfg.guardrails.min_resize_slots, cfg.guardrails.min_resize_gain),
+        max_workers=cfg.max_workers,
         info={"backend": cfg.backend, "policy": getattr(policy, "name", cfg.policy.name),
               "db_url": _safe_url(cfg.database_url), "slot_seconds": cfg.slot_seconds})
     return loop
@@ -275,7 +337,8 @@ def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> d
         fallbacks = count_decisions(s, DecisionSource.FALLBACK)
         first = min(j.submitted_at for j in jobs) if jobs else None
         last = max((j.finished_at for j in done), default=None)
-    out = {"policy": cfg.policy.name, "jobs": len(jobs), "completed": len(done),
+    out = {"world": feeder.world, "cluster": cfg.sim.cluster, "policy": cfg.policy.name, "jobs": len(jobs),
+           "completed": len(done),
            "avg_jct_hours": round(float(jct_h.mean()), 3) if len(done) else None,
            "makespan_hours": round((last - first).total_seconds() / 3600, 3) if last else None,
            "slots": slots, "resize_events": resizes, "fallback_slots": fallbacks,
@@ -290,8 +353,11 @@ def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> d
         if cfg.sim.servers:
             spec = replace(spec, num_servers=cfg.sim.servers)
         pol, _ = make_policy(replace(cfg, policy=replace(cfg.policy, online_rl=False)))
-        res = run(feeder.trace, pol, SimConfig(cluster=spec, slot_seconds=cfg.slot_seconds, slot_noise=cfg.sim.noise,
-                                               speed_model=cfg.sim.speed_model), seed=cfg.sim.seed)
+        sim = SimConfig(cluster=spec, slot_seconds=cfg.slot_seconds, slot_noise=cfg.sim.noise,
+                        speed_model=cfg.sim.speed_model, resize_overhead_s=cfg.sim.resize_overhead_s,
+                        shared_node_slowdown=cfg.sim.shared_node_slowdown,
+                        max_workers=min(cfg.max_workers, feeder.max_workers))
+        res = run(feeder.trace, pol, sim, seed=cfg.sim.seed)
         out["bare_sim_avg_jct_hours"] = round(res.avg_jct_hours, 3)
     return out
 
@@ -303,7 +369,7 @@ def print_report(out: dict[str, Any]) -> None:
     t = Table(title="dl2d demo: simulated cluster, real daemon, SQLite")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    labels = {"policy": "policy", "jobs": "jobs submitted", "completed": "jobs completed",
+    labels = {"world": "world", "cluster": "cluster", "policy": "policy", "jobs": "jobs submitted", "completed": "jobs completed",
               "avg_jct_hours": "avg JCT (h, from the DB)", "bare_sim_avg_jct_hours": "avg JCT, bare simulator (h)",
               "makespan_hours": "makespan (h)", "slots": "slots run", "resize_events": "start/resize events",
               "fallback_slots": "guardrail fallbacks", "tick_ms_mean": "tick mean (ms)", "tick_ms_max": "tick max (ms)",
@@ -322,8 +388,8 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--db", "db_url", metavar="URL", help="Database URL (default: SQLite in the state dir).")
 @click.option("--backend", type=click.Choice(["sim", "slurm"]), help="Cluster backend.")
 @click.option("--sim", "use_sim", is_flag=True, help="Shorthand for --backend sim.")
-@click.option("--cluster", help="Simulated cluster preset (tiny, small, testbed, dl2).")
-@click.option("--slot-seconds", type=float, help="Slot length in seconds (default 1200).")
+@click.option("--cluster", help="Simulated cluster preset (t4-16, t4-128, t4-512; tiny, small, testbed, dl2).")
+@click.option("--slot-seconds", type=float, help="Slot length in seconds (default 1200; the today demo 60).")
 @click.option("--policy", type=click.Choice(POLICIES), help="Scheduling policy.")
 @click.option("--placement", type=click.Choice(PLACEMENTS), help="Task placement: the policy's own or DLTAP.")
 @click.option("--checkpoint", metavar="FILE", help="Trained policy: DL2 (dl2ctl train) or Chic (.npz).")
@@ -334,13 +400,16 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--demo", is_flag=True, help="Simulated cluster + a generated trace; run until every job finishes, "
                                            "print the results and exit.")
+@click.option("--world", type=click.Choice(DEMO_WORLDS), default="today", show_default=True,
+              help="Demo: today's all-reduce jobs on 16 x 4 T4 GPUs, 60 s slots, a Philly workload; or dl2, the "
+                   "DL2 paper's PS jobs (dl2d.sim.worlds).")
 @click.option("--demo-jobs", type=int, default=20, show_default=True, help="Jobs in the demo trace.")
 @click.option("--demo-seed", type=int, default=0, show_default=True, help="Seed of the demo trace.")
-@click.option("--demo-types", metavar="T1,T2", help="Demo: only these job types (default: the 8 DL2 models).")
+@click.option("--demo-types", metavar="T1,T2", help="Demo, --world dl2: only these job types (default: all 8).")
 @click.option("--compare/--no-compare", default=True, show_default=True,
               help="Demo: also run the bare simulator with the same policy and trace, for reference.")
 def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, placement, checkpoint,
-         online_rl, metrics_port, no_metrics, max_slots, log_level, demo, demo_jobs, demo_seed, demo_types,
+         online_rl, metrics_port, no_metrics, max_slots, log_level, demo, world, demo_jobs, demo_seed, demo_types,
          compare) -> None:
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
     if demo and state_dir is None and not db_url:
@@ -348,7 +417,8 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
     if demo and log_level is None:  # the demo's output is its report; --log-level info shows every slot's work
         log_level = "warning"
     overrides = {"state_dir": state_dir, "db_url": db_url, "backend": "sim" if (use_sim or demo) else backend,
-                 "sim.cluster": cluster, "slot_seconds": slot_seconds, "policy.name": policy,
+                 "sim.cluster": cluster, "slot_seconds": slot_seconds,
+                 **(demo_overrides(world, cluster, slot_seconds) if demo else {}), "policy.name": policy,
                  "policy.placement": placement, "policy.checkpoint": checkpoint, "policy.online_rl": online_rl,
                  "metrics.port": metrics_port, "max_slots": max_slots, "log_level": log_level}
     if no_metrics or (demo and metrics_port is None):
@@ -360,7 +430,8 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
         setup_logging(cfg.log_level)
         types = tuple(t.strip() for t in demo_types.split(",") if t.strip()) if demo_types else None
         try:
-            feeder = DemoFeeder(demo_jobs, demo_seed, types) if demo else None
+            feeder = DemoFeeder(demo_jobs, demo_seed, types, world, cfg.slot_seconds, demo_cluster_gpus(cfg)) \
+                if demo else None
         except ValueError as e:
             raise ConfigError(f"--demo-types: {e}") from None
         try:

@@ -2,9 +2,15 @@
 
 The daemon drives it exactly as it drives Slurm (``observe`` / ``apply`` / ``cancel`` / ``drain`` /
 ``resume``), and :meth:`SimBackend.end_slot` trains every running job for one slot with the simulator's
-speed model (``dl2d.workload.speed.epochs_trained``: measured speed table x the job's hidden interference
-factor x a per-slot noise drawn as the simulator draws it). Time is virtual: :meth:`SimBackend.now` is the
-start time plus ``slot`` x ``slot_seconds``, so the daemon's timestamps (and the DB's JCTs) are simulated time.
+truth, times the job's hidden interference factor and a per-slot noise drawn as the simulator draws it: a PS
+job at the measured speed table (``dl2d.workload.speed.epochs_trained``), an all-reduce job at the measured
+throughput of its placement (the GPUs it holds on each node: ``dl2d.sim.allreduce.epoch_rates``), slowed by
+``shared_node_slowdown`` while it is spread over nodes one of which holds another spread job
+(``allreduce.shares_a_server``). A model the catalog does not know has no measured truth: it trains at the
+daemon's stated prior for it (dl2d.daemon.jobmodel). A start or resize (an all-reduce job's move too) costs
+``resize_overhead_s`` of training, as in the simulator (``SimConfig.resize_overhead_s``; 0 by default).
+Time is virtual: :meth:`SimBackend.now` is the start time plus ``slot`` x ``slot_seconds``, so the daemon's
+timestamps (and the DB's JCTs) are simulated time.
 
 The cluster outlives the daemon like a real one: with ``state_file`` set, the whole state (jobs, sizes,
 placements, drained nodes, virtual clock, the noise generator and a log of every apply) is written
@@ -16,7 +22,8 @@ those requests had never been sent, and replays them from its journal.
 
 Placement: targets carry per-task node names as hints; they are recorded (``JobStatus.nodes``) but, as
 with Slurm, where tasks really run is the backend's business: a job whose size does not change keeps its
-tasks where they are, so per-node hints of different slots need not add up. ``end_slot`` checks that the
+tasks where they are, so per-node hints of different slots need not add up. An all-reduce job's speed is
+that of its recorded nodes (packed on the fewest nodes when a target carried none). ``end_slot`` checks that the
 running jobs fit the cluster in total (a plan applied job by job may pass through states that do not fit,
 as on a real cluster between two resizes; the state that runs must fit).
 """
@@ -33,7 +40,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from dl2d.core.files import write_json_atomic
-from dl2d.core.jobs import demand_from_spec
+from dl2d.core.jobs import JobDemand, JobKind, TaskDemand
+from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import (
     FAILED,
     FINISHED,
@@ -51,8 +59,9 @@ from dl2d.daemon.backend import (
     NodeInfo,
     Target,
 )
+from dl2d.sim import allreduce
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.workload.jobtypes import JOB_TYPES, TYPE_NAMES, type_index
+from dl2d.workload.jobtypes import JOB_TYPES, TYPE_NAMES
 from dl2d.workload.speed import epochs_trained, speed_table
 
 STATE_FORMAT = "dl2d-sim-cluster"
@@ -79,12 +88,17 @@ class SimBackend:
 
     def __init__(self, cluster: ClusterSpec = ClusterSpec(40), slot_seconds: float = 1200.0, noise: float = 0.1,
                  seed: int = 0, speed_model: str = "measured", state_file: str | Path | None = None,
-                 hidden: Mapping[str, Hidden] | None = None, start_time: float | None = None):
+                 hidden: Mapping[str, Hidden] | None = None, start_time: float | None = None,
+                 resize_overhead_s: float = 0.0, shared_node_slowdown: float = 0.0):
         self.heartbeat = lambda: None  # the simulated cluster never waits inside apply
         if slot_seconds <= 0:
             raise ValueError("slot_seconds must be > 0")
         if not 0 <= noise < 1:
             raise ValueError("noise must be in [0, 1)")
+        if not 0 <= resize_overhead_s < float("inf") or not 0 <= shared_node_slowdown < 1:
+            raise ValueError("resize_overhead_s must be a finite number >= 0 and shared_node_slowdown in [0, 1)")
+        self.resize_overhead_s = float(resize_overhead_s)
+        self.shared_node_slowdown = float(shared_node_slowdown)
         self.cluster = cluster
         self.slot_seconds = float(slot_seconds)
         self.noise = float(noise)
@@ -201,20 +215,26 @@ class SimBackend:
             if target.workers == 0 and target.ps == 0:
                 return ApplyResult(job.job_id, NOOP, ref)
             try:
-                t = type_index(job.job_type)
-                demand = demand_from_spec(job.spec, JOB_TYPES[t].demand)
+                model = jobmodel.model_of(job.job_type, job.spec)
+                demand = jobmodel.job_demand(job.job_type, job.spec)
             except ValueError as e:
                 raise BackendError(f"job {job.job_id}: {e}") from None
             hid = self.hidden.get(str(job.spec.get("name", "")), Hidden(job.total_epochs))
-            j = {"type": t, "est": float(job.total_epochs), "true": float(hid.true_epochs),
+            j = {"type": model.type_idx, "kind": model.kind.value, "model": model.name, "batch": model.batch_size,
+                 "requested": model.requested, "epoch_seconds": model.epoch_seconds,
+                 "est": float(job.total_epochs), "true": float(hid.true_epochs),
                  "worker_demand": demand.worker.as_array().tolist(), "ps_demand": demand.ps.as_array().tolist(),
                  "factor": float(hid.speed_factor), "epochs_done": 0.0, "workers": 0, "ps": 0,
-                 "worker_nodes": [], "ps_nodes": [], "state": PENDING, "finished_at": None}
+                 "worker_nodes": [], "ps_nodes": [], "state": PENDING, "finished_at": None, "debt": 0.0}
             self.jobs[job.job_id] = j
         same = (j["workers"], j["ps"]) == (target.workers, target.ps) and \
             (not w_nodes or w_nodes == j["worker_nodes"]) and (not p_nodes or p_nodes == j["ps_nodes"])
         if same:
             return ApplyResult(job.job_id, NOOP, ref)
+        resized = (j["workers"], j["ps"]) != (target.workers, target.ps)
+        if resized or (self._allreduce(j) and w_nodes and sorted(w_nodes) != sorted(j["worker_nodes"])):
+            # what the simulator charges: a size change, or an all-reduce job moved (a checkpoint-restart)
+            j["debt"] = j.get("debt", 0.0) + self.resize_overhead_s
         if target.workers == 0 and target.ps == 0:
             method = STOP
         elif j["workers"] == 0 and j["ps"] == 0:
@@ -257,17 +277,60 @@ class SimBackend:
         if np.any(total > cap + 1e-6):
             raise BackendError(f"running jobs need {total.tolist()} (GPUs, CPUs, GB), the cluster has {cap.tolist()}")
 
+    @staticmethod
+    def _allreduce(j: Mapping[str, Any]) -> bool:
+        return j.get("kind") == JobKind.ALLREDUCE.value
+
+    def _worker_servers(self, j: Mapping[str, Any]) -> list[int]:
+        """Server indices of a job's workers: its recorded nodes, else packed on the first servers."""
+        nodes = j["worker_nodes"]
+        if len(nodes) == j["workers"] and all(n in self._index for n in nodes):
+            return [self._index[n] for n in nodes]
+        per_server = max(int(self.cluster.gpus // jobmodel.gpus_per_worker(self._demand(j))), 1)
+        return [w // per_server for w in range(j["workers"])]
+
+    @staticmethod
+    def _demand(j: Mapping[str, Any]) -> JobDemand:
+        return JobDemand(TaskDemand.of(j["worker_demand"]), TaskDemand.of(j["ps_demand"]),
+                         JobKind(j.get("kind", JobKind.PS.value)))
+
+    def _allreduce_rates(self, jobs: list[dict[str, Any]]) -> np.ndarray:
+        """[jobs] epochs/s of running all-reduce jobs on their servers, with the shared-node slowdown; before
+        interference and noise. Known models: the measured throughput (dl2d.sim.allreduce); unseen: the prior."""
+        servers = [self._worker_servers(j) for j in jobs]
+        gpw = np.array([jobmodel.gpus_per_worker(self._demand(j)) for j in jobs], float)
+        known = [k for k, j in enumerate(jobs) if j["type"] != jobmodel.UNSEEN_MODEL]
+        rates = np.zeros(len(jobs))
+        if known:
+            rates[known] = allreduce.epoch_rates([jobs[k]["type"] for k in known], [jobs[k]["batch"] for k in known],
+                                                 [servers[k] for k in known], gpw[known])
+        for k, j in enumerate(jobs):
+            if j["type"] == jobmodel.UNSEEN_MODEL:
+                model = jobmodel.JobModel(j["model"], j["type"], JobKind.ALLREDUCE, j["batch"], j["requested"],
+                                          j["epoch_seconds"])
+                rates[k] = jobmodel.prior(model, int(gpw[k]), int(self.cluster.gpus), j["workers"])[j["workers"]]
+        return rates * (1 - self.shared_node_slowdown * allreduce.shares_a_server(servers))
+
     def end_slot(self, seconds: float) -> None:
         """Train every running job for one slot (``seconds`` is ignored: a slot is ``slot_seconds``)."""
         active = sorted((jid, j) for jid, j in self.jobs.items() if j["state"] in (PENDING, RUNNING))
         self._check_capacity(active)
         noise = 1 + self.noise * self.rng.uniform(-1, 1, len(active))
         start = self.origin + self.slot * self.slot_seconds
+        running_ar = [j for _, j in active if j["workers"] > 0 and self._allreduce(j)]
+        ar_rate = dict(zip(map(id, running_ar), self._allreduce_rates(running_ar))) if running_ar else {}
         for (jid, j), nz in zip(active, noise):
+            lost = min(j.get("debt", 0.0), self.slot_seconds)  # resize overhead paid this slot
+            if lost:
+                j["debt"] -= lost
+            train_s = self.slot_seconds - lost
             if j["workers"] == 0:
                 continue
-            ep = float(epochs_trained(self.table, np.array([j["type"]]), np.array([j["ps"]]),
-                                      np.array([j["workers"]]), j["factor"] * nz, self.slot_seconds)[0])
+            if self._allreduce(j):
+                ep = ar_rate[id(j)] * j["factor"] * nz * train_s
+            else:
+                ep = float(epochs_trained(self.table, np.array([j["type"]]), np.array([j["ps"]]),
+                                          np.array([j["workers"]]), j["factor"] * nz, train_s)[0])
             left = j["true"] - j["epochs_done"]
             if ep >= left - 1e-12:
                 frac = min(max(left / ep, 0.0), 1.0) if ep > 0 else 1.0

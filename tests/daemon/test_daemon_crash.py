@@ -22,7 +22,7 @@ def dl2d(state_dir, crash: str | None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DL2D_")}
     if crash:
         env["DL2D_DEBUG_CRASH"] = crash
-    cmd = [sys.executable, "-m", "dl2d.daemon.main", "--demo", "--demo-jobs", str(JOBS), "--demo-seed", "2",
+    cmd = [sys.executable, "-m", "dl2d.daemon.main", "--demo", "--world", "dl2", "--demo-jobs", str(JOBS), "--demo-seed", "2",
            "--demo-types", "resnext-110,wlm,resnet-50", "--cluster", "tiny", "--state-dir", str(state_dir),
            "--no-compare", "--config", str(state_dir / "none.toml"), "--log-level", "warning"]
     (state_dir / "none.toml").write_text("")

@@ -89,7 +89,7 @@ def test_make_policy_builds_and_wraps(tmp_path):
 # ------------------------------------------------------------------------------------------- daemon runs
 
 def run_daemon(cfg, jobs: int = 6):
-    feeder = DemoFeeder(jobs, seed=5, job_types=SHORT_TYPES)
+    feeder = DemoFeeder(jobs, seed=5, job_types=SHORT_TYPES, world="dl2")
     loop = build_loop(cfg, feeder)
     slots = loop.run(max_slots=400, until_idle=lambda: feeder.exhausted() and loop.idle())
     with session_scope(loop.engine) as s:

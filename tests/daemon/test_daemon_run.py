@@ -47,7 +47,7 @@ def jcts_from_db(engine):
 def test_daemon_matches_bare_simulator(tmp_path, policy):
     """Without slot noise the run is exactly the simulator's; the tiny cluster makes jobs queue and resize."""
     cfg = config(tmp_path, policy={"name": policy}, sim={"noise": 0.0}, guardrails={"starve_slots": 10_000})
-    feeder = DemoFeeder(10, seed=5, job_types=SHORT_TYPES)
+    feeder = DemoFeeder(10, seed=5, job_types=SHORT_TYPES, world="dl2")
     loop = build_loop(cfg, feeder)
     slots = loop.run(until_idle=lambda: feeder.exhausted() and loop.idle())
     states, jct = jcts_from_db(loop.engine)
@@ -71,7 +71,7 @@ def test_daemon_avg_jct_within_noise_of_bare_simulator(tmp_path):
     """With noise the per-slot draws are aligned differently (the backend draws for the jobs it runs, the
     simulator for every arrived job), so per-job JCTs differ; the average stays within noise."""
     cfg = config(tmp_path, sim={"noise": 0.1})
-    feeder = DemoFeeder(10, seed=5, job_types=SHORT_TYPES)
+    feeder = DemoFeeder(10, seed=5, job_types=SHORT_TYPES, world="dl2")
     loop = build_loop(cfg, feeder)
     loop.run(until_idle=lambda: feeder.exhausted() and loop.idle())
     _, jct = jcts_from_db(loop.engine)
@@ -83,7 +83,7 @@ def test_daemon_avg_jct_within_noise_of_bare_simulator(tmp_path):
 
 def test_nan_policy_falls_back_to_drf_and_is_recorded(tmp_path):
     cfg = config(tmp_path)
-    feeder = DemoFeeder(4, seed=1, job_types=("resnext-110",))
+    feeder = DemoFeeder(4, seed=1, job_types=("resnext-110",), world="dl2")
     loop = build_loop(cfg, feeder)
     loop.policy = StatelessPolicy(lambda view: Allocation(np.full(len(view), np.nan), np.ones(len(view))), "nan")
     loop.run(until_idle=lambda: feeder.exhausted() and loop.idle())
@@ -113,3 +113,28 @@ def test_cancel_reaches_the_backend(tmp_path):
     with session_scope(loop.engine) as s:
         assert s.get(Job, jid).state == JobState.CANCELLED
         assert s.scalar(select(func.count()).select_from(Intent).where(Intent.state != IntentState.DONE)) == 0
+
+
+def test_todays_all_reduce_jobs_run_to_the_end_near_the_bare_simulator(tmp_path):
+    """The today world's demo jobs (Philly-drawn all-reduce jobs of the six measured models) go through submit,
+    the view (their measured speed, the GPUs they asked for) and the simulated backend's measured truth to the
+    end. Not exactly the simulator's JCTs: a job whose size does not change keeps its tasks where they are in the
+    daemon (as on Slurm), while the simulator moves it wherever the policy places it anew."""
+    from dl2d.sim.worlds import world
+    from dl2d.workload.catalog import ALLREDUCE_MODELS
+
+    cfg = config(tmp_path, slot_seconds=60.0, sim={"cluster": "t4-16", "noise": 0.0})
+    feeder = DemoFeeder(6, seed=0, world="today", slot_seconds=60.0)
+    loop = build_loop(cfg, feeder)
+    loop.run(until_idle=lambda: feeder.exhausted() and loop.idle())
+    with session_scope(loop.engine) as s:
+        jobs = list(s.scalars(select(Job).order_by(Job.id)))
+        assert [j.state for j in jobs] == [JobState.COMPLETED] * 6
+        assert all(j.spec["kind"] == "allreduce" and j.job_type in ALLREDUCE_MODELS and j.spec["batch_size"] > 0
+                   for j in jobs)
+        assert sorted(j.spec["workers"] for j in jobs) == sorted(feeder.trace.requested.tolist())
+        jct = np.array([(j.finished_at - j.submitted_at).total_seconds() / 60 for j in jobs])
+    pol, _ = make_policy(cfg)
+    bare = run(feeder.trace, pol, world("today").sim_config(slot_noise=0.0, resize_overhead_s=0.0,
+                                                            shared_node_slowdown=0.0), seed=3)
+    assert jct.mean() == pytest.approx(bare.avg_jct_slots, rel=0.03)
