@@ -19,7 +19,7 @@ from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.config import PolicyConfig
 from dl2d.policy.learn import RLState, _push, rl_update
-from dl2d.policy.scheduler import WindowRecord, _collect_servers
+from dl2d.policy.scheduler import WindowRecord, _collect_servers, window_job_info
 from dl2d.policy.slot import SAMPLE, pad_window, run_window
 from dl2d.sim import engine as E
 from dl2d.sim.trace import Trace
@@ -37,7 +37,8 @@ def decide_batch(cfg: PolicyConfig, params, key, views: list[SlotView], epsilon:
         if len(v) > cfg.max_jobs:
             raise ValueError(f"{len(v)} jobs in a slot: batched rollouts support one window of {cfg.max_jobs}")
     wins = [pad_window(cfg, v.type_idx, v.slots_run, v.remaining_epochs, v.free, v.capacity,
-                       worker_demand=v.worker_demand, ps_demand=v.ps_demand, allreduce=v.allreduce) for v in views]
+                       worker_demand=v.worker_demand, ps_demand=v.ps_demand, allreduce=v.allreduce,
+                       job_info=window_job_info(cfg, v, slice(0, len(v)))) for v in views]
     stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *wins)
     out = jax.device_get(run_windows(cfg, params, jax.random.split(key, len(views)), stacked, epsilon, mode=mode))
     res = []

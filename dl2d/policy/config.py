@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.policy.job_info import NUM_SPEED_FEATURES
 from dl2d.workload.catalog import MODEL_NAMES
 
 
@@ -25,6 +26,9 @@ class PolicyConfig:
     # state / action space
     max_jobs: int = 40  # J: the scheduling window; more concurrent jobs are scheduled in windows of J
     num_types: int = len(MODEL_NAMES)  # L: one-hot over the model catalog (DL2's eight types, six all-reduce)
+    # how a job is described: "type" (DL2: its one-hot model type) or "speed" (what its speed estimate says:
+    # scaling efficiency, remaining work, all-reduce or not; dl2d.policy.job_info), which works for any model
+    job_encoding: str = "type"
     max_workers: int = MAX_WORKERS
     max_ps: int = MAX_PS
     starting_bundle: bool = True  # give every job one worker + one PS before the network decides (no starvation)
@@ -57,8 +61,13 @@ class PolicyConfig:
     epochs_scale: float = 300.0
 
     @property
+    def job_dim(self) -> int:
+        """Columns describing what the job is: its one-hot type, or its speed features."""
+        return self.num_types if self.job_encoding == "type" else NUM_SPEED_FEATURES
+
+    @property
     def features_per_job(self) -> int:
-        return self.num_types + 5  # one-hot type, d, e, r, w, u
+        return self.job_dim + 5  # what the job is, d, e, r, w, u
 
     @property
     def state_dim(self) -> int:
@@ -95,6 +104,8 @@ class PolicyConfig:
                              f"weights, more than the {MAX_WEIGHTS:,} allowed")
         if self.poor_skew not in ("both", "workers", "none"):
             raise ValueError(f"poor_skew must be 'both', 'workers' or 'none', not {self.poor_skew!r}")
+        if self.job_encoding not in ("type", "speed"):
+            raise ValueError(f"job_encoding must be 'type' or 'speed', not {self.job_encoding!r}")
         if self.advantage not in ("critic", "greedy"):
             raise ValueError(f"advantage must be 'critic' or 'greedy', not {self.advantage!r}")
 

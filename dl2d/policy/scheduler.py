@@ -13,6 +13,7 @@ import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.config import PolicyConfig
+from dl2d.policy.job_info import speed_features
 from dl2d.policy.slot import GREEDY, SAMPLE, TEACHER, pad_window, run_window
 
 
@@ -46,7 +47,7 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
         sl = slice(start, min(start + cfg.max_jobs, n))
         win = pad_window(cfg, view.type_idx[sl], view.slots_run[sl], view.remaining_epochs[sl], free, view.capacity,
                          worker_demand=view.worker_demand[sl], ps_demand=view.ps_demand[sl],
-                         allreduce=view.allreduce[sl])
+                         allreduce=view.allreduce[sl], job_info=window_job_info(cfg, view, sl))
         tw = tu = None
         if targets is not None:
             tw = np.zeros(cfg.max_jobs, np.int32)
@@ -64,6 +65,13 @@ def decide(cfg: PolicyConfig, params, key, view: SlotView, mode: str = GREEDY, e
             records.append(WindowRecord(out.states[:steps], out.masks[:steps], acts, out.explored[:steps]))
     alloc = Allocation.from_servers(w_srv, p_srv)
     return Decision(alloc, records)
+
+
+def window_job_info(cfg: PolicyConfig, view: SlotView, rows) -> np.ndarray | None:
+    """The speed features of these jobs of the view when the policy describes jobs by them, else None."""
+    if cfg.job_encoding != "speed":
+        return None
+    return speed_features(view.est_speed[rows], view.remaining_epochs[rows], view.allreduce[rows])
 
 
 @partial(jax.jit, static_argnums=1)
@@ -116,4 +124,5 @@ def load_scheduler(checkpoint: str, mode: str = GREEDY) -> DL2Scheduler:
     return DL2Scheduler(ckpt.config, ckpt.params, mode=mode)
 
 
-__all__ = ["DL2Scheduler", "Decision", "WindowRecord", "decide", "load_scheduler", "GREEDY", "SAMPLE", "TEACHER"]
+__all__ = ["DL2Scheduler", "Decision", "WindowRecord", "decide", "load_scheduler", "window_job_info", "GREEDY",
+           "SAMPLE", "TEACHER"]

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dl2d.policy.config import PolicyConfig
+from dl2d.policy.job_info import NUM_SPEED_FEATURES
 
 EPS = 1e-6
 MIN_DEMAND_ROWS = 8  # demand rows of a window: at least this many, else the next power of two
@@ -56,6 +57,7 @@ class Window(NamedTuple):
     demands_w: jax.Array  # f32 [L, 3]: a worker's demand per row
     demands_p: jax.Array  # f32 [L, 3]: a PS's demand per row
     allreduce: jax.Array  # bool [J]: an all-reduce job: no PS, so its PS and bundle actions are masked (DL2 s. 7)
+    job_info: jax.Array  # f32 [J, NUM_SPEED_FEATURES]: what the job is (dl2d.policy.job_info), "speed" encoding
 
 
 class SlotOut(NamedTuple):
@@ -74,7 +76,8 @@ class SlotOut(NamedTuple):
 
 
 def job_features(cfg: PolicyConfig, win: Window, w, u):
-    """[J, F]: one-hot type, slots run, remaining epochs, dominant share (x J), workers, PS; zero if padding."""
+    """[J, F]: what the job is (one-hot type, or its speed features), slots run, remaining epochs, dominant
+    share (x J), workers, PS; zero if padding."""
     total = win.capacity.sum(axis=0)
     inv = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
     used = w[:, None] * win.demands_w[win.demand_row] + u[:, None] * win.demands_p[win.demand_row]
@@ -83,7 +86,8 @@ def job_features(cfg: PolicyConfig, win: Window, w, u):
         win.slots_run / cfg.slots_scale, win.remaining / cfg.epochs_scale, r * cfg.max_jobs,
         w / cfg.max_workers, u / cfg.max_ps,
     ], axis=1)
-    f = jnp.concatenate([jax.nn.one_hot(win.type_idx, cfg.num_types), cols], axis=1)
+    what = jax.nn.one_hot(win.type_idx, cfg.num_types) if cfg.job_encoding == "type" else win.job_info
+    f = jnp.concatenate([what, cols], axis=1)
     return f * win.valid[:, None]
 
 
@@ -412,9 +416,10 @@ def demand_table(worker_demand, ps_demand) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity, w0=None, u0=None, *,
-               worker_demand, ps_demand, allreduce=None) -> Window:
+               worker_demand, ps_demand, allreduce=None, job_info=None) -> Window:
     """A Window from NumPy arrays of up to J jobs (padding the rest); `worker_demand` / `ps_demand` [n, 3]
-    are the jobs' own per-task demands, `allreduce` [n] marks the jobs without PS (default: none)."""
+    are the jobs' own per-task demands, `allreduce` [n] marks the jobs without PS (default: none),
+    `job_info` [n, NUM_SPEED_FEATURES] their speed features (dl2d.policy.job_info; default zeros)."""
     n = len(type_idx)
     if n > cfg.max_jobs:
         raise ValueError(f"{n} jobs in a window of {cfg.max_jobs}")
@@ -426,10 +431,14 @@ def pad_window(cfg: PolicyConfig, type_idx, slots_run, remaining, free, capacity
         return out
 
     zeros = np.zeros(n)
+    info = np.zeros((J, NUM_SPEED_FEATURES), np.float32)
+    if job_info is not None:
+        info[:n] = job_info
     job_row, demands_w, demands_p = demand_table(worker_demand, ps_demand)
     return Window(*jax.device_put((  # one transfer call for all the arrays
         pad(type_idx, np.int32), np.arange(J) < n, pad(slots_run, np.float32), pad(remaining, np.float32),
         pad(zeros if w0 is None else w0, np.int32), pad(zeros if u0 is None else u0, np.int32),
         np.asarray(free, np.float32), np.asarray(capacity, np.float32),
         pad(job_row, np.int32), demands_w, demands_p, pad(zeros if allreduce is None else allreduce, bool),
+        info,
     )))

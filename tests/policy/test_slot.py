@@ -322,3 +322,62 @@ def test_allreduce_jobs_get_workers_only_their_ps_and_bundle_actions_masked(para
     for seed in range(5):
         out = run_window(CFG, params, jax.random.PRNGKey(seed), win, mode=SAMPLE, epsilon=0.3)
         assert np.all(np.asarray(out.ps)[:4][ar] == 0) and np.all(np.asarray(out.workers)[:4] >= 1)
+
+
+# ---------------------------------------------------------------- jobs described by their speed, not their type
+
+def test_speed_features_of_hand_made_estimates():
+    from dl2d.policy.job_info import NUM_SPEED_FEATURES, speed_features
+    est = np.zeros((2, 3, 17))
+    est[0, 0, 1:] = 0.01 * np.minimum(np.arange(1, 17), 4)  # all-reduce: linear to 4 workers, flat after
+    est[1, 1:, 1:] = 0.02  # PS job: no gain from more workers
+    f = speed_features(est, remaining_epochs=[36.0, 72.0], allreduce=[True, False])
+    assert f.shape == (2, NUM_SPEED_FEATURES)
+    np.testing.assert_allclose(f[0, :4], [1.0, 1.0, 0.5, 0.25])  # efficiency at 2, 4, 8, 16
+    np.testing.assert_allclose(f[1, :4], [0.5, 0.25, 0.125, 0.0625])
+    np.testing.assert_allclose(f[:, 4], np.log1p([1.0, 1.0]) / 5, rtol=1e-6)  # 36 / 0.01 s = 1 h; 72 / 0.02 s = 1 h
+    assert list(f[:, 5]) == [1.0, 0.0]
+
+
+def test_with_the_speed_encoding_a_model_never_seen_is_scheduled_by_what_it_is(sim):
+    """Two views that differ only in the jobs' model index (one of them a model index no training saw) give the
+    same state and the same decision: the policy reads speed features, not types."""
+    from dl2d.policy.nets import init_params
+    from dl2d.policy.scheduler import decide
+    cfg = replace(CFG, job_encoding="speed")
+    params = init_params(cfg, jax.random.PRNGKey(3))
+    tr = tiny_trace(seed=4)
+    state = E.SimState.initial(len(tr))
+    view = E.view_of(tr, replace(state, slot=int(tr.arrival_slot.max())), sim)
+    other = replace(view, type_idx=np.full(len(view), 13))
+    a = decide(cfg, params, jax.random.PRNGKey(0), view, mode=GREEDY, record=True)
+    b = decide(cfg, params, jax.random.PRNGKey(0), other, mode=GREEDY, record=True)
+    np.testing.assert_array_equal(a.records[0].states, b.records[0].states)
+    assert a.allocation.worker_servers == b.allocation.worker_servers
+    typed = replace(CFG)
+    c = decide(typed, init_params(typed, jax.random.PRNGKey(3)), jax.random.PRNGKey(0), view, record=True)
+    d = decide(typed, init_params(typed, jax.random.PRNGKey(3)), jax.random.PRNGKey(0), other, record=True)
+    assert not np.array_equal(c.records[0].states, d.records[0].states)  # the type encoding does see the index
+
+
+@pytest.mark.parametrize("mode,epsilon,seed", [(GREEDY, 0.0, 6), (SAMPLE, 0.3, 7)])
+def test_jitted_loop_matches_slow_reference_with_speed_features(mode, epsilon, seed):
+    from dl2d.policy.job_info import NUM_SPEED_FEATURES
+    from dl2d.policy.nets import init_params
+    cfg = replace(CFG, job_encoding="speed")
+    assert cfg.features_per_job == NUM_SPEED_FEATURES + 5
+    rng = np.random.default_rng(seed)
+    params = init_params(cfg, jax.random.PRNGKey(200 + seed))
+    params["policy"]["out"]["bias"] = params["policy"]["out"]["bias"].at[-1].set(-3.0)
+    types = rng.integers(0, 8, 5)
+    cap = np.tile([4.0, 24.0, 128.0], (4, 1))
+    info = rng.uniform(0, 1, (5, NUM_SPEED_FEATURES)).astype(np.float32)
+    win = pad_window(cfg, types, rng.integers(0, 50, 5), rng.uniform(1, 300, 5), cap.copy(), cap,
+                     worker_demand=WORKER_DEMAND[types], ps_demand=PS_DEMAND[types], job_info=info)
+    key = jax.random.PRNGKey(seed)
+    out = jax.device_get(run_window(cfg, params, key, win, mode=mode, epsilon=epsilon))
+    acts, w, u, f, states, masks = reference_window(cfg, params, key, win, mode, epsilon)
+    k = int(out.n_steps)
+    np.testing.assert_array_equal(out.actions[:k], acts)
+    np.testing.assert_allclose(out.states[:k], states, atol=1e-5)
+    assert np.allclose(states[0].reshape(cfg.max_jobs, -1)[:5, :NUM_SPEED_FEATURES], info)

@@ -26,8 +26,11 @@ def features(cfg, win, w, u):
     used = w[:, None] * WD + u[:, None] * PD
     r = np.max(np.where(total > 0, used / np.where(total > 0, total, 1), 0.0), axis=1)
     f = np.zeros((cfg.max_jobs, cfg.features_per_job))
-    f[np.arange(cfg.max_jobs), t] = 1.0
-    L = cfg.num_types
+    L = cfg.job_dim
+    if cfg.job_encoding == "type":
+        f[np.arange(cfg.max_jobs), t] = 1.0
+    else:
+        f[:, :L] = np.asarray(win.job_info)
     f[:, L] = np.asarray(win.slots_run) / cfg.slots_scale
     f[:, L + 1] = np.asarray(win.remaining) / cfg.epochs_scale
     f[:, L + 2] = r * cfg.max_jobs
