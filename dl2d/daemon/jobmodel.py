@@ -45,7 +45,7 @@ from dl2d.workload.jobtypes import ALIASES, TYPE_NAMES
 from dl2d.workload.philly import BATCH_PER_GPU
 
 #: ``type_idx`` of an all-reduce model the catalog does not know (one past its last model).
-UNSEEN_MODEL = len(catalog.MODEL_NAMES)
+UNSEEN_MODEL = catalog.UNSEEN
 
 
 @dataclass(frozen=True)

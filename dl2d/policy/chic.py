@@ -3,7 +3,7 @@
 The paper, mapped onto `dl2d.sim`:
 
 - State (sec. 4.2): for each of the first I jobs by arrival, its model (one-hot over dl2d.workload.catalog's
-  models: DL2's eight types and the six all-reduce models), remaining
+  classes: DL2's eight types, the six all-reduce models, one for a model never seen), remaining
   iterations (here: remaining epochs / MAX_EPOCHS), workers and PS allocated so far in this decision phase
   (/ max_workers, / max_ps); plus the backlog N_t (jobs beyond the first I; fed as log1p(N_t)). Empty rows
   are all zero. Chic-Pair drops the PS column (it always equals the workers).
@@ -52,11 +52,11 @@ from dl2d.core.files import atomic_open
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.policy.heuristics import AllocationBuilder
 from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
-from dl2d.workload.catalog import MODEL_NAMES
+from dl2d.workload.catalog import NUM_CLASSES
 from dl2d.workload.jobtypes import MAX_EPOCHS
 from dl2d.workload.speed import speed_table
 
-NUM_TYPES = len(MODEL_NAMES)
+NUM_TYPES = NUM_CLASSES  # the catalog's models and one class for a model never seen
 GREEDY, SAMPLE, UNIFORM = "greedy", "sample", "uniform"
 
 
@@ -414,7 +414,7 @@ class ChicScheduler:
 # ---------------------------------------------------------------- checkpoints
 
 FORMAT = "dl2d-chic"
-VERSION = 2  # 2: one-hot over the whole model catalog (14 models), not DL2's eight types
+VERSION = 2  # 2: one-hot over the model catalog's 15 classes, not DL2's eight types
 
 
 class ChicCheckpointError(RuntimeError):

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.policy.job_info import NUM_SPEED_FEATURES
-from dl2d.workload.catalog import MODEL_NAMES
+from dl2d.workload.catalog import NUM_CLASSES
 
 
 #: (field, low, high): integer fields' bounds, checked first
@@ -25,7 +25,7 @@ MAX_WEIGHTS = 60_000_000
 class PolicyConfig:
     # state / action space
     max_jobs: int = 40  # J: the scheduling window; more concurrent jobs are scheduled in windows of J
-    num_types: int = len(MODEL_NAMES)  # L: one-hot over the model catalog (DL2's eight types, six all-reduce)
+    num_types: int = NUM_CLASSES  # L: one-hot over the catalog's classes (DL2's 8 types, 6 all-reduce, 1 unseen)
     # how a job is described: "type" (DL2: its one-hot model type) or "speed" (what its speed estimate says:
     # scaling efficiency, remaining work, all-reduce or not; dl2d.policy.job_info), which works for any model
     job_encoding: str = "type"

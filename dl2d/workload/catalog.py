@@ -33,6 +33,10 @@ ALLREDUCE_MODELS: tuple[str, ...] = throughput.MODELS
 MODEL_NAMES: tuple[str, ...] = TYPE_NAMES + ALLREDUCE_MODELS
 NUM_DL2_TYPES = len(TYPE_NAMES)
 MODEL_INDEX = {n: i for i, n in enumerate(MODEL_NAMES)}
+#: The class of an all-reduce model the catalog does not hold (the daemon schedules it on a stated prior,
+#: dl2d.daemon.jobmodel): one past the catalog. Model classes, for encodings that one-hot them: NUM_CLASSES.
+UNSEEN = len(MODEL_NAMES)
+NUM_CLASSES = len(MODEL_NAMES) + 1
 #: [models] True where the model trains with all-reduce (no parameter servers)
 IS_ALLREDUCE = np.array([i >= NUM_DL2_TYPES for i in range(len(MODEL_NAMES))])
 #: One worker of an all-reduce job: one GPU (one rank), with a quarter of the measured nodes' CPUs and memory
@@ -44,7 +48,8 @@ ALLREDUCE_DEMAND = JobDemand(ALLREDUCE_WORKER, TaskDemand(0.0, 0.0, 0.0), JobKin
 #: Parameter size in MB (fp32) of each model: DL2's from its authors' simulator; the all-reduce models' from
 #: their published parameter counts, approximate (BERT-base 110 M, ResNet-18 on CIFAR-10 11 M, DeepSpeech2
 #: about 38 M, ResNet-50 25.6 M, NeuMF on MovieLens about 5 M, YOLOv3 62 M). A job feature, nothing more.
-MODEL_SIZE_MB = np.array([t.model_size_mb for t in JOB_TYPES] + [440.0, 45.0, 150.0, 102.0, 20.0, 248.0])
+#: An unseen model (index UNSEEN) gets the median of the six.
+MODEL_SIZE_MB = np.array([t.model_size_mb for t in JOB_TYPES] + [440.0, 45.0, 150.0, 102.0, 20.0, 248.0, 126.0])
 
 
 def model_index(name: str) -> int:

@@ -155,3 +155,17 @@ def test_elastic_keeps_a_running_size_when_a_resize_would_gain_little():
     assert kept.workers[0] == near
     moved = elastic_srtf(nudged, keep_gain=0.0)
     assert moved.workers[0] == size
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_policy_schedules_a_model_never_seen(name):
+    """The daemon gives an all-reduce job of a model outside the catalog the class catalog.UNSEEN and a prior
+    speed estimate (dl2d.daemon.jobmodel); every policy must take it like any other job."""
+    from testkit.policy import build_any
+
+    from dl2d.workload.catalog import UNSEEN
+    tr = trace_of((0, "cifar10", 2, 256), (0, "ncf", 1, 256))
+    view = E.view_of(tr, E.SimState.initial(len(tr)), cfg())
+    view = replace(view, type_idx=np.array([UNSEEN, view.type_idx[1]]))
+    alloc = build_any(name)(view)
+    assert np.all(np.asarray(alloc.ps) == 0) and np.all(np.asarray(alloc.workers) >= 0)

@@ -92,7 +92,7 @@ def test_encode_state_layout():
     s = CH.encode_state(cfg, [2, 0], [MAX_EPOCHS / 2, 30.0], [1, 2], [4, 0], backlog=5)
     assert s.shape == (cfg.state_dim,) == (3 * (CH.NUM_TYPES + 3) + 1,)
     rows = s[:-1].reshape(3, -1)
-    assert CH.NUM_TYPES == 14  # every model of the catalog: DL2's eight, the six all-reduce ones
+    assert CH.NUM_TYPES == 15  # every model of the catalog (DL2's eight, six all-reduce) and one unseen class
     assert rows[0, 2] == 1 and rows[0, :CH.NUM_TYPES].sum() == 1
     np.testing.assert_allclose(rows[0, CH.NUM_TYPES:], [0.5, 0.25, 0.5])
     assert not rows[2].any()  # empty row

@@ -344,12 +344,13 @@ def test_with_the_speed_encoding_a_model_never_seen_is_scheduled_by_what_it_is(s
     same state and the same decision: the policy reads speed features, not types."""
     from dl2d.policy.nets import init_params
     from dl2d.policy.scheduler import decide
+    from dl2d.workload.catalog import UNSEEN
     cfg = replace(CFG, job_encoding="speed")
     params = init_params(cfg, jax.random.PRNGKey(3))
     tr = tiny_trace(seed=4)
     state = E.SimState.initial(len(tr))
     view = E.view_of(tr, replace(state, slot=int(tr.arrival_slot.max())), sim)
-    other = replace(view, type_idx=np.full(len(view), 13))
+    other = replace(view, type_idx=np.full(len(view), UNSEEN))
     a = decide(cfg, params, jax.random.PRNGKey(0), view, mode=GREEDY, record=True)
     b = decide(cfg, params, jax.random.PRNGKey(0), other, mode=GREEDY, record=True)
     np.testing.assert_array_equal(a.records[0].states, b.records[0].states)

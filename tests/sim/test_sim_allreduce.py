@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from testkit.policy import build_any
+
 from dl2d.core.contract import Allocation
 from dl2d.policy import registry
 from dl2d.sim import engine as E
@@ -96,16 +98,6 @@ def mixed_trace(seed=0) -> T.Trace:
                    cat(ps.est_epochs, ar.est_epochs), cat(ps.true_epochs, ar.true_epochs),
                    cat(ps.speed_factor, ar.speed_factor), batch_size=cat(ps.batch_size, ar.batch_size),
                    requested=cat(ps.requested, ar.requested))
-
-
-def build_any(name: str):
-    """Any registered policy; a learned one with random parameters (what it decides does not matter here,
-    only that it runs within the contract)."""
-    if name in ("chic", "chic-pair"):
-        from dl2d.policy import chic as CH
-        cfg = CH.ChicConfig(pair=name == "chic-pair")
-        return CH.ChicScheduler(cfg, CH.init_params(cfg, 0))
-    return registry.build(name, registry.PolicyOptions(allow_untrained=True))
 
 
 @pytest.mark.parametrize("name", registry.names())

@@ -23,3 +23,14 @@ def tiny_trace(num_jobs: int = 8, seed: int = 1, max_epochs: float | None = None
         est = np.minimum(tr.est_epochs, max_epochs)
         tr = replace(tr, est_epochs=est, true_epochs=np.minimum(tr.true_epochs, max_epochs))
     return tr
+
+
+def build_any(name: str):
+    """Any registered policy; a learned one with random parameters (for tests where what it decides does not
+    matter, only that it keeps the contract)."""
+    from dl2d.policy import registry
+    if name in ("chic", "chic-pair"):
+        from dl2d.policy import chic as CH
+        cfg = CH.ChicConfig(pair=name == "chic-pair")
+        return CH.ChicScheduler(cfg, CH.init_params(cfg, 0))
+    return registry.build(name, registry.PolicyOptions(allow_untrained=True))
