@@ -40,9 +40,13 @@ def test_vmapped_windows_match_single(cfg, sim, params):
 def test_rl_batch_updates(cfg, sim, params):
     st = RLState(params, make_optimizer(cfg.rl_lr).init(params), Replay(cfg, seed=0))
     traces = [tiny_trace(8, seed=s, max_epochs=20) for s in (4, 5, 6)]
-    totals = B.rl_batch(cfg, st, traces, sim, seed=0, max_slots=4)
+    before = jax.tree_util.tree_leaves(params)
+    # six slots: the replay passes one minibatch (32) within them whatever the random policy picks (it holds
+    # 31-34 after four, which made four slots a coin toss)
+    totals = B.rl_batch(cfg, st, traces, sim, seed=0, max_slots=6)
     assert len(totals) == 3 and np.isfinite(totals).all()
-    assert st.replay.size > 0 and st.steps > 0
+    assert st.replay.size >= cfg.minibatch and st.steps > 0
+    assert any(not np.array_equal(a, b) for a, b in zip(before, jax.tree_util.tree_leaves(st.params)))
     leaves = jax.tree_util.tree_leaves(st.params)
     assert all(np.isfinite(np.asarray(x)).all() for x in leaves)
     with pytest.raises(ValueError):
