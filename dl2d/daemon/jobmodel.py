@@ -27,12 +27,11 @@ and any other name an all-reduce job (today's jobs are).
   :func:`default_epoch_seconds`, the median of the six models' one-GPU epoch time at their one-GPU batch
   (459 s: between deepspeech2's 243 s and yolov3's 675 s).
 
-It is a prior, stated so that a site can see what the scheduler assumed: the measured speed factor of the
+Both are in dl2d.workload.prior (Optimus starts from them too). It is a prior, stated so that a site can see what the scheduler assumed: the measured speed factor of the
 job (dl2d.daemon.jobstats) corrects it once the job runs.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -42,7 +41,7 @@ import numpy as np
 from dl2d.core.jobs import JobDemand, JobKind, demand_from_spec
 from dl2d.workload import catalog
 from dl2d.workload.jobtypes import ALIASES, TYPE_NAMES
-from dl2d.workload.philly import BATCH_PER_GPU
+from dl2d.workload.prior import default_epoch_seconds, prior_speedup  # noqa: F401  (re-exported)
 
 #: ``type_idx`` of an all-reduce model the catalog does not know (one past its last model).
 UNSEEN_MODEL = catalog.UNSEEN
@@ -133,30 +132,6 @@ def gpus_per_worker(demand: JobDemand) -> int:
 
 
 # ------------------------------------------------------------------------------------------ the prior
-
-@functools.cache
-def default_epoch_seconds() -> float:
-    """One-GPU seconds per epoch of an unseen model without a hint: the median over the measured models at their
-    one-GPU batch (module docstring)."""
-    return float(np.median([1.0 / catalog.allreduce_epoch_rate(m, float(BATCH_PER_GPU[m]), (1,))
-                            for m in catalog.ALLREDUCE_MODELS]))
-
-
-@functools.lru_cache(maxsize=1024)
-def prior_speedup(requested_gpus: int, gpus_per_worker: int, per_node: int, max_workers: int) -> np.ndarray:
-    """[max_workers + 1] S(w x g): the median measured speed-up of w workers of g GPUs, packed, over one GPU, at
-    the total batch of a job asking for ``requested_gpus`` (module docstring); 0 at w = 0."""
-    out = np.zeros(max_workers + 1)
-    for w in range(1, max_workers + 1):
-        ratios = []
-        for m in catalog.ALLREDUCE_MODELS:
-            batch = float(BATCH_PER_GPU[m] * max(requested_gpus, 1))
-            ratios.append(catalog.allreduce_epoch_rate(m, batch, catalog.packed(w * gpus_per_worker, per_node))
-                          / catalog.allreduce_epoch_rate(m, batch, (1,)))
-        out[w] = float(np.median(ratios))
-    out.setflags(write=False)
-    return out
-
 
 def prior(model: JobModel, gpus_per_worker: int, per_node: int, max_workers: int) -> np.ndarray:
     """[max_workers + 1] the believed epochs per second of an unseen model with 0..max_workers workers."""

@@ -1,10 +1,9 @@
-"""DL2's baseline schedulers (section 6.2): DRF, Tetris, Optimus, FIFO and SRTF.
+"""DL2's baseline schedulers (section 6.2): DRF, Tetris, FIFO and SRTF (Optimus: dl2d.policy.optimus).
 
 Each is a function of a `SlotView` returning an `Allocation`, re-deciding every job's workers and PS every
 slot, with every task placed on a server through `AllocationBuilder` so capacity can never be exceeded.
-DRF, Tetris, FIFO and SRTF add a worker and a PS together (a "bundle"), as in the DL2 authors' simulator;
-Optimus adds whichever of the two its speed model says helps more. An all-reduce job has no PS: its bundle
-is one worker, and its workers go to the servers it held last slot, then to servers it already has, so it
+They add a worker and a PS together (a "bundle"), as in the DL2 authors' simulator. An all-reduce job has no
+PS: its bundle is one worker, and its workers go to the servers it held last slot, then to servers it already has, so it
 neither moves (a restart) nor spreads without need. Each is registered in dl2d.policy.registry under its
 name, as a heuristic (a guardrail fallback and a supervised-warm-up teacher).
 """
@@ -174,58 +173,6 @@ def tetris(view: SlotView, task_threshold: int | None = None) -> Allocation:
     return b.allocation()
 
 
-class Optimus:
-    """Optimus: greedy marginal gain in estimated remaining time per unit of dominant resource, using the
-    view's speed estimate (a fitted model, not the cluster's truth: for DL2 jobs the parametric fit of their
-    type, for all-reduce jobs the measured packed speed without interference). Every job first gets one
-    worker (and one PS)."""
-
-    name = "optimus"
-
-    @staticmethod
-    def remaining_time(speed: np.ndarray, epochs: float, p: int, w: int) -> float:
-        s = speed[p, w]
-        return epochs / s if s > 0 else np.inf
-
-    def best_move(self, view: SlotView, b: AllocationBuilder, j: int, epochs: float):
-        p, w = b.ps(j), b.workers(j)
-        speed = view.est_speed[j]
-        now = self.remaining_time(speed, epochs, p, w)
-        cap = view.total_capacity
-        best = None
-        for kind, dp, dw, demand in (("worker", 0, 1, view.worker_demand[j]), ("ps", 1, 0, view.ps_demand[j])):
-            if not b.within_limits(j, kind):
-                continue
-            gain = now - self.remaining_time(speed, epochs, p + dp, w + dw)
-            share = float(np.max(np.where(cap > 0, demand / np.where(cap > 0, cap, 1), 0.0)))
-            util = gain / max(share, 1e-9)
-            if best is None or util > best[0]:
-                best = (util, kind)
-        return best
-
-    def __call__(self, view: SlotView) -> Allocation:
-        b = AllocationBuilder(view)
-        epochs = view.remaining_epochs
-        for j in np.argsort(view.arrival_slot, kind="stable"):
-            b.add(int(j), "bundle")
-        heap = []
-        for j in range(len(view)):
-            if b.workers(j):
-                move = self.best_move(view, b, j, epochs[j])
-                if move:
-                    heapq.heappush(heap, (-move[0], j, move[1]))
-        while heap:
-            neg_util, j, kind = heapq.heappop(heap)
-            if -neg_util <= 0:
-                break
-            if not b.add(j, kind):
-                continue  # its most useful task fits nowhere: the job gets no more this slot
-            move = self.best_move(view, b, j, epochs[j])
-            if move:
-                heapq.heappush(heap, (-move[0], j, move[1]))
-        return b.allocation()
-
-
 def _tetris(options: PolicyOptions) -> StatelessPolicy:
     k = options.tetris_threshold
     if k is None:
@@ -246,8 +193,6 @@ register(PolicyEntry("drf", "dominant resource fairness: progressive filling by 
                      heuristic=True))
 register(PolicyEntry("tetris", "packing alignment + shortest remaining time, bundles up to a threshold", _tetris,
                      _tetris_check, heuristic=True, options=("tetris_threshold",)))
-register(PolicyEntry("optimus", "greedy marginal gain of its fitted speed model per unit of dominant resource",
-                     lambda options: StatelessPolicy(Optimus(), "optimus"), heuristic=True))
 register(PolicyEntry("fifo", "first in, first out: the earliest job takes all it may", _stateless(fifo, "fifo"),
                      heuristic=True))
 register(PolicyEntry("srtf", "shortest remaining (estimated) time first", _stateless(srtf, "srtf"), heuristic=True))

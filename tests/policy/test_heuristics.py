@@ -11,6 +11,7 @@ from testkit.sim import make_view, server_usage
 from dl2d.core.placement import place
 from dl2d.policy import heuristics as B
 from dl2d.policy import registry
+from dl2d.policy.optimus import Optimus
 from dl2d.policy.registry import make_heuristic
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES
@@ -121,7 +122,7 @@ def test_tetris_packing_beats_a_slightly_shorter_job():
 
 def test_optimus_gives_every_job_a_starting_bundle():
     view = make_view(TYPE_NAMES, spec=BIG8)  # 8 jobs, 8 bundles: nothing left over
-    alloc = B.Optimus()(view)
+    alloc = Optimus()(view)
     assert counts(alloc) == ([1] * 8, [1] * 8)
 
 
@@ -130,13 +131,13 @@ def test_optimus_gives_the_last_task_to_the_largest_marginal_gain():
     # resnet-50 so a PS gains the same fraction of time; the one with more work left gains more seconds.
     spec = ClusterSpec(1, gpus=2, cpus=10, mem_gb=48)
     view = make_view(["resnet-50", "resnet-50"], spec=spec, est=[5, 50])
-    assert counts(B.Optimus()(view)) == ([1, 1], [1, 2])
+    assert counts(Optimus()(view)) == ([1, 1], [1, 2])
     view = make_view(["resnet-50", "resnet-50"], spec=spec, est=[50, 5])
-    assert counts(B.Optimus()(view)) == ([1, 1], [2, 1])
+    assert counts(Optimus()(view)) == ([1, 1], [2, 1])
 
 
 def test_optimus_gain_is_per_unit_of_dominant_share():
-    opt = B.Optimus()
+    opt = Optimus()
     table = speed_table("parametric")
     spec = ClusterSpec(1, gpus=2, cpus=10, mem_gb=48)
     view = make_view(["vgg-16", "wlm"], spec=spec, est=[40, 40])
@@ -151,7 +152,7 @@ def test_optimus_stops_where_its_model_says_more_tasks_do_not_help():
     # fitted model predicts a gain, so it stops at a point where neither one more worker nor one more PS
     # helps (or at the limit). For five of the eight models the fit to the authors' data has no compute term
     # (total speed = 1 / (c/p + d), flat in workers), so Optimus keeps them at one worker and adds PS.
-    opt = B.Optimus()
+    opt = Optimus()
     table = speed_table("parametric")
     stopped_below_the_worker_limit = []
     for name in TYPE_NAMES:

@@ -1,0 +1,212 @@
+"""Optimus (Peng et al., EuroSys 2018): marginal gain of a speed model per unit of dominant resource.
+
+Two registered variants, one allocation rule (:class:`Optimus`):
+
+* ``optimus`` believes, for an all-reduce job, the speed model it **fits from what it observes** of that job, as
+  the real Optimus does: seconds per epoch ``T(w) = a / w + b + c w`` (compute shared by the workers, a fixed
+  per-step cost, a synchronisation cost growing with the workers; a, b, c >= 0, Optimus's form without
+  parameter servers) fitted by non-negative least squares to the epochs it saw the job train per slot at each
+  size (:func:`fit_speed_curve`). Before a job has run, and beyond the sizes it has run at, the fit leans on a
+  stated prior, the measured models' median speed-up and one-GPU epoch time (dl2d.workload.prior), scaled to
+  what it observed. It never reads the speed table the cluster trains jobs with; what it observes already
+  holds the job's hidden interference, the slot noise and the slowdown of shared nodes, and its model's
+  smooth form misses what placement does (crossing a node).
+* ``optimus-oracle`` believes the view's ``est_speed``: for an all-reduce job the measured table at the packed
+  placement, which is the simulator's truth less interference and noise. An upper reference for the
+  simulator's benchmarks, named as such.
+
+For a parameter-server job (the DL2 world) both believe ``est_speed``, the parametric fit of its type the DL2
+authors' Optimus baseline used, so the DL2 world's results are unchanged.
+
+A sample is taken only from a slot the job trained through without a change: same workers on the same servers
+as the slot before (a resize or move restarts an all-reduce job, and the restart's lost time is no speed).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from scipy.optimize import nnls
+
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.policy.heuristics import AllocationBuilder
+from dl2d.policy.registry import PolicyEntry, StatelessPolicy, register
+from dl2d.workload.prior import default_epoch_seconds, prior_speedup
+
+#: Weight of the prior in the fit, in samples (spread over every size): one slot's observation counts as much
+PRIOR_WEIGHT = 1.0
+
+
+class Optimus:
+    """Greedy marginal gain in estimated remaining time per unit of dominant resource on the view's
+    ``est_speed``. Every job first gets one worker (and one PS)."""
+
+    name = "optimus-oracle"
+
+    @staticmethod
+    def remaining_time(speed: np.ndarray, epochs: float, p: int, w: int) -> float:
+        s = speed[p, w]
+        return epochs / s if s > 0 else np.inf
+
+    def best_move(self, view: SlotView, b: AllocationBuilder, j: int, epochs: float):
+        p, w = b.ps(j), b.workers(j)
+        speed = view.est_speed[j]
+        now = self.remaining_time(speed, epochs, p, w)
+        cap = view.total_capacity
+        best = None
+        for kind, dp, dw, demand in (("worker", 0, 1, view.worker_demand[j]), ("ps", 1, 0, view.ps_demand[j])):
+            if not b.within_limits(j, kind):
+                continue
+            gain = now - self.remaining_time(speed, epochs, p + dp, w + dw)
+            share = float(np.max(np.where(cap > 0, demand / np.where(cap > 0, cap, 1), 0.0)))
+            util = gain / max(share, 1e-9)
+            if best is None or util > best[0]:
+                best = (util, kind)
+        return best
+
+    def __call__(self, view: SlotView) -> Allocation:
+        b = AllocationBuilder(view)
+        epochs = view.remaining_epochs
+        for j in np.argsort(view.arrival_slot, kind="stable"):
+            b.add(int(j), "bundle")
+        heap = []
+        for j in range(len(view)):
+            if b.workers(j):
+                move = self.best_move(view, b, j, epochs[j])
+                if move:
+                    heapq.heappush(heap, (-move[0], j, move[1]))
+        while heap:
+            neg_util, j, kind = heapq.heappop(heap)
+            if -neg_util <= 0:
+                break
+            if not b.add(j, kind):
+                continue  # its most useful task fits nowhere: the job gets no more this slot
+            move = self.best_move(view, b, j, epochs[j])
+            if move:
+                heapq.heappush(heap, (-move[0], j, move[1]))
+        return b.allocation()
+
+
+# ------------------------------------------------------------------------------------------ the fit (pure)
+
+def _features(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w, float)
+    return np.stack([1.0 / w, np.ones_like(w), w], axis=-1)
+
+
+def fit_speed_curve(sizes, seconds_per_epoch, counts, prior_seconds: np.ndarray,
+                    prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
+    """[max_workers + 1] believed epochs per second on 0..max_workers workers (0 at 0).
+
+    ``sizes`` / ``seconds_per_epoch`` / ``counts``: the mean seconds per epoch observed at each size and how many
+    slots it was observed; ``prior_seconds`` [max_workers + 1]: the prior's seconds per epoch (index 0 unused).
+    The prior is scaled to the observations (their count-weighted geometric mean ratio), then ``T(w) = a/w + b +
+    c w`` is fitted to the observations and, with ``prior_weight`` samples' weight spread over every size, to
+    the scaled prior, each row relative to its target (so a size's error counts in percent)."""
+    W = len(prior_seconds) - 1
+    sizes = np.asarray(sizes, float)
+    t_obs = np.asarray(seconds_per_epoch, float)
+    n_obs = np.asarray(counts, float)
+    k = np.arange(1, W + 1)
+    prior = np.asarray(prior_seconds, float)[1:]
+    if len(sizes):
+        ratio = t_obs / prior[sizes.astype(int) - 1]
+        prior = prior * math.exp(float(np.sum(n_obs * np.log(ratio)) / np.sum(n_obs)))
+    rows = [_features(k) / prior[:, None] * math.sqrt(prior_weight / W)]
+    target = [np.full(W, math.sqrt(prior_weight / W))]
+    if len(sizes):
+        rows.append(_features(sizes) / t_obs[:, None] * np.sqrt(n_obs)[:, None])
+        target.append(np.sqrt(n_obs))
+    theta, _ = nnls(np.concatenate(rows), np.concatenate(target))
+    t = _features(k) @ theta
+    t = np.where(t > 0, t, prior)  # a degenerate fit (all zero) falls back to the scaled prior
+    return np.concatenate([[0.0], 1.0 / t])
+
+
+# ------------------------------------------------------------------------------------------ what it observes
+
+@dataclass
+class JobSamples:
+    """What the fitted Optimus remembers of one job."""
+
+    slot: int  # the view it last saw the job in
+    epochs_done: float
+    workers: int  # workers the job ran with in the slot before ``slot``
+    servers: tuple[int, ...] | None
+    total: dict[int, float] = field(default_factory=dict)  # workers -> summed seconds per epoch observed
+    count: dict[int, int] = field(default_factory=dict)
+    curve: np.ndarray | None = None  # the fit, until a new sample arrives
+
+
+class FittedOptimus:
+    """Optimus on speed models fitted from observation (module docstring): one :class:`JobSamples` per job id."""
+
+    name = "optimus"
+
+    def __init__(self, prior_weight: float = PRIOR_WEIGHT):
+        self.prior_weight = prior_weight
+        self.jobs: dict = {}
+        self.rule = Optimus()
+
+    def _observe(self, view: SlotView) -> None:
+        seen = set()
+        servers = view.prev_worker_servers
+        for j in np.flatnonzero(view.allreduce):
+            key = view.job_ids[j].item()
+            seen.add(key)
+            ran = tuple(sorted(servers[j])) if servers is not None else None
+            w = int(view.prev_workers[j])
+            rec = self.jobs.get(key)
+            if rec is None:
+                self.jobs[key] = JobSamples(view.slot, float(view.epochs_done[j]), w, ran)
+                continue
+            done = float(view.epochs_done[j]) - rec.epochs_done
+            if rec.slot == view.slot - 1 and w > 0 and rec.workers == w and rec.servers == ran and done > 0:
+                rec.total[w] = rec.total.get(w, 0.0) + view.slot_seconds / done
+                rec.count[w] = rec.count.get(w, 0) + 1
+                rec.curve = None
+            rec.slot, rec.epochs_done, rec.workers, rec.servers = view.slot, float(view.epochs_done[j]), w, ran
+        for key in [k for k in self.jobs if k not in seen]:  # finished or gone: forget it
+            del self.jobs[key]
+
+    def belief(self, view: SlotView) -> np.ndarray:
+        """The ``est_speed`` this Optimus decides on: fitted rows for all-reduce jobs, the view's for PS jobs."""
+        est = np.array(view.est_speed, float, copy=True)
+        if not view.allreduce.any():
+            return est
+        per_node = max(int(view.capacity[:, 0].max()), 1) if len(view.capacity) else 1
+        for j in np.flatnonzero(view.allreduce):
+            rec = self.jobs[view.job_ids[j].item()]
+            if rec.curve is None:
+                g = max(int(math.ceil(view.worker_demand[j, 0])), 1)
+                speedup = prior_speedup(int(view.requested[j]) * g, g, per_node, view.max_workers)
+                with np.errstate(divide="ignore"):
+                    prior_seconds = default_epoch_seconds() / speedup
+                sizes = sorted(rec.count)
+                rec.curve = fit_speed_curve(sizes, [rec.total[w] / rec.count[w] for w in sizes],
+                                            [rec.count[w] for w in sizes], prior_seconds, self.prior_weight)
+            est[j] = 0.0
+            est[j, 0] = rec.curve
+        return est
+
+    def __call__(self, view: SlotView) -> Allocation:
+        self._observe(view)
+        if not view.allreduce.any():
+            return self.rule(view)
+        return self.rule(replace(view, est_speed=self.belief(view)))
+
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+
+register(PolicyEntry("optimus", "Optimus: greedy marginal gain per unit of dominant resource on a speed model it "
+                     "fits to what it observes of each job (PS jobs: their type's parametric fit)",
+                     lambda options: FittedOptimus(), heuristic=True))
+register(PolicyEntry("optimus-oracle", "Optimus on the measured speed table the simulator trains with (less "
+                     "interference and noise): an upper reference for simulator benchmarks",
+                     lambda options: StatelessPolicy(Optimus(), "optimus-oracle"), daemon=False))
