@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from testkit.sim import run_slots as simulate
+
 from dl2d.policy import registry
 from dl2d.policy.slurm_fifo import slurm_fifo
 from dl2d.policy.tiresias import Tiresias
@@ -31,16 +33,7 @@ def cfg(cluster=NODES):
 
 
 def run_slots(tr, policy, n, config=None, state=None):
-    config = config or cfg()
-    state = state or replace(E.SimState.initial(len(tr)), slot=int(tr.arrival_slot.min()))
-    rng = np.random.default_rng(0)
-    views = []
-    for _ in range(n):
-        view = E.view_of(tr, state, config)
-        alloc = policy(view)
-        views.append((view, alloc))
-        state, _, _ = E.step(tr, state, alloc, config, rng)
-    return state, views
+    return simulate(tr, policy, n, config or cfg(), state)
 
 
 def test_slurm_gives_exactly_what_was_asked_and_never_moves_a_job():

@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from testkit.sim import run_slots
+
 from dl2d.core.contract import Allocation
 from dl2d.policy import registry
 from dl2d.policy.optimus import FittedOptimus, fit_speed_curve
@@ -35,16 +37,7 @@ def cfg(**kw):
 
 
 def run(tr, policy, n, config=None):
-    config = config or cfg()
-    state = replace(E.SimState.initial(len(tr)), slot=int(tr.arrival_slot.min()))
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(n):
-        view = E.view_of(tr, state, config)
-        alloc = policy(view)
-        out.append((view, alloc))
-        state, _, _ = E.step(tr, state, alloc, config, rng)
-    return state, out
+    return run_slots(tr, policy, n, config or cfg())
 
 
 def test_the_fit_recovers_a_curve_of_its_form_from_three_sizes():

@@ -47,3 +47,21 @@ def server_usage(view: SlotView, alloc) -> np.ndarray:
         for s in alloc.ps_servers[j]:
             used[s] += view.ps_demand[j]
     return used
+
+
+def run_slots(trace: Trace, policy, n: int, config, state=None, seed: int = 0):
+    """Run ``policy`` for ``n`` slots of the simulator from the trace's first arrival (or ``state``); returns the
+    last state and every slot's (view, allocation)."""
+    from dataclasses import replace
+
+    from dl2d.sim import engine as E
+
+    state = state or replace(E.SimState.initial(len(trace)), slot=int(trace.arrival_slot.min()))
+    rng = np.random.default_rng(seed)
+    steps = []
+    for _ in range(n):
+        view = E.view_of(trace, state, config)
+        alloc = policy(view)
+        steps.append((view, alloc))
+        state, _, _ = E.step(trace, state, alloc, config, rng)
+    return state, steps
