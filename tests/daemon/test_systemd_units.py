@@ -1,0 +1,64 @@
+"""The shipped unit files (systemd/): valid for systemd, hardened to an exposure of 5 or better, and fit for a
+virtual-environment install (issue #15, item 8). Uses the real systemd-analyze (scripts/test.sh installs it)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+UNITS = Path(__file__).resolve().parents[2] / "systemd"
+ANALYZE = shutil.which("systemd-analyze")
+
+
+def directives(unit: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in (UNITS / unit).read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess:
+    assert ANALYZE, "systemd-analyze is missing: scripts/test.sh installs the systemd package"
+    return subprocess.run([ANALYZE, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("unit, program", [("dl2d.service", "dl2d"), ("dl2-agent.service", "dl2-agent")])
+def test_the_unit_verifies_with_the_installed_program(tmp_path, unit, program):
+    """systemd-analyze verify, with ExecStart pointed at where this install put the program (what an admin's
+    `systemctl edit` drop-in does for a virtual environment)."""
+    text = (UNITS / unit).read_text()
+    exec_start = directives(unit)["ExecStart"]
+    assert len(exec_start) == 1 and exec_start[0].startswith(f"/usr/local/bin/{program} ")  # no /usr/bin/env
+    installed = shutil.which(program)
+    assert installed, f"{program} is not on PATH (pip install -e . first)"
+    (tmp_path / unit).write_text(text.replace(f"/usr/local/bin/{program} ", f"{installed} "))
+    r = analyze("verify", str(tmp_path / unit))
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+@pytest.mark.parametrize("unit", ["dl2d.service", "dl2-agent.service"])
+def test_exposure_is_five_or_better(unit):
+    r = analyze("security", "--offline=true", "--no-pager", str(UNITS / unit))
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout)
+    assert m, r.stdout + r.stderr
+    assert float(m.group(1)) <= 5.0, r.stdout
+
+
+@pytest.mark.parametrize("unit, condition", [("dl2d.service", "/etc/dl2d/dl2d.toml"),
+                                             ("dl2-agent.service", "/etc/dl2d/agent.token")])
+def test_the_unit_waits_for_its_config_and_reads_an_environment_file(unit, condition):
+    d = directives(unit)
+    assert d["ConditionPathExists"] == [condition]
+    assert any(v.startswith("-/etc/default/") for v in d["EnvironmentFile"])  # optional: "-"
+
+
+def test_the_daemon_keeps_no_capability_and_the_agent_only_what_it_needs():
+    assert directives("dl2d.service")["CapabilityBoundingSet"] == [""]
+    assert directives("dl2-agent.service")["CapabilityBoundingSet"] == ["CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"]
+    # the daemon's policy is compiled by JAX at run time: writable executable memory must stay allowed
+    assert "MemoryDenyWriteExecute" not in directives("dl2d.service")
