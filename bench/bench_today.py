@@ -30,7 +30,8 @@ from dl2d.workload import philly
 from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
 MAX_SLOTS = 20_160  # 14 days of 60 s slots: a policy still running a 160-job workload then is reported as such
-DEFAULT_POLICIES = ("slurm", "tiresias", "fifo", "srtf", "drf", "tetris", "optimus", "elastic", "optimus-oracle", "oracle")
+DEFAULT_POLICIES = ("slurm", "tiresias", "fifo", "srtf", "drf", "tetris", "optimus", "elastic", "optimus-oracle",
+                    "oracle")
 
 
 def contended_util(trace, res, gpus: float) -> tuple[float, float]:
@@ -61,7 +62,8 @@ def one(trace, cfg, policies, seed: int, label: str, status, console) -> dict:
         util_busy, busy_share = contended_util(trace, res, float(cfg.cluster.capacity[0]))
         console.log(f"{label}: {name} {res.avg_jct_hours:.3f} h avg JCT ({res.wall_s:.1f} s)")
         row["policies"][name] = {
-            "avg_jct_h": round(res.avg_jct_hours, 4), "p99_jct_h": round(float(np.percentile(res.jct_slots, 99)) * h, 4),
+            "avg_jct_h": round(res.avg_jct_hours, 4),
+            "p99_jct_h": round(float(np.percentile(res.jct_slots, 99)) * h, 4),
             "makespan_h": round(res.makespan_slots * h, 3), "gpu_util": round(float(np.mean(res.gpu_util)), 4),
             "gpu_util_contended": round(util_busy, 4), "contended_share": round(busy_share, 4),
             "resizes": res.resizes, "wall_s": round(res.wall_s, 2)}

@@ -27,8 +27,9 @@ and any other name an all-reduce job (today's jobs are).
   :func:`default_epoch_seconds`, the median of the six models' one-GPU epoch time at their one-GPU batch
   (459 s: between deepspeech2's 243 s and yolov3's 675 s).
 
-Both are in dl2d.workload.prior (Optimus starts from them too). It is a prior, stated so that a site can see what the scheduler assumed: the measured speed factor of the
-job (dl2d.daemon.jobstats) corrects it once the job runs.
+Both are in dl2d.workload.prior (Optimus starts from them too). It is a prior, stated so that a site can see
+what the scheduler assumed: the measured speed factor of the job (dl2d.daemon.jobstats) corrects it once the
+job runs.
 """
 from __future__ import annotations
 

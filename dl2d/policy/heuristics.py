@@ -3,8 +3,8 @@
 Each is a function of a `SlotView` returning an `Allocation`, re-deciding every job's workers and PS every
 slot, with every task placed on a server through `AllocationBuilder` so capacity can never be exceeded.
 They add a worker and a PS together (a "bundle"), as in the DL2 authors' simulator. An all-reduce job has no
-PS: its bundle is one worker, and its workers go to the servers it held last slot, then to servers it already has, so it
-neither moves (a restart) nor spreads without need. Each is registered in dl2d.policy.registry under its
+PS: its bundle is one worker, and its workers go to the servers it held last slot, then to servers it already
+has, so it neither moves (a restart) nor spreads without need. Each is registered in dl2d.policy.registry under its
 name, as a heuristic (a guardrail fallback and a supervised-warm-up teacher).
 """
 from __future__ import annotations

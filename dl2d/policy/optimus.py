@@ -32,7 +32,7 @@ from scipy.optimize import nnls
 
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.heuristics import AllocationBuilder
-from dl2d.policy.registry import PolicyEntry, StatelessPolicy, register
+from dl2d.policy.registry import IgnoresFeedback, PolicyEntry, StatelessPolicy, register
 from dl2d.workload.prior import default_epoch_seconds, prior_speedup
 
 #: Weight of the prior in the fit, in samples (spread over every size): one slot's observation counts as much
@@ -140,7 +140,7 @@ class JobSamples:
     curve: np.ndarray | None = None  # the fit, until a new sample arrives
 
 
-class FittedOptimus:
+class FittedOptimus(IgnoresFeedback):
     """Optimus on speed models fitted from observation (module docstring): one :class:`JobSamples` per job id."""
 
     name = "optimus"
@@ -172,10 +172,11 @@ class FittedOptimus:
             del self.jobs[key]
 
     def belief(self, view: SlotView) -> np.ndarray:
-        """The ``est_speed`` this Optimus decides on: fitted rows for all-reduce jobs, the view's for PS jobs."""
-        est = np.array(view.est_speed, float, copy=True)
+        """The ``est_speed`` this Optimus decides on: fitted rows for all-reduce jobs, the view's for PS jobs (the
+        view's own array when it has no all-reduce job)."""
         if not view.allreduce.any():
-            return est
+            return view.est_speed
+        est = np.array(view.est_speed, float, copy=True)
         per_node = max(int(view.capacity[:, 0].max()), 1) if len(view.capacity) else 1
         for j in np.flatnonzero(view.allreduce):
             rec = self.jobs[view.job_ids[j].item()]
@@ -193,15 +194,7 @@ class FittedOptimus:
 
     def __call__(self, view: SlotView) -> Allocation:
         self._observe(view)
-        if not view.allreduce.any():
-            return self.rule(view)
         return self.rule(replace(view, est_speed=self.belief(view)))
-
-    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
-        pass
-
-    def observe(self, reward: float) -> None:
-        pass
 
 
 register(PolicyEntry("optimus", "Optimus: greedy marginal gain per unit of dominant resource on a speed model it "

@@ -18,7 +18,7 @@ import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.heuristics import AllocationBuilder, remaining_time_estimate
-from dl2d.policy.registry import PolicyEntry, register
+from dl2d.policy.registry import IgnoresFeedback, PolicyEntry, register
 from dl2d.workload.speed import speed_table
 
 
@@ -31,7 +31,7 @@ def fastest_configs(table: np.ndarray, max_ps: int, max_workers: int) -> tuple[n
     return ps.astype(int), workers.astype(int)
 
 
-class SpeedOracle:
+class SpeedOracle(IgnoresFeedback):
     """Every job its fastest configuration on the simulator's own speed table; counts the job-slots it could
     not give one (`short_job_slots`), which is what decides whether its JCT is a bound (module docstring)."""
 
@@ -59,12 +59,6 @@ class SpeedOracle:
                     b.add(j, kind)
             self.short_job_slots += (b.ps(j), b.workers(j)) != (want_p, want_w)
         return b.allocation()
-
-    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
-        pass
-
-    def observe(self, reward: float) -> None:
-        pass
 
 
 register(PolicyEntry("oracle", "the speed oracle: every job its fastest configuration on the simulator's own "

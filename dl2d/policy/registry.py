@@ -51,7 +51,19 @@ class Learner(Protocol):
     def save(self, path: str, meta: dict | None = None) -> None: ...
 
 
-class StatelessPolicy:
+class IgnoresFeedback:
+    """The Policy hooks of a policy that learns nothing from what happens to its decisions or from the rewards:
+    the heuristics, including those that keep state of their own from the views they see (Tiresias's attained
+    service, Optimus's observed speeds)."""
+
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+
+class StatelessPolicy(IgnoresFeedback):
     """A plain scheduler function as a Policy: it keeps no state, so what happens to its decisions and the
     rewards change nothing (the heuristics)."""
 
@@ -60,12 +72,6 @@ class StatelessPolicy:
 
     def __call__(self, view: SlotView) -> Allocation:
         return self.fn(view)
-
-    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
-        pass
-
-    def observe(self, reward: float) -> None:
-        pass
 
     def __repr__(self) -> str:
         return f"StatelessPolicy({self.name})"

@@ -18,14 +18,14 @@ import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.heuristics import AllocationBuilder
-from dl2d.policy.registry import PolicyEntry, register
+from dl2d.policy.registry import IgnoresFeedback, PolicyEntry, register
 from dl2d.policy.slurm_fifo import asked
 
 THRESHOLDS_GPU_S = (3600.0, 36000.0)
 STARVATION_FACTOR = 8.0
 
 
-class Tiresias:
+class Tiresias(IgnoresFeedback):
     name = "tiresias"
 
     def __init__(self, thresholds=THRESHOLDS_GPU_S, starvation_factor: float = STARVATION_FACTOR):
@@ -67,12 +67,6 @@ class Tiresias:
         for j in np.lexsort((view.arrival_slot, self.queues(view))):
             b.add_gang(int(j), int(workers[j]), int(ps[j]))
         return b.allocation()
-
-    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
-        pass
-
-    def observe(self, reward: float) -> None:
-        pass
 
 
 register(PolicyEntry("tiresias", "Tiresias: discretised two-dimensional least-attained-service, each job what "
