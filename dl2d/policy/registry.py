@@ -14,6 +14,7 @@ registry is the model: names to factories, the wiring knows no policy by name.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
@@ -109,6 +110,7 @@ class PolicyEntry:
 
 
 _ENTRIES: dict[str, PolicyEntry] = {}
+_MODULE_RANK: dict[str, int] = {}  # policy name -> index in MODULES of the module that registered it
 _loaded = False
 
 
@@ -116,7 +118,9 @@ def register(entry: PolicyEntry) -> PolicyEntry:
     """Add a policy; a second entry under the same name is a bug (ValueError)."""
     if entry.name in _ENTRIES and _ENTRIES[entry.name] is not entry:
         raise ValueError(f"policy {entry.name!r} is registered twice")
+    module = sys._getframe(1).f_globals.get("__name__", "")
     _ENTRIES[entry.name] = entry
+    _MODULE_RANK[entry.name] = MODULES.index(module) if module in MODULES else len(MODULES)
     return entry
 
 
@@ -129,9 +133,10 @@ def _load() -> None:
 
 
 def entries() -> dict[str, PolicyEntry]:
-    """Every registered policy by name, in registration order."""
+    """Every registered policy by name: in the order of :data:`MODULES`, then of registration within a module
+    (so listings do not depend on which policy module some caller happened to import first)."""
     _load()
-    return dict(_ENTRIES)
+    return dict(sorted(_ENTRIES.items(), key=lambda item: _MODULE_RANK[item[0]]))
 
 
 def names(*, heuristic: bool | None = None, learned: bool | None = None, daemon: bool | None = None) -> tuple[str, ...]:
