@@ -1,0 +1,114 @@
+"""The job side of dl2d's job contract (docs/jobs.md): a training script imports this to learn the size dl2d
+gave it, save and exit on the checkpoint signal, resume where its last checkpoint ends, and report progress.
+
+    import dl2d.job
+    run = dl2d.job.start(total_steps=1000)          # the contract, the signal handler, the progress file
+    ...  # initialise the framework's distributed runtime with run.contract.coordinator, .world_size, .rank
+    step = restored_step or 0
+    run.resumed(step)
+    while step < run.total_steps:
+        step += 1; train_one_step(step)
+        run.step_done(step, samples=...)
+        if run.stop_requested and all_ranks_agree():     # one all-reduce of the flag
+            save_checkpoint(step); run.exit_checkpointed(step)
+    run.finished(step)
+
+It imports no framework (nor anything of dl2d but atomic file writes), so it loads in a second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, NoReturn
+
+from dl2d.job.checkpoints import Checkpoint, Checkpoints
+from dl2d.job.contract import (
+    EXIT_CHECKPOINTED,
+    JobContract,
+    JobContractError,
+    contract_from_env,
+)
+from dl2d.job.progress import ProgressFile
+
+__all__ = ["Checkpoint", "Checkpoints", "EXIT_CHECKPOINTED", "JobContract", "JobContractError", "JobRun",
+           "contract_from_env", "start"]
+
+
+class JobRun:
+    """One process of one run of a job: its contract, whether it was asked to stop, its progress."""
+
+    def __init__(self, contract: JobContract, total_steps: int, *, install_handlers: bool = True,
+                 progress_interval_s: float = 0.5) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
+        self.contract = contract
+        self.total_steps = int(total_steps)
+        self.stop_signal: int | None = None  # the signal that asked us to stop, once one did
+        self.stop_requested_at: float | None = None  # time.monotonic() of it
+        self.progress = ProgressFile(contract.progress_file, write=contract.is_primary,
+                                     total_steps=total_steps, epochs=contract.total_epochs or 1.0,
+                                     world_size=contract.world_size, min_interval_s=progress_interval_s)
+        self.checkpoints = Checkpoints(contract.checkpoint_dir)
+        if install_handlers:
+            for sig in {contract.checkpoint_signal, signal.SIGTERM}:
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            self.stop_requested_at = time.monotonic()
+
+    @property
+    def stop_requested(self) -> bool:
+        """This process was asked to save and exit. Ranks get the signal at slightly different moments:
+        agree on the step to stop at (all-reduce the flag, max) before saving."""
+        return self.stop_signal is not None
+
+    def deadline_left_s(self) -> float:
+        """Seconds left to save and exit after the signal (the contract's deadline); inf before one."""
+        if self.stop_requested_at is None:
+            return float("inf")
+        return self.contract.deadline_s - (time.monotonic() - self.stop_requested_at)
+
+    def resumed(self, step: int) -> None:
+        """Say the run starts at global step ``step`` (what its checkpoint holds; 0: from scratch). Rank 0
+        counts the steps the last run reported beyond it as lost."""
+        if not 0 <= step <= self.total_steps:
+            raise ValueError(f"resume step {step} outside 0..{self.total_steps}")
+        self.progress.resumed(step)
+
+    def step_done(self, step: int, samples: int | None = None) -> None:
+        """Global step ``step`` is done (written at most every ``progress_interval_s``)."""
+        self.progress.update("running", step, samples)
+
+    def checkpointed(self, step: int) -> int:
+        """The checkpoint of ``step`` is saved on the signal: report it; returns the exit status to use."""
+        self.progress.update("checkpointed", step, force=True)
+        if self.stop_signal == signal.SIGTERM:
+            return 128 + signal.SIGTERM
+        return EXIT_CHECKPOINTED
+
+    def exit_checkpointed(self, step: int) -> NoReturn:
+        """:meth:`checkpointed`, then exit with its status."""
+        code = self.checkpointed(step)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)
+
+    def finished(self, step: int) -> None:
+        """The job trained all its steps: dl2d counts it done."""
+        self.progress.update("done", step, force=True)
+
+
+def start(total_steps: int, *, checkpoint_dir: str | os.PathLike | None = None,
+          env: Mapping[str, str] | None = None, install_handlers: bool = True) -> JobRun:
+    """Read the contract from the environment (``env``: os.environ) and set the run up.
+    ``checkpoint_dir`` is used when dl2d gives none (a script run by hand). JobContractError names what
+    is wrong with the environment."""
+    contract = contract_from_env(os.environ if env is None else env,
+                                 checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None)
+    return JobRun(contract, total_steps, install_handlers=install_handlers)
