@@ -18,6 +18,15 @@ fi
 echo "== installing dl2d and its test dependencies"
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
+# PyTorch's CPU build, for the PyTorch example job's test (tests/job/test_example_jobs.py). "+cpu" is never on
+# PyPI itself (it would bring GBs of CUDA packages): only where a CPU build is offered (a local wheel, the
+# PyTorch CPU index). Without it that one test skips, and fails under CI.
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+  echo "== installing PyTorch (CPU build)"
+  python3 -m pip install -q --disable-pip-version-check --only-binary=:all: "torch==2.13.0+cpu" \
+    || echo "   PyTorch's CPU build is not to be had here: the PyTorch example's test will skip"
+fi
+
 echo "== checking the import contracts (docs/ARCHITECTURE.md)"
 lint-imports --no-cache
 

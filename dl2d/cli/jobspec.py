@@ -10,7 +10,9 @@ A spec file holds the keys of `validate_submission` (see docs/cli.md). An all-re
     workers = 8                   # optional: the workers you ask for (Slurm as it is gives exactly these)
     epoch_seconds = 600           # optional, a model dl2d does not know: seconds per epoch on one GPU
     total_epochs = 2              # your estimate of the epochs to train
-    command = "torchrun train.py" # or `script`
+    command = "python train.py"   # or `script`; see docs/jobs.md for what the program is handed
+    launch = "srun"               # optional: dl2d starts one process per worker (default); "once": the
+                                  # command runs once on the first node and starts its own (torchrun)
     max_workers = 16              # optional, default 64
     [worker]                      # one worker = one rank
     gpus = 1                      # whole GPUs, default 1
@@ -159,6 +161,7 @@ FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
     "batch_size": (("batch_size",), None),
     "workers": (("workers",), None),
     "epoch_seconds": (("epoch_seconds",), None),
+    "launch": (("launch",), None),
 }
 
 # the flag each field is set by, for messages
@@ -168,7 +171,7 @@ FLAG_NAMES = {
     "mem_per_worker": "--mem-per-worker", "cpus_per_ps": "--cpus-per-ps", "mem_per_ps": "--mem-per-ps",
     "max_workers": "--max-workers", "max_ps": "--max-ps", "sync_mode": "--sync-mode", "time": "--time",
     "owner": "--owner", "arch": "--arch", "batch_size": "--batch-size", "workers": "--workers",
-    "epoch_seconds": "--epoch-seconds",
+    "epoch_seconds": "--epoch-seconds", "launch": "--launch",
 }
 
 

@@ -79,10 +79,12 @@ class JobSubmission:
     batch_size: float | None = None  # total batch of an all-reduce job
     workers: int | None = None  # workers the user asks for (Slurm as it is would give exactly these)
     epoch_seconds: float | None = None  # one-GPU seconds per epoch of a model dl2d does not know (a hint)
+    launch: str | None = None  # "srun" (one process per worker, by dl2d) or "once"; None: the kind's default
 
     def spec(self) -> dict[str, Any]:
         """The JSON stored in `jobs.spec` (the optional fields only where given)."""
-        optional = {"batch_size": self.batch_size, "workers": self.workers, "epoch_seconds": self.epoch_seconds}
+        optional = {"batch_size": self.batch_size, "workers": self.workers, "epoch_seconds": self.epoch_seconds,
+                    "launch": self.launch}
         return {
             "kind": self.kind,
             "command": self.command,
@@ -99,8 +101,10 @@ class JobSubmission:
 _SUBMISSION_KEYS = {
     "name", "owner", "job_type", "total_epochs", "command", "script",
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
-    "kind", "batch_size", "workers", "epoch_seconds",
+    "kind", "batch_size", "workers", "epoch_seconds", "launch",
 }
+#: How dl2d starts a job's processes (docs/jobs.md): one per worker with its own srun, or the command once.
+LAUNCHES = ("srun", "once")
 
 
 def _is_number(v: Any) -> bool:
@@ -198,8 +202,9 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
 
     Keys: name, owner, job_type, total_epochs, command (alias: script), worker {gpus, cpus, mem_gb},
     ps {cpus, mem_gb}, and optionally kind ("ps"|"allreduce"), max_workers, max_ps, sync ("sync"|"async"),
-    time_limit_min, workers (asked for), and for all-reduce jobs batch_size (required for a measured model)
-    and epoch_seconds (a hint for a model dl2d does not know). ``known_types``: the models of PS jobs.
+    time_limit_min, workers (asked for), and for all-reduce jobs batch_size (required for a measured model),
+    epoch_seconds (a hint for a model dl2d does not know) and launch ("srun": dl2d starts one process per
+    worker, the default; "once": the command starts its own). ``known_types``: the models of PS jobs.
 
     An all-reduce job has no parameter servers: its [ps] table, if any, must ask for nothing, and max_ps is 0.
     """
@@ -252,6 +257,12 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
         if workers is not None and max_workers is not None and workers > max_workers:
             errors.append(f"workers ({workers}) must be <= max_workers ({max_workers})")
     batch, epoch_seconds = _allreduce_fields(errors, data, kind, job_type)
+    launch = data.get("launch")
+    if launch is not None and launch not in LAUNCHES:
+        errors.append(f"launch must be one of {LAUNCHES}, got {launch!r}")
+    elif launch == "srun" and not allreduce:
+        errors.append("launch: a PS job's runtime (dl2-run) starts its own tasks; launch = \"srun\" is for "
+                      "all-reduce jobs")
     sync = data.get("sync", "sync")
     if sync not in SYNC_MODES:
         errors.append(f"sync must be one of {SYNC_MODES}, got {sync!r}")
@@ -265,7 +276,7 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     return JobSubmission(
         name=name, owner=owner, job_type=job_type, total_epochs=epochs, command=command.strip(),
         worker=worker, ps=ps, max_workers=max_workers, max_ps=max_ps, sync=sync, time_limit_min=time_limit,
-        kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds,
+        kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds, launch=launch,
     )
 
 

@@ -212,6 +212,15 @@ def test_submit_an_all_reduce_job_of_a_measured_model_by_flags(dl2ctl, db_url):
         ("allreduce", 96.0, 8, 64, 0)
     assert spec["worker"] == {"gpus": 1.0, "cpus": 8.0, "mem_gb": 40.0}  # one GPU per worker by default
     assert spec["ps"] == {"gpus": 0.0, "cpus": 0.0, "mem_gb": 0.0} and "epoch_seconds" not in spec
+    assert "launch" not in spec  # the kind's default: dl2d starts one process per worker (docs/jobs.md)
+
+
+def test_submit_an_all_reduce_job_that_launches_its_own_processes(dl2ctl, db_url):
+    r = dl2ctl("submit", "-J", "tr", "--arch", "allreduce", "--type", "x", "--epochs", "1", "--launch", "once",
+               "--wrap", "srun torchrun train.py", "--cpus-per-worker", "1", "--mem-per-worker", "1G")
+    assert r.exit_code == 0, r.output
+    [(*_, spec)] = jobs_in(db_url)
+    assert spec["launch"] == "once"
 
 
 def test_submit_a_model_dl2d_has_never_seen(dl2ctl, db_url, tmp_path):
@@ -239,6 +248,8 @@ def test_submit_a_model_dl2d_has_never_seen(dl2ctl, db_url, tmp_path):
      "batch_size: only an all-reduce job"),
     (("--arch", "ps", "--type", "bert", "--cpus-per-ps", "1", "--mem-per-ps", "1G"), "unknown job type 'bert'"),
     (("--type", "bad model!"), "job_type of an all-reduce job must be a model name"),
+    (("--type", "resnet-50", "--launch", "srun", "--cpus-per-ps", "1", "--mem-per-ps", "1G"),
+     'launch: a PS job\'s runtime (dl2-run) starts its own tasks; launch = "srun" is for all-reduce jobs'),
 ])
 def test_bad_all_reduce_submissions_name_the_field_and_write_nothing(dl2ctl, tmp_path, flags, message):
     r = dl2ctl("submit", "-J", "j", "--epochs", "1", "--wrap", "run", "--cpus-per-worker", "1", "--mem-per-worker",

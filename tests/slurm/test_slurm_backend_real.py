@@ -281,7 +281,7 @@ def test_an_all_reduce_job_starts_as_nodes_x_gpus_and_is_shrunk(slurm, wait_for,
     from dl2d.policy import registry
 
     b = backend(slurm, tmp_path / "state")
-    spec = {**demo_request(308, epochs=60).spec, "kind": "allreduce", "batch_size": 96.0, "workers": 8,
+    spec = {**demo_request(308, epochs=60).spec, "kind": "allreduce", "batch_size": 96.0, "workers": 8, "launch": "once",
             "worker": {"gpus": 1, "cpus": 1, "mem_gb": 0}}
     del spec["ps"]
     row = P.job_row(308, "bert", 60.0, 0.0, 0, 0, 0, spec, "bert-8")

@@ -55,3 +55,28 @@ def test_job_dir_files(tmp_path):
     assert jd.coordinator() == ({"address": "node1:4000"}, 1000.0)
     (jd.checkpoint_dir / "coordinator.json").write_text('{"addr')  # being written: not there yet
     assert jd.coordinator() == (None, None)
+
+
+def test_batch_script_starts_one_process_per_worker_with_srun_and_exports_the_contract(tmp_path):
+    """With srun_cpus_per_task the script runs srun with $DL2D_WORKERS tasks spread evenly over the
+    allocation's nodes (a stand-in srun on PATH records its arguments and runs the program once)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun $*" > "$DL2D_JOB_DIR/srun.args"\n'
+                                  'while [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    out = tmp_path / "out.txt"
+    script = tmp_path / "job.sh"
+    script.write_text(batch_script(5, tmp_path, f'echo "$DL2D_CHECKPOINT_SIGNAL $DL2D_CHECKPOINT_DEADLINE_S '
+                                               f'$DL2D_TOTAL_EPOCHS" > {out}', None, srun_cpus_per_task=2,
+                                   exports={"DL2D_CHECKPOINT_SIGNAL": "USR1", "DL2D_CHECKPOINT_DEADLINE_S": "60",
+                                            "DL2D_TOTAL_EPOCHS": "2.5"}))
+    (tmp_path / "target.env").write_text(target_env(7, 0))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NUM_NODES": "3"}
+    subprocess.run(["bash", str(script)], check=True, timeout=10, env=env)
+    args = (tmp_path / "srun.args").read_text().split()
+    assert args[:6] == ["srun", "--ntasks=7", "--ntasks-per-node=3", "--cpus-per-task=2", "--kill-on-bad-exit=1",
+                        "--distribution=block"]
+    assert out.read_text() == "USR1 60 2.5\n"
+    with pytest.raises(ValueError, match="not a variable name"):
+        batch_script(5, tmp_path, "true", None, exports={"BAD NAME": "x"})

@@ -227,3 +227,16 @@ def test_the_finish_time_is_the_most_exact_fact():
 def test_a_shrink_keeps_what_each_node_holds():
     cur = Current("RUNNING", SlurmAllocation(3, 3, 4, 3072), (9, 1))
     assert plan(cur, Target(5, 1)) == Plan(SHRINK, SlurmAllocation(2, 3, 4, 3072))
+
+
+def test_a_job_of_one_process_per_worker_changes_size_only_by_restart():
+    """launch = "srun": its process count is fixed for a run, and releasing a node in place would kill some
+    of its ranks: a shrink, a grow within its nodes, a grow beyond them are all a checkpoint-restart."""
+    fixed = Current("RUNNING", SlurmAllocation(2, 4), (8, 0), fixed_size=True)
+    assert plan(fixed, Target(8, 0)) == Plan(NOOP)
+    assert plan(fixed, Target(4, 0)) == Plan(RESTART, SlurmAllocation(1, 4, 4))  # SHRINK when not fixed
+    assert plan(replace(fixed, fixed_size=False), Target(4, 0)).method == SHRINK
+    assert plan(fixed, Target(7, 0)).method == RESTART  # its nodes host 7: NOOP when not fixed
+    assert plan(replace(fixed, fixed_size=False), Target(7, 0)).method == NOOP
+    assert plan(fixed, Target(12, 0)) == Plan(RESTART, SlurmAllocation(3, 4, 4))
+    assert plan(fixed, Target(0, 0)).method == STOP

@@ -36,11 +36,12 @@ from dl2d.daemon.backend import (
     NodeInfo,
     Target,
 )
-from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids
+from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids, launch_of
 from dl2d.daemon.slurm.mapping import (
     NodeShape,
     SlurmAllocation,
     SlurmNodeSelection,
+    TaskSize,
     allocation_for,
     allocation_for_selection,
     allocation_record,
@@ -240,6 +241,7 @@ class SlurmBackend:
                 finished=progress_state(progress) == "done" or record.get("final") == FINISHED,
                 elastic=elastic,
                 hot_scaling=self._runtime_scales_hot(job.job_id, elastic, live, progress),
+                fixed_size=launch_of(job.spec or {}) == "srun",
             )
             failed = live is None and record.get("final") == FAILED
             plan = plan_apply(cur, target, needed, hosting)
@@ -421,7 +423,8 @@ class SlurmBackend:
         selection = self._selection(target)  # checked by apply()
         js = JobSpec(
             name=f"{self.config.job_name_prefix}{job.job_id}",
-            script=batch_script(job.job_id, jd.path, command, script_path),
+            script=batch_script(job.job_id, jd.path, command, script_path, exports=self._contract_env(job),
+                                srun_cpus_per_task=self._srun_cpus(job)),
             nodes=needed.nodes,
             gpus_per_node=needed.gpus_per_node,
             cpus_per_node=needed.cpus_per_node or None,
@@ -448,6 +451,19 @@ class SlurmBackend:
                       nodelist=list(js.nodelist))
         self._save(job.job_id, record)
         return ApplyResult(job.job_id, START, slurm_id)
+
+    def _contract_env(self, job: JobRequest) -> dict[str, str]:
+        """What the batch script tells the job beyond its paths and size (docs/jobs.md): the checkpoint
+        signal, the seconds it has to save and exit after it, the epochs it was submitted for."""
+        return {"DL2D_CHECKPOINT_SIGNAL": self.config.checkpoint_signal,
+                "DL2D_CHECKPOINT_DEADLINE_S": f"{self.config.checkpoint_timeout_s:g}",
+                "DL2D_TOTAL_EPOCHS": f"{float(job.total_epochs):g}"}
+
+    def _srun_cpus(self, job: JobRequest) -> int | None:
+        """CPUs per process when dl2d starts one process per worker (``launch = "srun"``), else None."""
+        if launch_of(job.spec or {}) != "srun":
+            return None
+        return max(1, TaskSize.of(job_demand(job).worker).cpus)
 
     def _hot_scale(self, job_id: int, target: Target) -> bool:
         """Scale an elastic job through its coordinator; False when that is not possible."""

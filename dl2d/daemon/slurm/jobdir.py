@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from dl2d.core.files import write_atomic
 from dl2d.daemon.backend import Target
@@ -35,11 +35,36 @@ def target_env(workers: int, ps: int, hostfile: Path | None = None) -> str:
     return text
 
 
-def batch_script(job_id: int, job_dir: Path, command: str | None, script_path: Path | None) -> str:
-    """The batch script of a dl2d job. It exports the job's paths, sources the target file
-    (every start, so a requeued job sees its new size) and ``exec`` s the user's command through
-    ``bash -c`` (bash replaces itself with a single command, so the program receives Slurm's
-    checkpoint signal) or the user's script."""
+#: How a job's processes are started (the spec's ``launch``): ``srun``, one process per worker by dl2d's own
+#: ``srun`` (each learns its rank from Slurm: the all-reduce jobs' default); ``once``, the command runs once
+#: on the first node and starts its own processes (dl2-run, torchrun, the PS jobs' default).
+LAUNCHES = ("srun", "once")
+
+
+def launch_of(spec: Mapping[str, Any]) -> str:
+    """The spec's ``launch``; where it has none, ``srun`` for an all-reduce job and ``once`` otherwise."""
+    launch = spec.get("launch")
+    if launch is None:
+        return "srun" if spec.get("kind") == "allreduce" else "once"
+    return str(launch)
+
+
+def srun_line(cpus_per_task: int) -> str:
+    """The ``srun`` that starts one process per worker: ``$DL2D_WORKERS`` tasks spread evenly over the
+    allocation's nodes (no node more than ``ceil(W / N)``, as dl2d sized them), rank 0 on the first; one
+    task that fails ends them all."""
+    return ('N="${SLURM_JOB_NUM_NODES:-1}"\n'
+            'exec srun --ntasks="$DL2D_WORKERS" --ntasks-per-node="$(( (DL2D_WORKERS + N - 1) / N ))" '
+            f'--cpus-per-task={int(cpus_per_task)} --kill-on-bad-exit=1 --distribution=block')
+
+
+def batch_script(job_id: int, job_dir: Path, command: str | None, script_path: Path | None, *,
+                 exports: Mapping[str, str] | None = None, srun_cpus_per_task: int | None = None) -> str:
+    """The batch script of a dl2d job. It exports the job's paths (and ``exports``: the rest of the job
+    contract, docs/jobs.md), sources the target file (every start, so a requeued job sees its new size) and
+    ``exec`` s the user's command through ``bash -c`` (bash replaces itself with a single command, so the
+    program receives Slurm's checkpoint signal) or the user's script. With ``srun_cpus_per_task`` it starts
+    that one process per worker instead (:func:`srun_line`; ``scancel --full`` signals every one)."""
     if (command is None) == (script_path is None):
         raise ValueError("batch_script needs exactly one of command or script_path")
     q = shlex.quote
@@ -52,12 +77,17 @@ def batch_script(job_id: int, job_dir: Path, command: str | None, script_path: P
         f"export DL2D_PROGRESS_FILE={q(str(job_dir / 'progress.json'))}",
         f"export DL2D_TARGET_FILE={q(str(job_dir / 'target.json'))}",
         'mkdir -p "$DL2D_CHECKPOINT_DIR"',
-        'if [ -r "$DL2D_JOB_DIR/target.env" ]; then . "$DL2D_JOB_DIR/target.env"; fi',
     ]
-    if command is not None:
-        lines.append(f"exec bash -c {q(command)}")
+    for name, value in (exports or {}).items():
+        if not name.isidentifier():
+            raise ValueError(f"not a variable name: {name!r}")
+        lines.append(f"export {name}={q(str(value))}")
+    lines.append('if [ -r "$DL2D_JOB_DIR/target.env" ]; then . "$DL2D_JOB_DIR/target.env"; fi')
+    program = f"bash -c {q(command)}" if command is not None else q(str(script_path))
+    if srun_cpus_per_task is not None:
+        lines.append(f"{srun_line(srun_cpus_per_task)} {program}")
     else:
-        lines.append(f"exec {q(str(script_path))}")
+        lines.append(f"exec {program}")
     return "\n".join(lines) + "\n"
 
 

@@ -123,6 +123,7 @@ class Current:
     finished: bool = False  # the job's progress says it is done
     elastic: bool = False  # its runtime is of a kind that scales hot (is_elastic)
     hot_scaling: bool = False  # its running runtime can be resized in place now (runtime_scales_hot)
+    fixed_size: bool = False  # dl2d started one process per worker: another size is another run
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,9 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
     * no active Slurm job: START (resumes from the job's checkpoint, if any);
     * pending in Slurm: NOOP when its allocation is ``needed`` (the new (W, P) is written to the
       target file it reads when it starts), else START (cancel + submit at the new size);
+    * running with one process per worker started by dl2d (``cur.fixed_size``: ``launch = "srun"``): NOOP
+      at its size, else RESTART (checkpoint, then requeue or resubmit: its processes cannot change count,
+      and releasing a node in place would kill some of them);
     * running, its nodes cannot host the target: RESTART (checkpoint, then requeue or resubmit) —
       Slurm adds neither nodes nor GPUs to a running allocation;
     * running, fewer of its nodes host the target (and no fewer than ``needed`` has, so a placed
@@ -167,6 +171,8 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
         return Plan(START, needed)
     if cur.slurm_state != "RUNNING" or cur.allocation is None:
         return Plan(NOOP) if cur.allocation in (None, needed) else Plan(START, needed)
+    if cur.fixed_size:
+        return Plan(NOOP) if want == cur.applied else Plan(RESTART, needed)
     if hosting_nodes is None:
         return Plan(RESTART, needed)
     hot = cur.hot_scaling and min(want) >= 1 and min(cur.applied) >= 1
