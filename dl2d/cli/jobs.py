@@ -61,6 +61,7 @@ def job_record(job: Any, now: datetime) -> dict[str, Any]:
         "ps": job.ps,
         "epochs_done": job.epochs_done,
         "total_epochs": job.total_epochs,
+        "lost_epochs": getattr(job, "lost_epochs", 0.0) or 0.0,
         "slurm_job_id": job.slurm_job_id,
         "submitted_at": _iso(job.submitted_at),
         "started_at": _iso(job.started_at),
@@ -367,6 +368,8 @@ def _print_detail(rec: dict[str, Any]) -> None:
         ("job", f"{rec['id']} {rec['name']}"), ("owner", rec["owner"]), ("type", rec["job_type"]),
         ("architecture", "all-reduce" if allreduce else "parameter servers"),
         ("state", rec["state"]), ("epochs", f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}"),
+        *([("lost to restarts", f"{_num(rec['lost_epochs'])} epochs trained again (a restart found no "
+                                "checkpoint holding them)")] if rec.get("lost_epochs") else []),
         ("allocation", f"{rec['workers']} workers (max {spec.get('max_workers')}{asked})" if allreduce else
          f"{rec['workers']} workers, {rec['ps']} PS (max {spec.get('max_workers')} workers, "
          f"{spec.get('max_ps')} PS{asked})"),

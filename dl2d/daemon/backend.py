@@ -76,6 +76,7 @@ class JobStatus:
     hot_scaling: bool = False  # the job's runtime can be resized without a restart
     message: str = ""
     finished_at: datetime | None = None  # when it finished or failed, if the backend knows (else: observed)
+    lost_epochs: float = 0.0  # cumulative: trained, then redone after a restart that found no checkpoint of it
 
 
 @dataclass(frozen=True)

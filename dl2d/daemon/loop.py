@@ -164,6 +164,10 @@ class SlotLoop:
                     job.state = JobState.PENDING
                 continue
             job.epochs_done = float(st.epochs_done)
+            if st.lost_epochs > job.lost_epochs:
+                log.warning("job %d (%s): %.3g epochs lost to restarts so far (no checkpoint held them)",
+                            job.id, job.name, st.lost_epochs)
+                job.lost_epochs = float(st.lost_epochs)
             if st.backend_ref:
                 job.slurm_job_id = st.backend_ref
             if st.state == FINISHED:

@@ -158,6 +158,8 @@ class Job(Base):
     job_type: Mapped[str] = mapped_column(String(64), index=True)  # model name, e.g. "resnet-50"
     total_epochs: Mapped[float]  # the user's estimate
     epochs_done: Mapped[float] = mapped_column(default=0.0)
+    # epochs trained and redone: a restart found no checkpoint holding them (the job's own report)
+    lost_epochs: Mapped[float] = mapped_column(default=0.0, server_default="0")
     state: Mapped[JobState] = mapped_column(_enum(JobState, "job_state"), default=JobState.PENDING, index=True)
     #: validated submission: worker/ps demands, command, max_workers, max_ps, sync, time limit
     spec: Mapped[dict[str, Any]]

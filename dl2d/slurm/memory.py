@@ -108,7 +108,10 @@ class InMemorySlurm:
     def signal(self, job_id: str, sig: str) -> None:
         self._check()
         self.calls.append(("signal", job_id, sig))
-        if not self.ignore_signals:
+        if sig in ("KILL", "SIGKILL", "9"):  # no job can ignore it; a node may take its time to carry it out
+            if self.slurm_jobs[job_id].active and self.cancel_ends_job:
+                self.set_job(job_id, state="CANCELLED", end_time=int(self.clock()))
+        elif not self.ignore_signals:
             self.set_job(job_id, state="COMPLETED", end_time=int(self.clock()))
             self.on_checkpoint(job_id)
 

@@ -31,7 +31,7 @@ def test_queue_filters_and_json(dl2ctl, seed, engine):
     assert ids("--user", "nobody") == []
 
     [job] = json.loads(dl2ctl("queue", "--json", "--state", "running").output)
-    assert set(job) == {"id", "name", "owner", "job_type", "state", "workers", "ps", "epochs_done",
+    assert set(job) == {"id", "name", "owner", "job_type", "state", "workers", "ps", "epochs_done", "lost_epochs",
                         "total_epochs", "slurm_job_id", "submitted_at", "started_at", "finished_at", "age_s"}
     assert (job["owner"], job["job_type"], job["state"], job["total_epochs"]) == ("bob", "vgg-16", "RUNNING", 30.0)
     assert 0 <= job["age_s"] < 60

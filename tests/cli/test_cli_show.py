@@ -73,3 +73,14 @@ def test_show_unknown_job(dl2ctl, seed):
     assert r.output.strip() == "Error: no job with id 99 (dl2ctl queue --all lists the jobs)"
     r = dl2ctl("show", "abc")
     assert r.exit_code == 2 and "'abc' is not a valid integer" in r.output
+
+
+def test_show_names_the_work_a_job_lost_to_restarts(dl2ctl, seed, engine):
+    jid = seed("bob", name="lossy")
+    r = dl2ctl("show", str(jid))
+    assert r.exit_code == 0 and "lost to restarts" not in r.output  # none lost: no line
+    with session_scope(engine) as s:
+        s.get(Job, jid).lost_epochs = 0.25
+    r = dl2ctl("show", str(jid))
+    assert "lost to restarts" in r.output and "0.25 epochs trained again" in r.output, r.output
+    assert json.loads(dl2ctl("show", str(jid), "--json").output)["lost_epochs"] == 0.25

@@ -103,3 +103,25 @@ def test_a_jax_job_is_started_at_2_shrunk_to_1_and_grown_to_3_losing_no_step(slu
     assert got.keys() == ref.keys()
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_job_that_ignores_the_signal_is_killed_after_the_deadline_and_its_lost_steps_reported(slurm, wait_for,
+                                                                                                tmp_path):
+    """It breaks the contract: dl2d waits the deadline, cancels it, starts it at the new size; it resumes from
+    the last checkpoint it did save (every 20 steps), and the steps it had reported beyond it are lost work,
+    in its progress and in what the backend reports to the daemon."""
+    b = SlurmBackend(slurm.driver(), SlurmBackendConfig(state_dir=tmp_path / "state", workdir=str(REPO),
+                                                        checkpoint_timeout_s=8))
+    steps = 2000  # it trains on through the 8 s deadline
+    command = (f"{sys.executable} {EXAMPLE} --steps {steps} --checkpoint-every 20 --step-seconds 0.05"
+               " --ignore-signal")
+    job = allreduce_request(402, command)
+    assert b.apply(job, Target(2, 0)).method == START
+    wait_for(lambda: progress(b, 402).get("step", 0) > 30 and progress(b, 402)["step"] % 20 > 5, 120,
+             "the job past a checkpoint, and well into the next 20 steps")
+    assert b.apply(job, Target(1, 0)).method == RESTART  # it ignores USR1: killed after 8 s
+    after = wait_for(lambda: (p := progress(b, 402)).get("runs") == 2 and p.get("state") == "running" and p,
+                     120, "the second run going")
+    assert after["world_size"] == 1 and after["resumed_from"] % 20 == 0 and after["lost_steps"] > 0
+    st = b.observe()[402]
+    assert st.lost_epochs == pytest.approx(after["lost_steps"] / steps)  # 1 epoch = all its steps

@@ -437,3 +437,53 @@ def test_controller_outage_daemon_backs_off_and_recovers_bad_submissions_write_n
         assert h.progress(job)["status"] == "done"
     print(f"\noutage: controller down {t_up - t_down:.0f}s, {skipped} slots skipped, daemon recovered "
           f"{recovered_s:.1f}s after restarting slurmctld")
+
+
+def test_daemon_starts_and_resizes_a_real_jax_job_by_checkpoint_restart(harness, wait_for):
+    """`dl2ctl submit --arch allreduce` of the JAX example (one process per worker, docs/jobs.md): the daemon
+    starts it at DRF's size, relaunches it smaller when two jobs arrive and larger when they are done; every
+    global step runs once, the parameters equal an uninterrupted run's, and its speed is stored per slot."""
+    import numpy as np
+
+    from dl2d.db.models import JobSlotStat
+
+    h = harness
+    steps, example = 800, REPO / "examples" / "jax_allreduce.py"
+    ref_out = h.dir / "reference.npz"
+    ref = subprocess.run([sys.executable, str(example), "--steps", str(steps), "--checkpoint-dir",
+                          str(h.dir / "reference-ckpt"), "--params-out", str(ref_out)], capture_output=True,
+                         text=True, timeout=300, env=clean_env(), cwd=REPO)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    command = (f"{sys.executable} {example} --steps {steps} --step-seconds 0.05 --checkpoint-every 100"
+               ' --step-log "$DL2D_JOB_DIR/steps.log" --params-out "$DL2D_JOB_DIR/params.npz"')
+    out = h.dl2ctl("submit", "--db", h.db, "-J", "jax-a", "--arch", "allreduce", "--type", "mlp", "--epochs", "1",
+                   "--wrap", command, "--gpus-per-worker", "4", "--cpus-per-worker", "1", "--mem-per-worker", "500M",
+                   "--max-workers", "3", "--owner", "alice", "-t", "10", "--json").stdout
+    a = int(json.loads(out)["id"])
+    daemon = h.start_daemon()
+    wait_alive(h, daemon, wait_for, lambda: h.progress(a).get("step", 0) > 20, 90, "the JAX job training")
+    first = h.progress(a)["world_size"]
+    b, c = h.submit_together(("short-b", 12, "bob", 1), ("short-c", 16, "carol", 1))
+    wait_alive(h, daemon, wait_for, lambda: h.progress(a).get("world_size", first) < first, 90,
+               "the JAX job relaunched smaller")
+    wait_alive(h, daemon, wait_for, lambda: h.all_completed(3), 240, "all 3 jobs COMPLETED")
+    assert h.stop_daemon(daemon) == 0
+
+    log = [tuple(map(int, line.split())) for line in (h.job_dir(a) / "steps.log").read_text().splitlines()]
+    assert [s for _, s in log] == list(range(1, steps + 1))  # none repeated, none skipped
+    sizes = [w for i, (w, _) in enumerate(log) if i == 0 or log[i - 1][0] != w]
+    assert len(sizes) >= 3 and min(sizes[1:-1]) < sizes[0] and sizes[-1] > min(sizes), sizes
+    with np.load(ref_out) as want, np.load(h.job_dir(a) / "params.npz") as got:
+        for k in want.files:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    p = h.progress(a)
+    assert (p["state"], p["lost_steps"]) == ("done", 0) and p["runs"] == len(sizes)
+    assert [k for k, _ in h.events(a)].count("relaunch") >= 2
+    with session_scope(h.engine) as s:
+        stats = [(st.workers, st.epochs_per_s) for st in s.scalars(select(JobSlotStat).where(JobSlotStat.job_id == a))]
+    measured = {w for w, speed in stats if speed > 0}
+    assert len(measured) >= 2, stats  # its speed, measured in slots at more than one size
+    print(f"\nJAX job: process counts {sizes}, {p['runs']} runs; epochs/s measured per slot by size "
+          f"{sorted((w, round(v, 4)) for w, v in stats if v > 0)}")
+    shown = h.dl2ctl("show", "--db", h.db, str(a)).stdout
+    assert "all-reduce" in shown and "COMPLETED" in shown and "lost to restarts" not in shown

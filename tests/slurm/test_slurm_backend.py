@@ -137,7 +137,9 @@ def test_a_job_that_ignores_the_checkpoint_signal_is_cancelled(tmp_path):
     b.apply(req(), Target(1, 1))
     fake.run()
     assert b.apply(req(), Target(0, 0)).method == STOP
-    assert [c[0] for c in fake.calls[-2:]] == ["signal", "cancel"]
+    # the checkpoint signal, then after the deadline SIGKILL (scancel's SIGTERM could be held off) and scancel
+    assert [c[0] for c in fake.calls[-3:]] == ["signal", "signal", "cancel"]
+    assert [c[2] for c in fake.calls[-3:-1]] == ["USR1", "KILL"]
 
 
 def test_restart_of_a_job_that_finishes_meanwhile_submits_nothing(tmp_path):

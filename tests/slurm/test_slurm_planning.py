@@ -34,6 +34,7 @@ from dl2d.daemon.slurm.planning import (
     epochs_from_progress,
     finish_time,
     is_elastic,
+    lost_epochs_from_progress,
     plan_apply,
     runtime_scales_hot,
     status_from,
@@ -240,3 +241,11 @@ def test_a_job_of_one_process_per_worker_changes_size_only_by_restart():
     assert plan(replace(fixed, fixed_size=False), Target(7, 0)).method == NOOP
     assert plan(fixed, Target(12, 0)) == Plan(RESTART, SlurmAllocation(3, 4, 4))
     assert plan(fixed, Target(0, 0)).method == STOP
+
+
+def test_lost_epochs_from_progress():
+    assert lost_epochs_from_progress({"lost_steps": 30, "total_steps": 300, "epochs": 2.0}) == pytest.approx(0.2)
+    for bad in (None, {}, {"lost_steps": 30}, {"lost_steps": 30, "total_steps": 0, "epochs": 2},
+                {"lost_steps": "x", "total_steps": 300, "epochs": 2}, {"lost_steps": 0, "total_steps": 3, "epochs": 1},
+                {"lost_steps": True, "total_steps": 3, "epochs": 1}):
+        assert lost_epochs_from_progress(bad) == 0.0

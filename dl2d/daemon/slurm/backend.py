@@ -513,8 +513,16 @@ class SlurmBackend:
                 return
             if self._wait_ended(live.job_id, self.config.checkpoint_timeout_s):
                 return
-            log.warning("Slurm job %s did not end %gs after %s; cancelling it", live.job_id,
-                        self.config.checkpoint_timeout_s, self.config.checkpoint_signal)
+            log.warning("Slurm job %s did not end %gs after %s; killing it (it resumes from its last "
+                        "checkpoint)", live.job_id, self.config.checkpoint_timeout_s, self.config.checkpoint_signal)
+            # Its deadline is over (docs/jobs.md): SIGKILL, not scancel's SIGTERM, which a job that handles it
+            # (as the contract's jobs do) could hold off for another KillWait.
+            try:
+                with self._slurm(f"killing job {live.job_id}"):
+                    self.driver.signal(live.job_id, "KILL")
+            except BackendError as e:
+                if e.retryable:
+                    raise
         with self._slurm(f"cancelling job {live.job_id}"):
             self.driver.cancel(live.job_id)
         if not self._wait_ended(live.job_id, self.config.checkpoint_timeout_s):

@@ -201,6 +201,18 @@ def epochs_from_progress(progress: Mapping[str, Any] | None) -> float:
         return 0.0
 
 
+def lost_epochs_from_progress(progress: Mapping[str, Any] | None) -> float:
+    """The epochs a job reports lost to restarts (``lost_steps`` of ``total_steps`` making ``epochs``,
+    docs/jobs.md); 0 when it reports none."""
+    if not progress:
+        return 0.0
+    lost, total, epochs = progress.get("lost_steps"), progress.get("total_steps"), progress.get("epochs")
+    numbers = [v for v in (lost, total, epochs) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(numbers) < 3 or not total > 0 or not lost > 0 or not math.isfinite(lost / total * epochs):
+        return 0.0
+    return float(lost) / float(total) * float(epochs)
+
+
 def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
                 progress: Mapping[str, Any] | None, progress_mtime: float | None = None) -> JobStatus:
     """A :class:`JobStatus` from the job's record, its (latest) Slurm job and its progress.
@@ -218,7 +230,8 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
     ref = str(record.get("slurm_job_id") or (slurm.job_id if slurm else ""))
     elastic = bool(record.get("elastic", False))
     said = progress_state(progress)
-    base = dict(job_id=job_id, epochs_done=epochs, backend_ref=ref, hot_scaling=elastic)
+    base = dict(job_id=job_id, epochs_done=epochs, backend_ref=ref, hot_scaling=elastic,
+                lost_epochs=lost_epochs_from_progress(progress))
     ended = finish_time(record, slurm, progress, progress_mtime)
     final = dict(base, finished_at=datetime.fromtimestamp(ended, timezone.utc) if ended else None)
     if said == "done" or record.get("final") == FINISHED:
