@@ -139,6 +139,8 @@ def _submit_flags(f: Any) -> Any:
                      help="All-reduce, a model dl2d does not know: seconds per epoch on one GPU (a hint for "
                           "the scheduler's speed prior)."),
         click.option("--epochs", type=float, help="Total epochs to train (your estimate)."),
+        click.option("--label", metavar="CLASS",
+                     help="The job's class for dl2ctl calibrate [default: its model]: jobs that train alike."),
         click.option("--launch", type=click.Choice(["srun", "once"]),
                      help="All-reduce: srun = dl2d starts one process per worker, each told its rank "
                           "(docs/jobs.md) [default]; once = the command runs once on the first node and starts "

@@ -162,6 +162,7 @@ FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
     "workers": (("workers",), None),
     "epoch_seconds": (("epoch_seconds",), None),
     "launch": (("launch",), None),
+    "label": (("label",), None),
 }
 
 # the flag each field is set by, for messages
@@ -171,7 +172,7 @@ FLAG_NAMES = {
     "mem_per_worker": "--mem-per-worker", "cpus_per_ps": "--cpus-per-ps", "mem_per_ps": "--mem-per-ps",
     "max_workers": "--max-workers", "max_ps": "--max-ps", "sync_mode": "--sync-mode", "time": "--time",
     "owner": "--owner", "arch": "--arch", "batch_size": "--batch-size", "workers": "--workers",
-    "epoch_seconds": "--epoch-seconds", "launch": "--launch",
+    "epoch_seconds": "--epoch-seconds", "launch": "--launch", "label": "--label",
 }
 
 

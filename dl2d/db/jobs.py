@@ -80,11 +80,12 @@ class JobSubmission:
     workers: int | None = None  # workers the user asks for (Slurm as it is would give exactly these)
     epoch_seconds: float | None = None  # one-GPU seconds per epoch of a model dl2d does not know (a hint)
     launch: str | None = None  # "srun" (one process per worker, by dl2d) or "once"; None: the kind's default
+    label: str | None = None  # the job's class for dl2ctl calibrate (None: its model)
 
     def spec(self) -> dict[str, Any]:
         """The JSON stored in `jobs.spec` (the optional fields only where given)."""
         optional = {"batch_size": self.batch_size, "workers": self.workers, "epoch_seconds": self.epoch_seconds,
-                    "launch": self.launch}
+                    "launch": self.launch, "label": self.label}
         return {
             "kind": self.kind,
             "command": self.command,
@@ -101,7 +102,7 @@ class JobSubmission:
 _SUBMISSION_KEYS = {
     "name", "owner", "job_type", "total_epochs", "command", "script",
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
-    "kind", "batch_size", "workers", "epoch_seconds", "launch",
+    "kind", "batch_size", "workers", "epoch_seconds", "launch", "label",
 }
 #: How dl2d starts a job's processes (docs/jobs.md): one per worker with its own srun, or the command once.
 LAUNCHES = ("srun", "once")
@@ -204,7 +205,7 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     ps {cpus, mem_gb}, and optionally kind ("ps"|"allreduce"), max_workers, max_ps, sync ("sync"|"async"),
     time_limit_min, workers (asked for), and for all-reduce jobs batch_size (required for a measured model),
     epoch_seconds (a hint for a model dl2d does not know) and launch ("srun": dl2d starts one process per
-    worker, the default; "once": the command starts its own). ``known_types``: the models of PS jobs.
+    worker, the default; "once": the command starts its own); label (the job's class for dl2ctl calibrate). ``known_types``: the models of PS jobs.
 
     An all-reduce job has no parameter servers: its [ps] table, if any, must ask for nothing, and max_ps is 0.
     """
@@ -263,6 +264,10 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     elif launch == "srun" and not allreduce:
         errors.append("launch: a PS job's runtime (dl2-run) starts its own tasks; launch = \"srun\" is for "
                       "all-reduce jobs")
+    label = data.get("label")
+    if label is not None and (not isinstance(label, str) or not _NAME_RE.fullmatch(label)):
+        errors.append(f"label must be 1-64 characters of letters, digits, '.', '_', '-' starting with a letter or "
+                      f"digit, got {label!r}")
     sync = data.get("sync", "sync")
     if sync not in SYNC_MODES:
         errors.append(f"sync must be one of {SYNC_MODES}, got {sync!r}")
@@ -276,7 +281,7 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     return JobSubmission(
         name=name, owner=owner, job_type=job_type, total_epochs=epochs, command=command.strip(),
         worker=worker, ps=ps, max_workers=max_workers, max_ps=max_ps, sync=sync, time_limit_min=time_limit,
-        kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds, launch=launch,
+        kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds, launch=launch, label=label,
     )
 
 

@@ -6,7 +6,7 @@ Two registered variants, one allocation rule (:class:`Optimus`):
   the real Optimus does: seconds per epoch ``T(w) = a / w + b + c w`` (compute shared by the workers, a fixed
   per-step cost, a synchronisation cost growing with the workers; a, b, c >= 0, Optimus's form without
   parameter servers) fitted by non-negative least squares to the epochs it saw the job train per slot at each
-  size (:func:`fit_speed_curve`). Before a job has run, and beyond the sizes it has run at, the fit leans on a
+  size (dl2d.workload.speedfit). Before a job has run, and beyond the sizes it has run at, the fit leans on a
   stated prior, the measured models' median speed-up and one-GPU epoch time (dl2d.workload.prior), scaled to
   what it observed. It never reads the speed table the cluster trains jobs with; what it observes already
   holds the job's hidden interference, the slot noise and the slowdown of shared nodes, and its model's
@@ -28,15 +28,13 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy.optimize import nnls
 
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.heuristics import AllocationBuilder
 from dl2d.policy.registry import IgnoresFeedback, PolicyEntry, StatelessPolicy, register
 from dl2d.workload.prior import default_epoch_seconds, prior_speedup
+from dl2d.workload.speedfit import PRIOR_WEIGHT, fit_speed_curve
 
-#: Weight of the prior in the fit, in samples (spread over every size): one slot's observation counts as much
-PRIOR_WEIGHT = 1.0
 
 
 class Optimus:
@@ -87,42 +85,6 @@ class Optimus:
             if move:
                 heapq.heappush(heap, (-move[0], j, move[1]))
         return b.allocation()
-
-
-# ------------------------------------------------------------------------------------------ the fit (pure)
-
-def _features(w: np.ndarray) -> np.ndarray:
-    w = np.asarray(w, float)
-    return np.stack([1.0 / w, np.ones_like(w), w], axis=-1)
-
-
-def fit_speed_curve(sizes, seconds_per_epoch, counts, prior_seconds: np.ndarray,
-                    prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
-    """[max_workers + 1] believed epochs per second on 0..max_workers workers (0 at 0).
-
-    ``sizes`` / ``seconds_per_epoch`` / ``counts``: the mean seconds per epoch observed at each size and how many
-    slots it was observed; ``prior_seconds`` [max_workers + 1]: the prior's seconds per epoch (index 0 unused).
-    The prior is scaled to the observations (their count-weighted geometric mean ratio), then ``T(w) = a/w + b +
-    c w`` is fitted to the observations and, with ``prior_weight`` samples' weight spread over every size, to
-    the scaled prior, each row relative to its target (so a size's error counts in percent)."""
-    W = len(prior_seconds) - 1
-    sizes = np.asarray(sizes, float)
-    t_obs = np.asarray(seconds_per_epoch, float)
-    n_obs = np.asarray(counts, float)
-    k = np.arange(1, W + 1)
-    prior = np.asarray(prior_seconds, float)[1:]
-    if len(sizes):
-        ratio = t_obs / prior[sizes.astype(int) - 1]
-        prior = prior * math.exp(float(np.sum(n_obs * np.log(ratio)) / np.sum(n_obs)))
-    rows = [_features(k) / prior[:, None] * math.sqrt(prior_weight / W)]
-    target = [np.full(W, math.sqrt(prior_weight / W))]
-    if len(sizes):
-        rows.append(_features(sizes) / t_obs[:, None] * np.sqrt(n_obs)[:, None])
-        target.append(np.sqrt(n_obs))
-    theta, _ = nnls(np.concatenate(rows), np.concatenate(target))
-    t = _features(k) @ theta
-    t = np.where(t > 0, t, prior)  # a degenerate fit (all zero) falls back to the scaled prior
-    return np.concatenate([[0.0], 1.0 / t])
 
 
 # ------------------------------------------------------------------------------------------ what it observes

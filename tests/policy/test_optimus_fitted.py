@@ -11,7 +11,8 @@ from testkit.sim import run_slots
 
 from dl2d.core.contract import Allocation
 from dl2d.policy import registry
-from dl2d.policy.optimus import FittedOptimus, fit_speed_curve
+from dl2d.policy.optimus import FittedOptimus
+from dl2d.workload.speedfit import fit_speed_curve
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import ClusterSpec

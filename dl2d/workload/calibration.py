@@ -1,0 +1,118 @@
+"""A site's speed model from what its daemon measured (``dl2ctl calibrate``): per job class, seconds per epoch
+over GPUs, fitted to the speeds stored per slot (``job_slot_stats``). Pure: rows in, classes out.
+
+* A **class** is a job's ``label`` (its spec's, ``dl2ctl submit --label``) or else its model (job type): jobs
+  of one class should train alike (same model, same total batch); give jobs of one model at different batches
+  different labels.
+* A **sample** is one slot a job trained through at an unchanged size: the slot before it was the job's too, at
+  the same workers, and the job did not end in it. A slot with a start or a resize holds the restart's lost
+  time, which is no speed; a slot a job ended in, an unknown fraction of it.
+* Per class the mean seconds per epoch at each GPU count (workers x GPUs per worker) is fitted with
+  ``T(g) = a / g + b + c g`` (dl2d.workload.speedfit), leaning on the stated prior (dl2d.workload.prior: the
+  measured models' median speed-up, and the jobs' one-GPU epoch-time hint or the median one) scaled to what
+  was seen; the curve written is the observed mean at every GPU count observed and the fitted form, scaled to
+  the nearest observations, between and beyond them (``anchored_curve``: the smooth form alone cannot bend
+  where jobs start to cross nodes, 30 % off on 8 GPUs of 4-GPU nodes for cifar10 and deepspeech2). A class with fewer than ``min_slots`` samples is **not fitted**: it gets that prior, scaled to the
+  samples it has, and the file says so (``"fitted": false``).
+* Packed vs spread: the daemon stores a job's size per slot, not how its GPUs were spread over nodes, so one
+  curve per class (the placements the policy chose, mixed) is what is fitted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from dl2d.workload.prior import default_epoch_seconds, prior_speedup
+from dl2d.workload.speedfit import anchored_curve, fit_speed_params
+
+#: Samples (slots) a class needs before its own curve is fitted; fewer: the scaled prior.
+MIN_SLOTS = 3
+#: The prior's weight when a class is not fitted: its observations then only scale it.
+PRIOR_ONLY_WEIGHT = 1e6
+
+
+@dataclass
+class ClassSamples:
+    """What was seen of one class: GPUs -> seconds per epoch of each sample; the jobs; their hints."""
+
+    name: str
+    seconds: dict[int, list[float]] = field(default_factory=dict)
+    jobs: set = field(default_factory=set)
+    requested_gpus: list[int] = field(default_factory=list)
+    epoch_seconds_hints: list[float] = field(default_factory=list)
+
+    @property
+    def slots(self) -> int:
+        return sum(len(v) for v in self.seconds.values())
+
+
+def job_class(job_type: str, spec: Mapping[str, Any]) -> str:
+    """A job's class: its spec's label, else its model (lower case)."""
+    label = spec.get("label")
+    return str(label) if label else str(job_type).lower()
+
+
+def _gpus_per_worker(spec: Mapping[str, Any]) -> int:
+    g = (spec.get("worker") or {}).get("gpus")
+    return max(int(math.ceil(float(g))), 1) if isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0 \
+        else 1
+
+
+def gather(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClassSamples]:
+    """The samples of every all-reduce class from ``job_slot_stats`` rows joined with their job (``job_id``,
+    ``number``: the slot's, ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``), in any order."""
+    by_job: dict[int, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        by_job.setdefault(int(r["job_id"]), []).append(r)
+    classes: dict[str, ClassSamples] = {}
+    for job_id, rs in by_job.items():
+        rs.sort(key=lambda r: int(r["number"]))
+        spec = rs[0]["spec"] or {}
+        if spec.get("kind") != "allreduce":
+            continue
+        name = job_class(rs[0]["job_type"], spec)
+        c = classes.setdefault(name, ClassSamples(name))
+        g = _gpus_per_worker(spec)
+        if job_id not in c.jobs:
+            c.jobs.add(job_id)
+            c.requested_gpus.append(int(spec.get("workers") or 1) * g)
+            if isinstance(spec.get("epoch_seconds"), (int, float)) and spec["epoch_seconds"] > 0:
+                c.epoch_seconds_hints.append(float(spec["epoch_seconds"]))
+        for prev, r in zip(rs, rs[1:]):
+            speed, w = float(r["epochs_per_s"] or 0.0), int(r["workers"])
+            unchanged = int(prev["number"]) == int(r["number"]) - 1 and int(prev["workers"]) == w
+            if unchanged and w > 0 and speed > 0 and math.isfinite(speed) and not r["ended"]:
+                c.seconds.setdefault(w * g, []).append(1.0 / speed)
+    return classes
+
+
+def class_prior(c: ClassSamples, per_node: int, max_gpus: int) -> np.ndarray:
+    """[max_gpus + 1] the stated prior's seconds per epoch of a class on 0..max_gpus GPUs (index 0 unused)."""
+    requested = int(np.median(c.requested_gpus)) if c.requested_gpus else 1
+    speedup = prior_speedup(max(requested, 1), 1, per_node, max_gpus)
+    one_gpu = float(np.median(c.epoch_seconds_hints)) if c.epoch_seconds_hints else default_epoch_seconds()
+    with np.errstate(divide="ignore"):
+        return one_gpu / speedup
+
+
+def fit_class(c: ClassSamples, per_node: int, max_gpus: int, min_slots: int = MIN_SLOTS):
+    """``(theta, seconds per epoch [max_gpus + 1], fitted, observed)`` of one class (module doc)."""
+    sizes = sorted(g for g in c.seconds if g <= max_gpus)
+    means = [float(np.mean(c.seconds[g])) for g in sizes]
+    counts = [len(c.seconds[g]) for g in sizes]
+    fitted = sum(counts) >= min_slots
+    theta, t = fit_speed_params(sizes, means, counts, class_prior(c, per_node, max_gpus),
+                                1.0 if fitted else PRIOR_ONLY_WEIGHT)
+    if fitted:
+        t = anchored_curve(t, dict(zip(sizes, means)))
+    return theta, t, fitted, {g: (n, m) for g, n, m in zip(sizes, counts, means)}
+
+
+def calibrate(rows: Iterable[Mapping[str, Any]], per_node: int, max_gpus: int, min_slots: int = MIN_SLOTS):
+    """Every all-reduce class's :func:`fit_class` from the stored rows; {} when there is none."""
+    if per_node < 1 or max_gpus < 1 or min_slots < 1:
+        raise ValueError("per_node, max_gpus and min_slots must be at least 1")
+    return {name: fit_class(c, per_node, max_gpus, min_slots) for name, c in gather(rows).items()}

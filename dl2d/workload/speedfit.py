@@ -1,0 +1,185 @@
+"""A job's speed curve fitted from what was observed of it, and the speed-model file a site's measurements
+become.
+
+The curve: seconds per epoch on ``n`` units (workers, or GPUs) ``T(n) = a / n + b + c n`` (compute shared by
+the units, a fixed per-step cost, a synchronisation cost growing with the units; ``a, b, c >= 0``, Optimus's
+form without parameter servers), fitted by non-negative least squares to the mean seconds per epoch observed at
+each size, leaning on a prior curve scaled to the observations (:func:`fit_speed_params`). The fitted Optimus
+(dl2d.policy.optimus) fits one per job, in workers; ``dl2ctl calibrate`` one per job class, in GPUs.
+
+:func:`anchored_curve` keeps what was measured where it was measured and the fitted form between.
+
+The speed-model file (:func:`speed_model_doc`, :func:`load_speed_model`): JSON, ``format`` ``dl2d-speed-model``,
+``version`` 1, and per class its fitted ``a``, ``b``, ``c``, ``seconds_per_epoch`` on 1..``max_gpus`` GPUs, and
+what it was fitted from (the slots observed at each GPU count, or ``"prior"`` where too few were).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from scipy.optimize import nnls
+
+#: Weight of the prior in a fit, in samples (spread over every size): one observed slot counts as much.
+PRIOR_WEIGHT = 1.0
+SPEED_MODEL_FORMAT = "dl2d-speed-model"
+SPEED_MODEL_VERSION = 1
+#: Bounds of a speed-model file: a site's classes and cluster, generously; beyond them it is not one.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_CLASSES = 10_000
+MAX_GPUS = 4096
+MAX_SECONDS_PER_EPOCH = 1e9
+CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+-]{0,127}\Z")
+
+
+def _features(n: np.ndarray) -> np.ndarray:
+    n = np.asarray(n, float)
+    return np.stack([1.0 / n, np.ones_like(n), n], axis=-1)
+
+
+def fit_speed_params(sizes, seconds_per_epoch, counts, prior_seconds: np.ndarray,
+                     prior_weight: float = PRIOR_WEIGHT) -> tuple[np.ndarray, np.ndarray]:
+    """``(theta, t)``: ``theta = (a, b, c)`` and ``t`` [max + 1], the believed seconds per epoch on 0..max units
+    (index 0 unused: inf).
+
+    ``sizes`` / ``seconds_per_epoch`` / ``counts``: the mean seconds per epoch observed at each size and how many
+    slots it was observed; ``prior_seconds`` [max + 1]: the prior's seconds per epoch (index 0 unused). The
+    prior is scaled to the observations (their count-weighted geometric mean ratio), then ``T`` is fitted to the
+    observations and, with ``prior_weight`` samples' weight spread over every size, to the scaled prior, each
+    row relative to its target (so a size's error counts in percent). A degenerate fit (all zero) gives the
+    scaled prior."""
+    W = len(prior_seconds) - 1
+    sizes = np.asarray(sizes, float)
+    t_obs = np.asarray(seconds_per_epoch, float)
+    n_obs = np.asarray(counts, float)
+    k = np.arange(1, W + 1)
+    prior = np.asarray(prior_seconds, float)[1:]
+    if len(sizes):
+        ratio = t_obs / prior[sizes.astype(int) - 1]
+        prior = prior * math.exp(float(np.sum(n_obs * np.log(ratio)) / np.sum(n_obs)))
+    rows = [_features(k) / prior[:, None] * math.sqrt(prior_weight / W)]
+    target = [np.full(W, math.sqrt(prior_weight / W))]
+    if len(sizes):
+        rows.append(_features(sizes) / t_obs[:, None] * np.sqrt(n_obs)[:, None])
+        target.append(np.sqrt(n_obs))
+    theta, _ = nnls(np.concatenate(rows), np.concatenate(target))
+    t = _features(k) @ theta
+    t = np.where(t > 0, t, prior)
+    return theta, np.concatenate([[np.inf], t])
+
+
+def fit_speed_curve(sizes, seconds_per_epoch, counts, prior_seconds: np.ndarray,
+                    prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
+    """[max + 1] believed epochs per second on 0..max units (0 at 0): :func:`fit_speed_params`'s curve."""
+    _, t = fit_speed_params(sizes, seconds_per_epoch, counts, prior_seconds, prior_weight)
+    return np.concatenate([[0.0], 1.0 / t[1:]])
+
+
+def anchored_curve(t_fit: np.ndarray, observed: Mapping[int, float]) -> np.ndarray:
+    """[max + 1] seconds per epoch that are the ``observed`` means where a size was observed, and the fitted
+    form ``t_fit`` elsewhere, scaled by its ratio to the observations: interpolated linearly between the two
+    nearest observed sizes, the nearest one's beyond them. The smooth form cannot bend where a job starts to
+    cross nodes (a measured curve can be slower on 8 GPUs than on 4); the observations can."""
+    t = np.array(t_fit, float, copy=True)
+    sizes = sorted(g for g in observed if 1 <= g < len(t))
+    if not sizes:
+        return t
+    ratios = np.array([observed[g] / t_fit[g] for g in sizes])
+    g = np.arange(1, len(t))
+    t[1:] = t_fit[1:] * np.interp(g, sizes, ratios)  # constant beyond the ends
+    for s in sizes:
+        t[s] = observed[s]
+    return t
+
+
+# ------------------------------------------------------------------------------------------ the file
+
+@dataclass(frozen=True)
+class ClassSpeed:
+    """One job class of a speed-model file: seconds per epoch on 1..max GPUs (index 0: inf)."""
+
+    name: str
+    seconds_per_epoch: np.ndarray
+    fitted: bool  # False: too few observations, the stated prior (scaled to any there were)
+    observed: Mapping[int, tuple[int, float]]  # GPUs -> (slots, mean seconds per epoch)
+
+    def epochs_per_s(self, gpus: int) -> float:
+        g = min(max(int(gpus), 0), len(self.seconds_per_epoch) - 1)
+        return 0.0 if g == 0 else 1.0 / float(self.seconds_per_epoch[g])
+
+
+class SpeedModelError(ValueError):
+    """A speed-model file that is not one: the message names the file and what is wrong."""
+
+
+def speed_model_doc(classes: Mapping[str, tuple[np.ndarray, np.ndarray, bool, Mapping[int, tuple[int, float]]]],
+                    source: str) -> dict[str, Any]:
+    """The file's JSON: per class ``(theta, seconds per epoch [max + 1], fitted, observed)``."""
+    out: dict[str, Any] = {"format": SPEED_MODEL_FORMAT, "version": SPEED_MODEL_VERSION, "source": source,
+                           "curve": "seconds per epoch on g GPUs: T(g) = a / g + b + c g", "classes": {}}
+    for name, (theta, t, fitted, observed) in sorted(classes.items()):
+        out["classes"][name] = {
+            "a": float(theta[0]), "b": float(theta[1]), "c": float(theta[2]), "fitted": bool(fitted),
+            "seconds_per_epoch": [round(float(x), 6) for x in t[1:]],
+            "observed": {str(g): {"slots": int(n), "seconds_per_epoch": round(float(s), 6)}
+                         for g, (n, s) in sorted(observed.items())},
+        }
+    return out
+
+
+def parse_speed_model(text: str, source: str = "speed model") -> dict[str, ClassSpeed]:
+    """The classes of a speed-model file's text; SpeedModelError names what is wrong."""
+    def bad(what: str) -> SpeedModelError:
+        return SpeedModelError(f"{source}: {what}")
+    if len(text) > MAX_FILE_BYTES:
+        raise bad(f"larger than {MAX_FILE_BYTES} bytes")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != SPEED_MODEL_FORMAT:
+        raise bad(f'not a speed model: "format" must be "{SPEED_MODEL_FORMAT}"')
+    if doc.get("version") != SPEED_MODEL_VERSION:
+        raise bad(f"version {doc.get('version')!r} is not one this dl2d reads ({SPEED_MODEL_VERSION})")
+    classes = doc.get("classes")
+    if not isinstance(classes, dict) or not classes:
+        raise bad('"classes" must be a non-empty object')
+    if len(classes) > MAX_CLASSES:
+        raise bad(f"more than {MAX_CLASSES} classes")
+    out = {}
+    for name, c in classes.items():
+        if not CLASS_NAME.match(name):
+            raise bad(f"class name {name!r}: 1-128 of letters, digits, . _ / @ + -")
+        curve = c.get("seconds_per_epoch") if isinstance(c, dict) else None
+        if not isinstance(curve, list) or not 1 <= len(curve) <= MAX_GPUS:
+            raise bad(f"class {name}: seconds_per_epoch must be a list of 1-{MAX_GPUS} numbers")
+        for g, x in enumerate(curve, 1):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= MAX_SECONDS_PER_EPOCH:
+                raise bad(f"class {name}: seconds_per_epoch on {g} GPUs must be a number in (0, "
+                          f"{MAX_SECONDS_PER_EPOCH:g}], got {x!r}")
+        observed = {}
+        for g, o in (c.get("observed") or {}).items():
+            try:
+                observed[int(g)] = (int(o["slots"]), float(o["seconds_per_epoch"]))
+            except (TypeError, ValueError, KeyError):
+                raise bad(f"class {name}: observed[{g!r}] must be {{slots, seconds_per_epoch}}") from None
+        out[name] = ClassSpeed(name, np.array([np.inf] + [float(x) for x in curve]), bool(c.get("fitted")),
+                               observed)
+    return out
+
+
+def load_speed_model(path: str | Path) -> dict[str, ClassSpeed]:
+    """:func:`parse_speed_model` of a file; SpeedModelError for one that cannot be read."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise SpeedModelError(f"{p}: larger than {MAX_FILE_BYTES} bytes")
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpeedModelError(f"{p}: cannot read it ({e})") from None
+    return parse_speed_model(text, str(p))
