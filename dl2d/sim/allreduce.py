@@ -6,6 +6,9 @@ the slot's noise and, for a job spread over several servers, ``shared_node_slowd
 servers also holds another multi-server job (the two share the server's network link for their gradient
 synchronisation). These are what make a scheduler's speed model wrong on a real cluster.
 
+A site's speed model (``dl2ctl calibrate``'s file, ``dl2ctl sim --speed-model FILE``) replaces the measured lookup
+for the models it holds.
+
 An all-reduce job whose worker count or servers change restarts from its checkpoint (the elastic
 launchers of PyTorch and JAX restart every rank on a membership change), so it loses the restart time.
 """
@@ -42,14 +45,18 @@ def shares_a_server(worker_servers: Sequence[Sequence[int]]) -> np.ndarray:
                      for j in range(len(worker_servers))], bool)
 
 
-def epoch_rates(type_idx, batch_size, worker_servers, gpus_per_worker) -> np.ndarray:
-    """[jobs] epochs per second of each all-reduce job on its placement, before interference and noise."""
+def epoch_rates(type_idx, batch_size, worker_servers, gpus_per_worker, site=None) -> np.ndarray:
+    """[jobs] epochs per second of each all-reduce job on its placement, before interference and noise.
+    ``site`` (a dl2d.workload.speedfit.SiteSpeeds): a site's calibrated curves, which replace the measured
+    lookup for the models it holds (by GPU count: calibration does not tell placements apart)."""
     out = np.zeros(len(worker_servers))
     for j, servers in enumerate(worker_servers):
         placement = gpu_placement(servers, gpus_per_worker[j])
-        if placement is not None:
-            out[j] = catalog.allreduce_epoch_rate(catalog.MODEL_NAMES[int(type_idx[j])], float(batch_size[j]),
-                                                  placement)
+        if placement is None:
+            continue
+        model = catalog.MODEL_NAMES[int(type_idx[j])]
+        rate = site.epochs_per_s(model, sum(placement)) if site is not None else None
+        out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement)
     return out
 
 

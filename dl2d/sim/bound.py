@@ -49,11 +49,14 @@ def placements(workers: int, gpus_per_worker: int, per_node: int):
         yield throughput.even_spread(gpus, nodes)
 
 
-def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int):
-    """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference."""
+def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site=None):
+    """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference
+    (``site``: a site's calibrated curves, which replace the measured lookup for the models they hold)."""
     best_rate, best_work = 0.0, np.inf
     for w in range(1, max_workers + 1):
-        rate = max(catalog.allreduce_epoch_rate(model, batch, p) for p in placements(w, gpus_per_worker, per_node))
+        own = site.epochs_per_s(model, w * gpus_per_worker) if site is not None else None
+        rate = own if own is not None else max(catalog.allreduce_epoch_rate(model, batch, p)
+                                               for p in placements(w, gpus_per_worker, per_node))
         best_rate = max(best_rate, rate)
         best_work = min(best_work, w * gpus_per_worker / rate)
     return best_rate, best_work
@@ -105,7 +108,8 @@ def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
             g = max(int(round(catalog.WORKER_DEMAND[t, 0])), 1)
             key = (t, float(trace.batch_size[i]))
             if key not in cache:
-                cache[key] = best_allreduce(catalog.MODEL_NAMES[t], key[1], cfg.max_workers, g, per_node)
+                cache[key] = best_allreduce(catalog.MODEL_NAMES[t], key[1], cfg.max_workers, g, per_node,
+                                            cfg.site_speeds)
             rate[i], work[i] = cache[key]
         else:
             rate[i], work[i] = best_ps(t, table, cfg.max_ps, cfg.max_workers)

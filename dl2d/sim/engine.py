@@ -27,9 +27,10 @@ from dl2d.core.placement import place_servers
 from dl2d.sim import allreduce, hetero, network
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.sim.trace import Trace
-from dl2d.workload.catalog import MODEL_NAMES, demand_fields, speed_estimate
+from dl2d.workload.catalog import MODEL_NAMES, WORKER_DEMAND, demand_fields, speed_estimate
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH
 from dl2d.workload.speed import epochs_trained, speed_table
+from dl2d.workload.speedfit import SiteSpeeds
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class SimConfig:
     speed_walk_reversion: float = 0.1
     speed_walk_bound: float = 0.5
     hetero_seed: int = 0
+    # a site's calibrated speed curves (dl2d.workload.speedfit.SiteSpeeds, from `dl2ctl calibrate`): the truth
+    # and the scheduler's estimate of the all-reduce models it holds; None: the measured lookup for all
+    site_speeds: SiteSpeeds | None = None
 
     @property
     def heterogeneous(self) -> bool:
@@ -109,10 +113,17 @@ class SimState:
 def trace_speed_estimate(trace: Trace, cfg: SimConfig) -> np.ndarray:
     """[N, max_ps + 1, max_workers + 1]: what a scheduler believes of every job's speed (computed once per
     trace and limits)."""
-    key = ("est_speed", cfg.max_ps, cfg.max_workers, float(cfg.cluster.gpus))
+    key = ("est_speed", cfg.max_ps, cfg.max_workers, float(cfg.cluster.gpus), cfg.site_speeds)
     cache = trace.__dict__.setdefault("_cache", {})
     if key not in cache:
-        cache[key] = speed_estimate(trace.type_idx, trace.batch_size, cfg.max_ps, cfg.max_workers, cfg.cluster.gpus)
+        est = speed_estimate(trace.type_idx, trace.batch_size, cfg.max_ps, cfg.max_workers, cfg.cluster.gpus)
+        if cfg.site_speeds is not None:  # the site's own curve is what its scheduler would know
+            for j in np.flatnonzero(trace.allreduce):
+                model = MODEL_NAMES[int(trace.type_idx[j])]
+                if model in cfg.site_speeds.names():
+                    g = max(int(np.ceil(WORKER_DEMAND[int(trace.type_idx[j]), 0])), 1)
+                    est[j, 0] = [cfg.site_speeds.epochs_per_s(model, w * g) for w in range(cfg.max_workers + 1)]
+        cache[key] = est
     return cache[key]
 
 
@@ -196,7 +207,7 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     if len(ar_jobs):
         servers = [w_srv[j] for j in ar_jobs]
         rate = allreduce.epoch_rates(view.type_idx[ar_jobs], trace.batch_size[jobs[ar_jobs]], servers,
-                                     view.worker_demand[ar_jobs, 0])
+                                     view.worker_demand[ar_jobs, 0], cfg.site_speeds)
         shared = allreduce.shares_a_server(servers)
         epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
     nxt, reward, trained = advance(state, trace, jobs, epochs)

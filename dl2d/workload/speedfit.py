@@ -113,6 +113,32 @@ class ClassSpeed:
         return 0.0 if g == 0 else 1.0 / float(self.seconds_per_epoch[g])
 
 
+@dataclass(frozen=True)
+class SiteSpeeds:
+    """A speed-model file's curves as the simulator uses them: seconds per epoch by class (model name) on
+    1..max GPUs, hashable (tuples), so a simulator config holding it stays a value."""
+
+    curves: tuple[tuple[str, tuple[float, ...]], ...]
+    source: str = ""
+
+    @staticmethod
+    def of(classes: Mapping[str, ClassSpeed], source: str = "") -> "SiteSpeeds":
+        return SiteSpeeds(tuple(sorted((n, tuple(float(x) for x in c.seconds_per_epoch[1:]))
+                                       for n, c in classes.items())), source)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.curves)
+
+    def epochs_per_s(self, name: str, gpus: int) -> float | None:
+        """Epochs per second of a job of class ``name`` on ``gpus`` GPUs (beyond the curve: its last point);
+        None when the file has no such class."""
+        for n, curve in self.curves:
+            if n == name:
+                g = min(max(int(gpus), 0), len(curve))
+                return 0.0 if g == 0 else 1.0 / curve[g - 1]
+        return None
+
+
 class SpeedModelError(ValueError):
     """A speed-model file that is not one: the message names the file and what is wrong."""
 

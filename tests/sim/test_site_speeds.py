@@ -1,0 +1,58 @@
+"""A site's calibrated speed model (dl2ctl calibrate's file) in the simulator: the truth and the scheduler's
+estimate of the models it holds; the measured lookup for the others; the lower bound on the same curves."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dl2d.core.contract import Allocation
+from dl2d.sim import engine
+from dl2d.sim.bound import lower_bound
+from dl2d.sim.cluster import preset
+from dl2d.sim.trace import Trace
+from dl2d.workload import catalog
+from dl2d.workload.speedfit import SiteSpeeds, parse_speed_model
+
+#: cifar10 on 1..16 GPUs: 100 s per epoch on one, 10 s more per GPU past 4 (a made-up site curve)
+CURVE = [100.0 / g if g <= 4 else 25.0 + 10.0 * (g - 4) for g in range(1, 17)]
+FILE = ('{"format": "dl2d-speed-model", "version": 1, "classes": {"cifar10": {"seconds_per_epoch": %s}}}'
+        % CURVE)
+
+
+def two_jobs() -> Trace:
+    t = np.array([catalog.MODEL_INDEX["cifar10"], catalog.MODEL_INDEX["bert"]])
+    return Trace(arrival_slot=np.array([0, 0]), type_idx=t, est_epochs=np.array([1e6, 1e6]),
+                 true_epochs=np.array([1e6, 1e6]), speed_factor=np.ones(2), batch_size=np.array([512.0, 96.0]))
+
+
+def trained(cfg: engine.SimConfig, workers: int) -> np.ndarray:
+    trace = two_jobs()
+    state = engine.SimState.initial(2)
+    alloc = Allocation(np.array([workers, workers]), np.zeros(2, int))
+    nxt, _, _ = engine.step(trace, state, alloc, cfg, np.random.default_rng(0))
+    return nxt.epochs_done
+
+
+def test_the_site_curve_is_the_truth_and_the_estimate_of_its_models_and_the_others_keep_the_lookup():
+    site = SiteSpeeds.of(parse_speed_model(FILE))
+    base = engine.SimConfig(cluster=preset("t4-16"), slot_seconds=600.0, slot_noise=0.0)
+    cfg = replace(base, site_speeds=site)
+    for w in (1, 4, 8):
+        done_site, done_measured = trained(cfg, w), trained(base, w)
+        assert done_site[0] == pytest.approx(600.0 / CURVE[w - 1])  # cifar10: the site's curve
+        assert done_site[1] == pytest.approx(done_measured[1])  # bert: not in the file, the measured lookup
+        assert done_site[0] != pytest.approx(done_measured[0])
+    est = engine.trace_speed_estimate(two_jobs(), cfg)
+    assert est[0, 0, 8] == pytest.approx(1 / CURVE[7]) and est[0, 0, 0] == 0.0
+    assert est[1, 0, 8] == pytest.approx(engine.trace_speed_estimate(two_jobs(), base)[1, 0, 8])
+    bound = lower_bound(two_jobs(), cfg)
+    assert bound.min_seconds[0] == pytest.approx(1e6 * min(CURVE))  # fastest on the site's curve: 4 GPUs
+
+
+def test_beyond_its_curve_a_class_trains_at_the_last_point():
+    site = SiteSpeeds.of(parse_speed_model(FILE))
+    assert site.epochs_per_s("cifar10", 64) == pytest.approx(1 / CURVE[-1])
+    assert site.epochs_per_s("cifar10", 0) == 0.0 and site.epochs_per_s("resnet", 2) is None
+    assert hash(replace(engine.SimConfig(), site_speeds=site))  # a config holding it is still a value
