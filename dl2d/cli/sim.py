@@ -10,12 +10,14 @@ bound and the per-slot GPU utilisation) as pure JSON on stdout, with the progres
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
 
 from dl2d.policy import registry
-from dl2d.sim.cluster import PRESETS
+from dl2d.sim.cluster import MAX_SERVERS, PRESETS
+from dl2d.sim.trace import MAX_TRACE_JOBS
 from dl2d.sim.worlds import DEFAULT_WORLD, WORLDS
 
 #: Every registered policy (dl2d.policy.registry); learned ones need --checkpoint.
@@ -30,7 +32,17 @@ GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estim
 DL2_ONLY = ("arrivals", "max_arrivals", "epochs_model")
 TODAY_ONLY = ("workload", "load")
 DEFAULT_JOBS = {"today": 160, "dl2": 200}
+#: A slot, or the training a resize costs, is at most a day (slots are 60 s today, 20 minutes in DL2's world;
+#: the daemon's sim.resize_overhead_s has the same bound); `inf` used to end in a traceback.
+MAX_SECONDS = 86_400.0
 SPARK = "▁▂▃▄▅▆▇█"
+
+
+def finite_number(ctx, param, value):
+    """click callback: a float option is a finite number (FloatRange lets nan through, and inf where unbounded)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def parse_policies(text: str) -> list[str]:
@@ -122,34 +134,41 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--workload", default="philly", show_default=True,
               help="today: philly (drawn from the Philly trace: --jobs, --load, --seed) or a packaged Pollux "
                    "workload, pollux:K or pollux-realistic:K (K = 1-8).")
-@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--load", type=click.FloatRange(min=0, min_open=True), callback=finite_number,
+              default=1.0, show_default=True,
               help="today, philly: arrival rate, 1 = 20 jobs an hour per 64 GPUs (the Pollux workloads' rate).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Number of jobs to generate [default: 160 today, 200 dl2].")
+@click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), default=None,
+              help=f"Number of jobs to generate (at most {MAX_TRACE_JOBS}, as in a trace file) "
+                   "[default: 160 today, 200 dl2].")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the generated trace and of the per-slot speed noise (same seed, same result).")
 @click.option("--arrivals", type=click.Choice(("daily", "uniform", "poisson")), default="daily", show_default=True,
               help="Arrival pattern: daily (DL2 Fig. 8a, busy afternoons), uniform (max per slot) or poisson.")
-@click.option("--max-arrivals", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--max-arrivals", type=click.IntRange(1, MAX_TRACE_JOBS), default=10, show_default=True,
               help="Most jobs arriving in one slot (the Poisson mean for --arrivals poisson).")
 @click.option("--epochs-model", type=click.Choice(("dl2", "weibull")), default="dl2", show_default=True,
               help="Total epochs per job: dl2 (per-type typical epochs x U(0.9, 1.1)) or weibull.")
-@click.option("--estimate-error", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+@click.option("--estimate-error", type=click.FloatRange(0, 1, max_open=True), callback=finite_number,
+              default=0.0, show_default=True,
               help="Relative error of the user's epoch estimate: true = estimate x (1 + E x U(-1, 1)).")
-@click.option("--interference", type=click.FloatRange(min=0), default=0.27, show_default=True,
+@click.option("--interference", type=click.FloatRange(min=0), callback=finite_number,
+              default=0.27, show_default=True,
               help="Sigma of each job's persistent log-normal speed factor (cluster interference).")
 @click.option("--cluster", type=click.Choice(CLUSTERS), default=None,
               help="Cluster preset [default: the world's]: t4-16 / t4-128 / t4-512 nodes of 4 T4 GPUs, 48 cores, "
                    "192 GB; dl2 = 500, testbed = 13, small = 40, tiny = 4 servers of 2 GPUs, 8 cores, 48 GB.")
-@click.option("--servers", type=click.IntRange(min=1), default=None,
-              help="Number of servers of the --cluster preset's kind; overrides its count.")
-@click.option("--slot-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--servers", type=click.IntRange(1, MAX_SERVERS), default=None,
+              help=f"Number of servers of the --cluster preset's kind (at most {MAX_SERVERS}); overrides its count.")
+@click.option("--slot-seconds", type=click.FloatRange(0, MAX_SECONDS, min_open=True), callback=finite_number,
+              default=None,
               help="Length of a scheduling slot in seconds [default: today 60, dl2 1200].")
-@click.option("--restart-seconds", type=click.FloatRange(min=0), default=None,
+@click.option("--restart-seconds", type=click.FloatRange(0, MAX_SECONDS), callback=finite_number,
+              default=None,
               help="Training a job loses when it is resized or moved [default: today 30, dl2 0].")
 @click.option("--speed-model", type=click.Choice(("measured", "parametric")), default="measured", show_default=True,
               help="Training speeds: measured (the DL2 testbed data, interpolated) or parametric (Optimus-style fit).")
-@click.option("--slot-noise", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+@click.option("--slot-noise", type=click.FloatRange(0, 1, max_open=True), callback=finite_number,
+              default=0.1, show_default=True,
               help="Per job and slot speed noise: speed x (1 + N x U(-1, 1)).")
 @click.option("--tetris-threshold", type=click.IntRange(min=1), default=None,
               help="Bundles Tetris gives a job before moving to the next [default: the per-job maximum, 16].")
@@ -285,7 +304,13 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
             def on_slot(state, task=task):
                 progress.update(task, completed=int(np.sum(~np.isnan(state.finish_time))), slot=state.slot)
 
-            results.append(E.run(trace, scheduler, sim_cfg, seed=seed, on_slot=on_slot, name=label))
+            try:
+                results.append(E.run(trace, scheduler, sim_cfg, seed=seed, on_slot=on_slot, name=label))
+            except RuntimeError as e:  # the engine's give-up after SimConfig.max_slots is a plain RuntimeError
+                if "did not finish" not in str(e):
+                    raise
+                raise click.ClickException(f"{label}: {e}: its jobs are too long or too slow for this cluster "
+                                           "and slot length") from None
 
     if trace_path is not None:
         trace_setting = {"file": str(trace_path)}

@@ -7,13 +7,18 @@ policy checkpoint that `dl2ctl sim --policy dl2 --checkpoint PATH` and the daemo
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import click
 
+from dl2d.cli.sim import finite_number
 from dl2d.policy import registry
-from dl2d.sim.cluster import PRESETS
+from dl2d.sim.cluster import MAX_SERVERS, PRESETS
+from dl2d.sim.trace import MAX_TRACE_JOBS
 
 TEACHERS = registry.names(heuristic=True)
 CLUSTERS = tuple(PRESETS)
@@ -22,6 +27,39 @@ CLUSTERS = tuple(PRESETS)
 def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
     """Every seed a training trace may use (an RL episode is at least one slot, so at most rl_steps of them)."""
     return range(seed, seed + sl_traces + rl_steps)
+
+
+def out_problem(path: Path) -> str | None:
+    """Why a checkpoint cannot be written at ``path``, or None. Asked before training, so that hours of it are not
+    lost at the end: the directory must exist and take a new file. A probe file is created there and removed,
+    so permissions and read-only mounts count as the kernel applies them (root included, for whom os.access
+    says yes to nearly everything)."""
+    parent = path.parent
+    if not parent.exists():
+        return f"directory {str(parent)!r} does not exist"
+    if not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as e:
+        return f"cannot create a file in {str(parent)!r} ({e.strerror})"
+    os.close(fd)
+    with suppress(OSError):
+        os.unlink(probe)
+    return None
+
+
+def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
+    """The checkpoint could not be written at --out after all (the directory changed while training ran): write
+    it to a temporary file instead and say where, rather than lose the trained policy."""
+    try:
+        fd, rescue = tempfile.mkstemp(prefix="dl2-policy-", suffix=".ckpt")
+        os.close(fd)
+        save(rescue)
+        where = f"the trained policy was written to {rescue} instead"
+    except OSError as e:
+        where = f"nor to a temporary file ({e.strerror}): the trained policy is lost"
+    return click.ClickException(f"cannot write --out {out_path} ({error.strerror}); {where}")
 
 
 @click.command()
@@ -33,10 +71,11 @@ def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
               help="Training traces the teacher is replayed on.")
 @click.option("--rl-steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="Simulated slots of online RL (one update per slot once the replay is warm); 0 = SL only.")
-@click.option("--jobs", type=click.IntRange(min=1), default=40, show_default=True, help="Jobs per trace.")
+@click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), default=40, show_default=True,
+              help="Jobs per trace.")
 @click.option("--cluster", type=click.Choice(CLUSTERS), default="small", show_default=True, help="Cluster preset.")
-@click.option("--servers", type=click.IntRange(min=1), default=None,
-              help="Number of servers (2 GPUs, 8 cores, 48 GB each); overrides --cluster.")
+@click.option("--servers", type=click.IntRange(1, MAX_SERVERS), default=None,
+              help=f"Number of servers (2 GPUs, 8 cores, 48 GB each; at most {MAX_SERVERS}); overrides --cluster.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="First training trace seed.")
 @click.option("--val-seed", type=click.IntRange(min=0), default=None,
               help="Seed of the held-out validation trace [default: seed + 10000].")
@@ -52,13 +91,16 @@ def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
               help="Hidden units per layer [default: 256, or the --init checkpoint's].")
 @click.option("--n-step", type=click.IntRange(min=1), default=None,
               help="RL: slots of rewards in the critic's target before bootstrapping [default: config's, 1].")
-@click.option("--entropy-weight", type=click.FloatRange(min=0), default=None,
+@click.option("--entropy-weight", type=click.FloatRange(min=0), callback=finite_number,
+              default=None,
               help="RL: entropy regularisation beta [default: config's, 0.1].")
-@click.option("--epsilon", type=click.FloatRange(0, 1), default=None,
+@click.option("--epsilon", type=click.FloatRange(0, 1), callback=finite_number,
+              default=None,
               help="RL: job-aware exploration probability in a poor state [default: config's, 0.2].")
 @click.option("--updates-per-slot", type=click.IntRange(min=1), default=None,
               help="RL: minibatch updates after each simulated slot [default: config's, 1].")
-@click.option("--rl-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--rl-lr", type=click.FloatRange(min=0, min_open=True), callback=finite_number,
+              default=None,
               help="RL: Adam learning rate [default: config's, 1e-4].")
 @click.option("--advantage", type=click.Choice(("critic", "greedy")), default=None,
               help="RL: advantage from the value network (DL2) or over the greedy policy's reward on the same "
@@ -78,8 +120,10 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
         raise click.BadParameter(f"{val_seed} is also a training trace seed (training uses seeds {seed}.."
                                  f"{seed + sl_traces + rl_steps - 1}); the validation trace must be held out",
                                  param_hint="--val-seed")
-    if not out_path.parent.exists() or not out_path.parent.is_dir():
-        raise click.BadParameter(f"directory {str(out_path.parent)!r} does not exist", param_hint="--out")
+    problem = out_problem(out_path)
+    if problem:
+        raise click.BadParameter(f"{problem}: the checkpoint could not be written after training",
+                                 param_hint="--out")
 
     import jax
     import numpy as np
@@ -191,7 +235,11 @@ def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed,
             "val_seed": val_seed, "val_jct_slots": result["val_jct_slots"],
             "sl_epochs": meta0.get("sl_epochs", 0) + sl_epochs,
             "rl_updates": meta0.get("rl_updates", 0) + result.get("rl", {}).get("updates", 0)}
-    C.save(out_path, C.Checkpoint(cfg, params, opt_state, meta))
+    ckpt = C.Checkpoint(cfg, params, opt_state, meta)
+    try:
+        C.save(out_path, ckpt)
+    except OSError as e:
+        raise _rescue(lambda path: C.save(path, ckpt), out_path, e) from None
     result["checkpoint"] = str(out_path)
     result["wall_s"] = round(time.perf_counter() - t0, 2)
 

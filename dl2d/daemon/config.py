@@ -131,7 +131,7 @@ class DaemonConfig:
 
 def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     """(key path, problem) for every invalid value."""
-    from dl2d.sim.cluster import PRESETS
+    from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 
     bad: list[tuple[str, str]] = []
 
@@ -157,7 +157,8 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
             bad.append(("db_url", f"not a database URL: {cfg.db_url!r}"))
     s = cfg.sim
     need(s.cluster in PRESETS, "sim.cluster", f"must be one of {', '.join(PRESETS)}, got {s.cluster!r}")
-    need(s.servers >= 0, "sim.servers", f"must be >= 0, got {s.servers}")
+    need(0 <= s.servers <= MAX_SERVERS, "sim.servers",
+         f"must be in 0..{MAX_SERVERS} (0: the preset's count), got {s.servers}")
     need(0 <= s.noise < 1, "sim.noise", f"must be in [0, 1), got {s.noise}")
     need(s.speed_model in ("measured", "parametric"), "sim.speed_model",
          f"must be measured or parametric, got {s.speed_model!r}")

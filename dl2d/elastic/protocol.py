@@ -17,6 +17,14 @@ workers is one *frame* on a TCP stream::
   the concatenation of their raw little-endian C-order buffers, in that order.
   Only ``float32`` is accepted; nothing is ever pickled.
 
+A received frame is bounded and checked before anything is built from it
+(:func:`parse_header`): the header at most ``MAX_HEADER`` bytes, the payload at
+most ``MAX_PAYLOAD`` and exactly the size its arrays declare (checked before a
+byte of it is read), every header field of the right type; once a frame has
+begun, each read must bring bytes within ``FRAME_STALL_S``. A frame that breaks
+any of this raises :class:`FrameError` (a :class:`ProtocolError`); a server logs
+it in one line and closes that connection.
+
 The transport is request/response: a client sends one request frame on a
 connection and reads exactly one reply frame.  A server serves each accepted
 connection in its own thread, so a handler may block (for instance a
@@ -27,19 +35,36 @@ up other peers.
 from __future__ import annotations
 
 import json
-import math
+import logging
 import socket
 import struct
 import threading
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 MAGIC = b"DL2E"
 _PREFIX = struct.Struct("!4sIQ")
-MAX_HEADER = 16 * 1024 * 1024
-MAX_PAYLOAD = 8 * 1024**3
+#: Largest header. Real ones are at most tens of KB: the largest lists a GET_BLOCKS reply's arrays (two per
+#: block; a 25M-parameter model has ~260 blocks: ~25 KB), or the 1 544 arrays of the gathered-write test (~70 KB).
+MAX_HEADER = 1024 * 1024
+#: Largest payload. The largest frames are a PS's GET_BLOCKS reply and the PUT_BLOCKS that places or restores
+#: its blocks: parameters and momentum of every block it holds, 8 bytes a parameter. 1 GiB carries a
+#: 134M-parameter model on a single PS (docs/elastic.md's example is 25M, the benchmark's 2.5M).
+MAX_PAYLOAD = 1024 ** 3
+#: Most dimensions of an array (the runtime sends 1-D blocks; numpy itself allows 64).
+MAX_NDIM = 32
+#: Longest ``op`` (the runtime's are at most 12 characters) and array name ("p<block>", "m<block>").
+MAX_OP_CHARS = 64
+MAX_NAME_CHARS = 256
+#: Once a frame's prefix has arrived, every further read must bring bytes within this many seconds: a sender
+#: writes a frame in one go, so a longer silence is a dead or hostile peer holding the frame's buffer.
+FRAME_STALL_S = 60.0
 _DTYPE = np.dtype("<f4")
+_SPEC_KEYS = {"name", "dtype", "shape"}
 
 Arrays = dict[str, np.ndarray]
 Handler = Callable[[dict, Arrays], "tuple[dict, Arrays | None] | dict"]
@@ -47,6 +72,10 @@ Handler = Callable[[dict, Arrays], "tuple[dict, Arrays | None] | dict"]
 
 class ProtocolError(Exception):
     """Malformed frame on the wire."""
+
+
+class FrameError(ProtocolError):
+    """A received frame that breaks the wire format or its bounds; the message says which field and why."""
 
 
 class RemoteError(Exception):
@@ -62,54 +91,161 @@ def encode(header: dict, arrays: Arrays | None = None) -> list[bytes | memoryvie
     for name, arr in (arrays or {}).items():
         a = np.ascontiguousarray(arr, dtype=_DTYPE)
         specs.append({"name": name, "dtype": "float32", "shape": list(a.shape)})
-        mv = memoryview(a).cast("B")
+        mv = memoryview(a.reshape(-1)).cast("B")  # (flat: memoryview cannot cast a (0, n) shape)
         bufs.append(mv)
         total += mv.nbytes
     if specs:
         header["arrays"] = specs
     hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
     if len(hb) > MAX_HEADER:
-        raise ProtocolError("header too large")
+        raise ProtocolError(f"header too large ({len(hb)} bytes, at most {MAX_HEADER})")
+    if total > MAX_PAYLOAD:
+        raise ProtocolError(f"payload too large ({total} bytes, at most {MAX_PAYLOAD}): a model this size needs "
+                            "more parameter servers")
     return [_PREFIX.pack(MAGIC, len(hb), total) + hb, *bufs]
 
 
-def decode(header_bytes: bytes, payload: bytearray | bytes) -> tuple[dict, Arrays]:
+def _show(v: Any) -> str:
+    """A header value for an error message, cut short (a field may hold a megabyte or a nested list)."""
+    if isinstance(v, (list, dict)):
+        return f"a JSON {'list' if isinstance(v, list) else 'object'} of {len(v)} items"
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"an integer of {v.bit_length()} bits"
+    r = repr(v[:40] if isinstance(v, str) else v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+Spec = tuple[str, tuple[int, ...], int]  # name, shape, element count
+
+
+def _array_spec(spec: Any, i: int, names: set[str]) -> Spec:
+    """``header["arrays"][i]`` checked: exactly name (a new string), dtype float32 and a shape of at most
+    MAX_NDIM non-negative integers."""
+    where = f"arrays[{i}]"
+    if not isinstance(spec, dict):
+        raise FrameError(f"{where} is not an object: {_show(spec)}")
+    if spec.keys() != _SPEC_KEYS:
+        raise FrameError(f"{where} must have exactly the keys dtype, name, shape, got {_show(', '.join(sorted(spec)))}")
+    name, dtype, shape = spec["name"], spec["dtype"], spec["shape"]
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
+        raise FrameError(f"{where}.name must be a string of 1 to {MAX_NAME_CHARS} characters, got {_show(name)}")
+    if name in names:
+        raise FrameError(f"{where}.name {_show(name)} is given twice")
+    if dtype != "float32":
+        raise FrameError(f"{where}: unsupported dtype {_show(dtype)} (only float32)")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise FrameError(f"{where}.shape must be a list of at most {MAX_NDIM} dimensions, got {_show(shape)}")
+    n = 1
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_PAYLOAD:
+            raise FrameError(f"{where}.shape has a dimension that is not an integer in 0..{MAX_PAYLOAD}: "
+                             f"{_show(d)}" + (" (negative dimension)" if isinstance(d, int) and d < 0 else ""))
+        n = min(n * d, MAX_PAYLOAD + 1)  # capped: the product of 32 dimensions stays a small integer
+    names.add(name)
+    return name, tuple(shape), n
+
+
+def parse_header(header_bytes: bytes, payload_len: int) -> tuple[dict, list[Spec]]:
+    """A frame's header checked against the payload length its prefix declared, before the payload is read:
+    ``(header without "arrays", [(name, shape, count)])``. Pure; FrameError says what is wrong."""
+    if len(header_bytes) > MAX_HEADER:
+        raise FrameError(f"header of {len(header_bytes)} bytes, at most {MAX_HEADER}")
+    if not 0 <= payload_len <= MAX_PAYLOAD:
+        raise FrameError(f"payload of {payload_len} bytes, at most {MAX_PAYLOAD}")
     try:
         header = json.loads(header_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"bad header: {e}") from None
+    except UnicodeDecodeError as e:
+        raise FrameError(f"bad header: byte {e.start} is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise FrameError(f"bad header: not JSON ({e.msg} at byte {e.pos})") from None
+    except RecursionError:
+        raise FrameError("bad header: JSON nested too deeply") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's int conversion limit)
+        raise FrameError(f"bad header: {str(e).split(':')[0]}") from None
     if not isinstance(header, dict):
-        raise ProtocolError("header is not a JSON object")
+        raise FrameError(f"header is not a JSON object: {_show(header)}")
+    if "op" in header and not (isinstance(header["op"], str) and 0 < len(header["op"]) <= MAX_OP_CHARS):
+        raise FrameError(f"header 'op' must be a string of 1 to {MAX_OP_CHARS} characters, got {_show(header['op'])}")
+    if "ok" in header and not isinstance(header["ok"], bool):
+        raise FrameError(f"header 'ok' must be true or false, got {_show(header['ok'])}")
+    if "op" not in header and "ok" not in header:
+        raise FrameError("header has neither 'op' (a request) nor 'ok' (a reply)")
+    if "error" in header and not isinstance(header["error"], str):
+        raise FrameError(f"header 'error' must be a string, got {_show(header['error'])}")
+    raw = header.pop("arrays", [])
+    if not isinstance(raw, list):
+        raise FrameError(f"header 'arrays' must be a list, got {_show(raw)}")
+    specs: list[Spec] = []
+    names: set[str] = set()
+    total = 0
+    for i, spec in enumerate(raw):
+        specs.append(_array_spec(spec, i, names))
+        total += specs[-1][2] * _DTYPE.itemsize
+        if total > payload_len:  # (each count is capped, so the sum stays small however large the shapes)
+            raise FrameError(f"payload shorter than declared arrays ({payload_len} bytes; arrays[0..{i}] need more)")
+    if total != payload_len:
+        raise FrameError(f"payload longer than declared arrays ({payload_len} bytes, the arrays take {total})")
+    return header, specs
+
+
+def _arrays(specs: list[Spec], payload) -> Arrays:
+    """Views of the payload (any buffer of exactly the specs' size) as the declared arrays."""
     arrays: Arrays = {}
     off = 0
-    for spec in header.pop("arrays", []):
-        if spec.get("dtype") != "float32":
-            raise ProtocolError(f"unsupported dtype {spec.get('dtype')!r}")
-        shape = tuple(int(s) for s in spec["shape"])
-        if any(s < 0 for s in shape):
-            raise ProtocolError(f"negative dimension in {shape}")
-        n = math.prod(shape)  # (np.prod costs ~10x more; frames carry hundreds of blocks)
-        nbytes = n * 4
-        if off + nbytes > len(payload):
-            raise ProtocolError("payload shorter than declared arrays")
+    for name, shape, n in specs:
         a = np.frombuffer(payload, dtype=_DTYPE, count=n, offset=off)
-        arrays[spec["name"]] = a if len(shape) == 1 else a.reshape(shape)
-        off += nbytes
-    if off != len(payload):
-        raise ProtocolError("payload longer than declared arrays")
-    return header, arrays
+        arrays[name] = a if len(shape) == 1 else a.reshape(shape)
+        off += n * _DTYPE.itemsize
+    return arrays
+
+
+def decode(header_bytes: bytes, payload: bytearray | bytes) -> tuple[dict, Arrays]:
+    """A whole received frame (header bytes and payload) as ``(header, arrays)``; FrameError if malformed."""
+    header, specs = parse_header(header_bytes, len(payload))
+    return header, _arrays(specs, payload)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
-    mv = memoryview(buf)
-    got = 0
+    _recv_into(sock, memoryview(buf))
+    return buf
+
+
+def _recv_into(sock: socket.socket, mv: memoryview) -> None:
+    n, got = mv.nbytes, 0
     while got < n:
         k = sock.recv_into(mv[got:], min(n - got, 1 << 22))
         if k == 0:
             raise ConnectionError("connection closed")
         got += k
+
+
+def _recv_payload(sock: socket.socket, n: int):
+    """``n`` payload bytes into a buffer whose pages are committed as the bytes arrive (np.empty touches no
+    memory), so a peer that declares a large payload and stops holds only what it sent."""
+    if not n:
+        return bytearray()
+    try:
+        buf = np.empty(n, np.uint8)
+    except MemoryError:
+        raise FrameError(f"cannot allocate a payload of {n} bytes") from None
+    _recv_into(sock, memoryview(buf))
     return buf
+
+
+@contextmanager
+def _stall_timeout(sock: socket.socket) -> Iterator[None]:
+    """Within a frame, each read waits at most FRAME_STALL_S (or the socket's own shorter timeout)."""
+    before = sock.gettimeout()
+    if before is None or before > FRAME_STALL_S:
+        sock.settimeout(FRAME_STALL_S)
+    try:
+        yield
+    except TimeoutError:
+        raise FrameError(f"peer stalled: no bytes for {FRAME_STALL_S:g} s in the middle of a frame") from None
+    finally:
+        if sock.gettimeout() != before:
+            sock.settimeout(before)
 
 
 _IOV_MAX = 512
@@ -148,15 +284,21 @@ def send_msg(sock: socket.socket, header: dict, arrays: Arrays | None = None) ->
 
 
 def recv_msg(sock: socket.socket) -> tuple[dict, Arrays]:
-    """Receive one frame; raises ConnectionError on EOF, ProtocolError on garbage."""
+    """Receive one frame; raises ConnectionError on EOF, FrameError (a ProtocolError) on garbage.
+
+    The prefix's lengths are bounded before the header is read, and the header is checked against the
+    payload length before the payload is read."""
     magic, hlen, plen = _PREFIX.unpack(bytes(_recv_exact(sock, _PREFIX.size)))
     if magic != MAGIC:
-        raise ProtocolError(f"bad magic {magic!r}")
-    if hlen > MAX_HEADER or plen > MAX_PAYLOAD:
-        raise ProtocolError("frame too large")
-    hb = bytes(_recv_exact(sock, hlen))
-    payload = _recv_exact(sock, plen) if plen else bytearray()
-    return decode(hb, payload)
+        raise FrameError(f"bad magic {magic!r}")
+    if hlen > MAX_HEADER:
+        raise FrameError(f"frame too large: header of {hlen} bytes, at most {MAX_HEADER}")
+    if plen > MAX_PAYLOAD:
+        raise FrameError(f"frame too large: payload of {plen} bytes, at most {MAX_PAYLOAD}")
+    with _stall_timeout(sock):
+        header, specs = parse_header(bytes(_recv_exact(sock, hlen)), plen)
+        payload = _recv_payload(sock, plen)
+    return header, _arrays(specs, payload)
 
 
 def parse_addr(addr: str | tuple) -> tuple[str, int]:
@@ -245,20 +387,24 @@ class Server:
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
             try:
-                conn, _ = self._lsock.accept()
+                conn, peer = self._lsock.accept()
             except OSError:
                 break
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._conns_lock:
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: Any = None) -> None:
         try:
             while not self._closed.is_set():
                 try:
                     header, arrays = recv_msg(conn)
-                except (ConnectionError, OSError, ProtocolError):
+                except ProtocolError as e:  # garbage: one line, and this connection is closed
+                    log.warning("%s: closed the connection from %s: %s", self.address,
+                                fmt_addr(peer) if isinstance(peer, tuple) else peer, e)
+                    break
+                except (ConnectionError, OSError):
                     break
                 try:
                     out = self.handler(header, arrays)
@@ -268,7 +414,11 @@ class Server:
                 except Exception as e:  # reported to the peer, server keeps going
                     rh, ra = {"ok": False, "error": f"{type(e).__name__}: {e}"}, None
                 try:
-                    send_msg(conn, rh, ra)
+                    frame = encode(rh, ra)
+                except (ProtocolError, TypeError, ValueError) as e:  # a reply that cannot be sent: say why
+                    frame = encode({"ok": False, "error": f"reply not sent: {type(e).__name__}: {e}"})
+                try:
+                    _sendall_vec(conn, frame)
                 except OSError:
                     break
         finally:

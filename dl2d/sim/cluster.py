@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: The most servers a simulated cluster may have (`dl2ctl sim/train --servers`, the daemon's `sim.servers`):
+#: 20x the largest preset (t4-512, dl2's 500) and more nodes than today's largest GPU clusters. The simulator
+#: keeps several [servers, 3] arrays per slot and its placement scans every server for each task, so 10^8
+#: servers took 3.6 GB before a single slot ran (issue #14).
+MAX_SERVERS = 10_000
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -20,6 +26,8 @@ class ClusterSpec:
     def __post_init__(self):
         if self.num_servers < 1:
             raise ValueError("a cluster needs at least one server")
+        if self.num_servers > MAX_SERVERS:
+            raise ValueError(f"a simulated cluster has at most {MAX_SERVERS} servers, not {self.num_servers}")
         if min(self.gpus, self.cpus, self.mem_gb) < 0 or max(self.cpus, self.mem_gb) <= 0:
             raise ValueError("server resources must be non-negative, with some CPU and memory")
 

@@ -3,6 +3,10 @@
 A trace is the list of jobs of one experiment, with what the scheduler is told (arrival slot, type, the
 user's epoch estimate) and what it is not (the true epochs to convergence and the job's persistent speed
 factor from interference). Loading checks every field and names the offending line or job.
+
+A trace file is input from users (``dl2ctl sim --trace``), so :func:`load` bounds it before building anything
+from it: the file's size, the number of JSON objects and lists, the number of jobs, then every field's type
+and range (the ``MAX_*`` / ``MIN_*`` constants below, docs/simulator.md). Every rejection is a TraceError.
 """
 from __future__ import annotations
 
@@ -24,6 +28,49 @@ SLOTS_PER_DAY = 72  # 20-minute slots
 CSV_FIELDS = ("id", "arrival_slot", "type", "est_epochs", "true_epochs", "speed_factor")
 #: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for)
 OPTIONAL_FIELDS = ("batch_size", "requested_workers")
+
+# Bounds of a trace file (issue #14), checked while it is read, before anything is built from it. They are far
+# beyond any real experiment; what lies past them is a mistake (or an attack) that would otherwise run for days,
+# exhaust memory or end in a simulation that can never finish.
+#: A 50 000-job trace as `save` writes it is 8-11 MB of JSON (about 200 bytes a job) or 3 MB of CSV; 16 MiB
+#: leaves room for other formatting and bounds what parsing may allocate (JSON scalars cost ~10x their text).
+MAX_TRACE_BYTES = 16 * 1024 * 1024
+#: 40x the largest experiment shipped here (`dl2ctl sim --cluster t4-128 --jobs 1280`); the simulator's work
+#: per slot grows with the queue, so a 200 000-job trace would run for days.
+MAX_TRACE_JOBS = 50_000
+#: '{' and '[' in a JSON trace, counted before parsing: one object per job, the rest for the document and its
+#: config. Without it 16 MiB of "[{},{},...]" would become 5 million objects (400 MB). Brackets inside
+#: strings count too, which only errs on the safe side.
+MAX_JSON_CONTAINERS = MAX_TRACE_JOBS + 1_000
+#: The simulator gives up 50 000 slots after the first arrival (engine.SimConfig.max_slots); arrivals later
+#: than 40 000 leave the last jobs too little time. 40 000 slots are 28 days of 60 s slots, 1.5 years of 20 min.
+MAX_ARRIVAL_SLOT = 40_000
+#: Epochs (estimated and true): the catalog's models converge in 2-100 epochs, DL2's types in up to 300 x 1.1
+#: (x 2 with the largest estimate error); 10 000 is 15x that. The floor is the generator's (0.01 true epochs):
+#: the reward divides by the estimate, so a denormal one would make it infinite.
+MIN_EPOCHS = 0.01
+MAX_TRACE_EPOCHS = 10_000.0
+#: The hidden interference factor multiplies a job's speed; the generator's (log-normal, sigma 0.27, DL2's
+#: measured 27 % JCT variation) stays within [0.3, 3]. Two orders of magnitude either way is generous; a factor
+#: of 1e-300 is a job that never finishes.
+MIN_SPEED_FACTOR = 0.01
+MAX_SPEED_FACTOR = 100.0
+#: Total batch of an all-reduce job: 32x the largest measured one (NCF's 32 768, dl2d/workload/data/pollux).
+MAX_BATCH_SIZE = 2 ** 20
+#: Workers a job asks for: twice the GPUs of the largest cluster preset (t4-512: 2048 GPUs); the simulator
+#: gives a job at most its world's max_workers (64 today, 16 in DL2's world) anyway.
+MAX_REQUESTED_WORKERS = 4096
+#: A model name is a few characters; a longer "type" is shown cut in the error, not looked up.
+MAX_TYPE_CHARS = 64
+#: (low, high, low bound open, integer) of every numeric field of a job record.
+FIELD_BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
+    "arrival_slot": (0, MAX_ARRIVAL_SLOT, False, True),
+    "est_epochs": (MIN_EPOCHS, MAX_TRACE_EPOCHS, False, False),
+    "true_epochs": (MIN_EPOCHS, MAX_TRACE_EPOCHS, False, False),
+    "speed_factor": (MIN_SPEED_FACTOR, MAX_SPEED_FACTOR, False, False),
+    "batch_size": (0, MAX_BATCH_SIZE, False, False),  # > 0 for an all-reduce job; a PS job's may be 0 (unused)
+    "requested_workers": (1, MAX_REQUESTED_WORKERS, False, True),
+}
 
 
 class TraceError(ValueError):
@@ -189,48 +236,89 @@ def to_records(trace: Trace) -> list[dict]:
     ]
 
 
-def _number(rec: dict, key: str, where: str, *, integer=False, positive=True) -> float:
+def _show(v) -> str:
+    """A field's value for an error message, cut short: a field may hold a megabyte of text, a thousand-digit
+    integer or a deeply nested list."""
+    if isinstance(v, (list, dict)):
+        return f"a JSON {'list' if isinstance(v, list) else 'object'}"
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"an integer of {int(v.bit_length() * math.log10(2)) + 1} digits"
+    if isinstance(v, str) and len(v) > 40:
+        return repr(v[:37]) + "..."
+    return repr(v)
+
+
+def _num(x: float) -> str:
+    """A bound as written: 1048576, 0.01 (not 1.04858e+06)."""
+    return str(int(x)) if x == int(x) else f"{x:g}"
+
+
+def _number(rec: dict, key: str, where: str, *, lo_open: bool = False) -> float:
+    """Field ``key`` of a job record as a finite number within FIELD_BOUNDS[key]; TraceError naming the field
+    otherwise. JSON numbers and numeric strings (CSV) are accepted; booleans, containers and huge integers not."""
+    lo, hi, open_, integer = FIELD_BOUNDS[key]
+    lo_open = lo_open or open_
     if key not in rec or rec[key] in (None, ""):
         raise TraceError(f"{where}: missing field {key!r}")
-    if isinstance(rec[key], bool):  # JSON true/false would otherwise pass as 1/0
-        raise TraceError(f"{where}: field {key!r} is not a number: {rec[key]!r}")
+    raw = rec[key]
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):  # JSON true/false would pass as 1/0
+        raise TraceError(f"{where}: field {key!r} is not a number: {_show(raw)}")
+    bounds = f"{'>' if lo_open else '>='} {_num(lo)} and <= {_num(hi)}"
+    if isinstance(raw, int) and abs(raw) > 2 ** 63:  # float() would overflow, or round it
+        raise TraceError(f"{where}: field {key!r} must be {bounds}, got {_show(raw)}")
     try:
-        v = float(rec[key])
-    except (TypeError, ValueError):
-        raise TraceError(f"{where}: field {key!r} is not a number: {rec[key]!r}") from None
+        v = float(raw)
+    except ValueError:
+        raise TraceError(f"{where}: field {key!r} is not a number: {_show(raw)}") from None
     if not math.isfinite(v):
-        raise TraceError(f"{where}: field {key!r} must be finite")
+        raise TraceError(f"{where}: field {key!r} must be finite, got {_show(raw)}")
     if integer and v != int(v):
-        raise TraceError(f"{where}: field {key!r} must be an integer, got {rec[key]!r}")
-    if (v <= 0 if positive else v < 0):
-        raise TraceError(f"{where}: field {key!r} must be {'> 0' if positive else '>= 0'}, got {rec[key]!r}")
+        raise TraceError(f"{where}: field {key!r} must be an integer, got {_show(raw)}")
+    if (v <= lo if lo_open else v < lo) or v > hi:
+        raise TraceError(f"{where}: field {key!r} must be {bounds}, got {_show(raw)}")
     return v
 
 
-def from_records(records: list[dict], config: dict | None = None, source: str = "trace") -> Trace:
+def _model(rec: dict, where: str) -> int:
+    name = rec.get("type")
+    if name in (None, ""):
+        raise TraceError(f"{where}: missing field 'type'")
+    if not isinstance(name, str):
+        raise TraceError(f"{where}: field 'type' must be a model name, got {_show(name)}")
+    if len(name) > MAX_TYPE_CHARS:
+        raise TraceError(f"{where}: unknown model {_show(name)}")
+    try:
+        return model_index(name)
+    except ValueError as e:
+        raise TraceError(f"{where}: {e}") from None
+
+
+def _row(rec, where: str) -> tuple:
+    """One job record checked field by field: (arrival, model index, est, true, factor, batch, requested)."""
+    if not isinstance(rec, dict):
+        raise TraceError(f"{where}: expected an object with fields {', '.join(CSV_FIELDS)}")
+    t = _model(rec, where)
+    if IS_ALLREDUCE[t]:
+        batch = _number(rec, "batch_size", where, lo_open=True)
+    else:
+        batch = 0.0 if rec.get("batch_size") in (None, "") else _number(rec, "batch_size", where)
+    requested = 1 if rec.get("requested_workers") in (None, "") else int(_number(rec, "requested_workers", where))
+    return (int(_number(rec, "arrival_slot", where)), t, _number(rec, "est_epochs", where),
+            _number(rec, "true_epochs", where), _number(rec, "speed_factor", where), batch, requested)
+
+
+def from_records(records: list[dict], config: dict | None = None, source: str = "trace",
+                 lines: list[int] | None = None) -> Trace:
+    """A trace from job records (dicts of CSV_FIELDS + OPTIONAL_FIELDS); every field is checked against its
+    bounds and an error names the job (and its file line, where ``lines`` gives them) and the field."""
     if not records:
         raise TraceError(f"{source}: no jobs")
+    if len(records) > MAX_TRACE_JOBS:
+        raise TraceError(f"{source}: {len(records)} jobs; a trace has at most {MAX_TRACE_JOBS}")
     rows = []
     for n, rec in enumerate(records):
-        where = f"{source}: job {n + 1}"
-        if not isinstance(rec, dict):
-            raise TraceError(f"{where}: expected an object with fields {', '.join(CSV_FIELDS)}")
-        try:
-            t = model_index(str(rec.get("type", "")))
-        except ValueError as e:
-            raise TraceError(f"{where}: {e}") from None
-        if IS_ALLREDUCE[t]:
-            batch = _number(rec, "batch_size", where)
-        else:
-            batch = 0.0 if rec.get("batch_size") in (None, "") else _number(rec, "batch_size", where,
-                                                                            positive=False)
-        requested = 1 if rec.get("requested_workers") in (None, "") else \
-            int(_number(rec, "requested_workers", where, integer=True))
-        rows.append((
-            int(_number(rec, "arrival_slot", where, integer=True, positive=False)), t,
-            _number(rec, "est_epochs", where), _number(rec, "true_epochs", where),
-            _number(rec, "speed_factor", where), batch, requested,
-        ))
+        where = f"{source}: line {lines[n]}, job {n + 1}" if lines else f"{source}: job {n + 1}"
+        rows.append(_row(rec, where))
     rows.sort(key=lambda r: r[0])  # stable: ties keep file order
     cols = list(zip(*rows))
     return Trace(np.array(cols[0], int), np.array(cols[1], int), np.array(cols[2]), np.array(cols[3]),
@@ -258,32 +346,86 @@ def save(trace: Trace, path: str | Path) -> None:
     tmp.replace(path)
 
 
-def load(path: str | Path) -> Trace:
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The file's text, read no further than MAX_TRACE_BYTES (a device or a growing file cannot make it more),
+    in chunks: a small file costs no buffer of the bound's size."""
+    chunks: list[bytes] = []
+    size = 0
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            while size <= MAX_TRACE_BYTES and (chunk := f.read(min(2 ** 20, MAX_TRACE_BYTES + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+        raw = b"".join(chunks)
+        del chunks
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace ({e.strerror})") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise TraceError(f"{path}: larger than {MAX_TRACE_BYTES} bytes ({MAX_TRACE_BYTES // 2 ** 20} MiB), the most "
+                         "a trace file may have")
+    try:
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise TraceError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
-    if path.suffix == ".csv":
-        reader = csv.DictReader(io.StringIO(text))
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"{path}: not a text file (line {line}: byte {e.start} is not UTF-8)") from None
+
+
+def _csv_records(path: Path, text: str) -> tuple[list[dict], list[int]]:
+    """The rows of a CSV trace and their line numbers, stopping at MAX_TRACE_JOBS + 1 rows."""
+    reader = csv.DictReader(io.StringIO(text))
+    records, lines = [], []
+    try:
         missing = [f for f in CSV_FIELDS[1:] if f not in (reader.fieldnames or [])]
         if missing:
             raise TraceError(f"{path}: CSV header lacks column(s) {', '.join(missing)}")
-        return from_records(list(reader), source=str(path))
-    if path.suffix == ".json":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise TraceError(f"{path}: not a {FORMAT} file (missing \"format\": \"{FORMAT}\")")
-        if doc.get("version") != VERSION:
-            raise TraceError(f"{path}: trace format version {doc.get('version')!r} is not supported (want {VERSION})")
-        if not isinstance(doc.get("jobs"), list):
-            raise TraceError(f"{path}: \"jobs\" must be a list")
-        if not isinstance(doc.get("config"), (dict, type(None))):
-            raise TraceError(f"{path}: \"config\" must be an object (the generating settings) or absent")
-        return from_records(doc["jobs"], doc.get("config"), source=str(path))
-    raise TraceError(f"{path}: trace files must end in .json or .csv")
+        for rec in reader:
+            if len(records) == MAX_TRACE_JOBS:
+                raise TraceError(f"{path}: line {reader.line_num}: more than {MAX_TRACE_JOBS} jobs, the most a "
+                                 "trace may have")
+            records.append(rec)
+            lines.append(reader.line_num)
+    except csv.Error as e:  # a field over csv.field_size_limit(), a NUL byte, ...
+        # (the DictReader's own line_num is that of the last good row; its csv.reader's is the bad line's)
+        raise TraceError(f"{path}: line {reader.reader.line_num}: not valid CSV ({e})") from None
+    return records, lines
+
+
+def _json_doc(path: Path, text: str) -> dict:
+    """The parsed document of a JSON trace, its shape checked; the number of containers is bounded first."""
+    containers = text.count("{") + text.count("[")
+    if containers > MAX_JSON_CONTAINERS:
+        raise TraceError(f"{path}: {containers} JSON objects and lists; a trace has at most {MAX_TRACE_JOBS} jobs "
+                         f"(one object each) and a small config ({MAX_JSON_CONTAINERS} in all)")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's int conversion limit)
+        raise TraceError(f"{path}: not valid JSON ({str(e).split(':')[0]})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise TraceError(f"{path}: not a {FORMAT} file (missing \"format\": \"{FORMAT}\")")
+    if doc.get("version") != VERSION:
+        raise TraceError(f"{path}: trace format version {_show(doc.get('version'))} is not supported "
+                         f"(want {VERSION})")
+    if not isinstance(doc.get("jobs"), list):
+        raise TraceError(f"{path}: \"jobs\" must be a list")
+    if len(doc["jobs"]) > MAX_TRACE_JOBS:
+        raise TraceError(f"{path}: {len(doc['jobs'])} jobs; a trace has at most {MAX_TRACE_JOBS}")
+    if not isinstance(doc.get("config"), (dict, type(None))):
+        raise TraceError(f"{path}: \"config\" must be an object (the generating settings) or absent")
+    return doc
+
+
+def load(path: str | Path) -> Trace:
+    """A trace file (.json or .csv), bounded and checked as it is read (module doc); TraceError otherwise."""
+    path = Path(path)
+    if path.suffix not in (".csv", ".json"):
+        raise TraceError(f"{path}: trace files must end in .json or .csv")
+    text = _read_text(path)
+    if path.suffix == ".csv":
+        records, lines = _csv_records(path, text)
+        return from_records(records, source=str(path), lines=lines)
+    doc = _json_doc(path, text)
+    return from_records(doc["jobs"], doc.get("config"), source=str(path))

@@ -1,7 +1,11 @@
 """Unbounded and malformed input gets a clear error, never a traceback (issue #14, item 6): huge integers,
 names ending in a newline, a 20 MB command, nesting bombs and thousand-digit integers in a spec, a non-UTF-8
-spec file, job ids beyond the database's range; and a hypothesis fuzz of the spec parser + validation."""
+spec file, job ids beyond the database's range; and a hypothesis fuzz of the spec parser + validation.
+Also the simulated cluster's size (`--servers`, `sim.servers`) and `dl2ctl train --out` checked before training
+(trace files: tests/sim/test_trace_bounds.py)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -64,3 +68,143 @@ def test_fuzzed_specs_end_in_a_clean_error_or_a_valid_submission(text, fmt, data
         validate_submission(data)
     except SubmissionError:
         pass
+
+
+# ---------------------------------------------------------------- cluster size and `dl2ctl train --out` (item 6)
+
+@pytest.mark.parametrize("command", ["sim", "train"])
+def test_a_cluster_of_1e8_servers_is_refused_naming_the_option(command):
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+
+    r = CliRunner().invoke(cli, [command, "--servers", "100000000"])
+    assert r.exit_code == 2, r.output
+    assert "--servers" in r.output and "1<=x<=10000" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("file_data, env, source", [
+    ({"sim": {"servers": 100_000_000}}, {}, "sim.servers: must be in 0..10000"),
+    ({}, {"DL2D_SIM_SERVERS": "100000000"}, "sim.servers: must be in 0..10000"),
+    ({"sim": {"servers": -1}}, {}, "sim.servers: must be in 0..10000"),
+])
+def test_the_daemons_sim_servers_is_bounded_before_anything_is_allocated(file_data, env, source):
+    import tracemalloc
+
+    from dl2d.daemon.config import ConfigError, build_config
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=source) as e:
+            build_config(file_data, env)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "got 100000000" in str(e.value) or "got -1" in str(e.value)
+    assert peak < 20 * 2 ** 20  # a 1e8-server cluster is 2.4 GB per array
+    assert build_config({"sim": {"servers": 10_000}}).sim.servers == 10_000
+
+
+def test_a_cluster_spec_is_bounded_where_it_is_built():
+    from dl2d.sim.cluster import MAX_SERVERS, ClusterSpec
+
+    with pytest.raises(ValueError, match="at most 10000 servers, not 100000000"):
+        ClusterSpec(100_000_000)
+    assert ClusterSpec(MAX_SERVERS).empty().shape == (MAX_SERVERS, 3)
+
+
+TINY_TRAIN = ["train", "--cluster", "tiny", "--jobs", "3", "--max-jobs", "4", "--hidden", "8", "--sl-epochs", "1",
+              "--sl-traces", "1"]
+
+
+def test_train_refuses_an_out_path_it_could_not_write_before_training(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+    from dl2d.policy import learn
+
+    trained = []
+    monkeypatch.setattr(learn, "supervised", lambda *a, **k: trained.append(1))  # must never be reached
+    (tmp_path / "file").write_text("x")
+    cases = [(tmp_path / "file" / "p.ckpt", "is not a directory"),
+             (tmp_path / "missing" / "p.ckpt", "does not exist")]
+    if Path("/sys").is_dir():  # root ignores permissions, not this: a file cannot be created in /sys
+        cases.append((Path("/sys/dl2d-test-policy.ckpt"), "cannot create a file in '/sys'"))
+    for out, message in cases:
+        r = CliRunner().invoke(cli, TINY_TRAIN + ["--out", str(out)])
+        assert r.exit_code == 2, r.output
+        assert "--out" in r.output and message in r.output and "Traceback" not in r.output, r.output
+    assert not trained and not list((tmp_path).glob("**/*.probe"))
+
+
+def test_train_out_probe_leaves_nothing_behind_and_accepts_a_writable_directory(tmp_path):
+    from dl2d.cli.train import out_problem
+
+    assert out_problem(tmp_path / "p.ckpt") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_keeps_the_policy_when_out_fails_after_training(tmp_path, monkeypatch):
+    """The directory may change while training runs: the policy is written to a temporary file and the
+    message says where, instead of being lost."""
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+    from dl2d.policy import checkpoint as C
+
+    out = tmp_path / "p.ckpt"
+    real_save = C.save
+
+    def save(path, ckpt):
+        if Path(path) == out:
+            raise PermissionError(13, "Permission denied")
+        real_save(path, ckpt)
+
+    import tempfile
+
+    monkeypatch.setattr(C, "save", save)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    r = CliRunner().invoke(cli, TINY_TRAIN + ["--out", str(out)])
+    assert r.exit_code == 1, r.output
+    assert f"cannot write --out {out} (Permission denied)" in r.output and "Traceback" not in r.output
+    rescued = list((tmp_path / "tmp").glob("dl2-policy-*.ckpt"))
+    assert len(rescued) == 1 and str(rescued[0]) in r.output
+    assert C.load(rescued[0]).config.max_jobs == 4
+
+
+@pytest.mark.parametrize("args", [["sim", "--world", "dl2", "--jobs", "100000000"],
+                                  ["sim", "--world", "dl2", "--max-arrivals", "10000000000000000000"],
+                                  ["train", "--jobs", "100000000"]])
+def test_generated_traces_are_bounded_like_trace_files(args):
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and "1<=x<=50000" in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize("option", ["--slot-seconds", "--restart-seconds"])
+@pytest.mark.parametrize("value", ["inf", "1e300"])
+def test_sim_time_settings_are_bounded(option, value):
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["sim", "--world", "dl2", "--cluster", "tiny", "--jobs", "2", option, value])
+    assert r.exit_code == 2 and option in r.output and "86400" in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize("args", [["sim", "--load", "nan"], ["sim", "--world", "dl2", "--interference", "nan"],
+                                  ["sim", "--world", "dl2", "--interference", "inf"], ["sim", "--slot-seconds", "nan"],
+                                  ["sim", "--restart-seconds", "nan"], ["sim", "--slot-noise", "nan"],
+                                  ["sim", "--estimate-error", "nan"], ["train", "--rl-lr", "nan"],
+                                  ["train", "--entropy-weight", "inf"], ["train", "--epsilon", "nan"]])
+def test_float_options_must_be_finite(args):
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and args[-2] in r.output and "is not a finite number" in r.output, r.output

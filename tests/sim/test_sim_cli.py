@@ -99,7 +99,7 @@ def test_trace_file_gives_the_same_result_as_the_generated_trace(tmp_path):
     (["--policy", "chic"], "--policy chic needs --checkpoint"),
     (["--compare", "dl2,chic", "--checkpoint", "x.ckpt"], "give --checkpoint NAME=PATH for each"),
     (["--compare", "drf,chic", "--checkpoint", "dl2=x.ckpt"], "dl2 is not among the policies"),
-    (["--jobs", "0"], "0 is not in the range x>=1"),
+    (["--jobs", "0"], "0 is not in the range 1<=x<=50000"),
     (["--estimate-error", "1.5"], "--estimate-error"),
     (["--cluster", "huge"], "'huge' is not one of"),
     (["--slot-noise", "1"], "--slot-noise"),
