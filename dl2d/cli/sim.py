@@ -83,6 +83,28 @@ def parse_checkpoints(values, names: list[str]) -> dict[str, Path]:
     return out
 
 
+def site_speed_model(value: str, trace) -> tuple:
+    """``--speed-model``: (a site's calibrated curves or None, the PS speed table's name). A FILE is read with
+    dl2d.workload.speedfit (a bad one is a clear error); its classes that are no model of the trace are named
+    on stderr, as they change nothing."""
+    if value in ("measured", "parametric"):
+        return None, value
+    from dl2d.workload.catalog import MODEL_NAMES
+    from dl2d.workload.speedfit import SiteSpeeds, SpeedModelError, load_speed_model
+
+    try:
+        site = SiteSpeeds.of(load_speed_model(value), source=str(value))
+    except SpeedModelError as e:
+        raise click.BadParameter(f"{e} (give measured, parametric or a file from dl2ctl calibrate)",
+                                 param_hint="--speed-model") from None
+    models = {MODEL_NAMES[int(t)] for t in trace.type_idx[trace.allreduce]}
+    unused = [n for n in site.names() if n not in models]
+    if unused:
+        click.echo(f"--speed-model: {', '.join(unused)}: no all-reduce model of this trace; those curves are not "
+                   "used", err=True)
+    return site, "measured"
+
+
 def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured"):
     """A policy by name from the registry; any problem (a missing or unreadable checkpoint) is a clear error."""
     options = registry.PolicyOptions(checkpoint=str(checkpoint) if checkpoint else "",
@@ -165,8 +187,10 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--restart-seconds", type=click.FloatRange(0, MAX_SECONDS), callback=finite_number,
               default=None,
               help="Training a job loses when it is resized or moved [default: today 30, dl2 0].")
-@click.option("--speed-model", type=click.Choice(("measured", "parametric")), default="measured", show_default=True,
-              help="Training speeds: measured (the DL2 testbed data, interpolated) or parametric (Optimus-style fit).")
+@click.option("--speed-model", metavar="measured|parametric|FILE", default="measured", show_default=True,
+              help="Training speeds of PS jobs: measured (the DL2 testbed data, interpolated) or parametric "
+                   "(Optimus-style fit); or a speed-model FILE from `dl2ctl calibrate`: its curves are the truth and "
+                   "the schedulers' estimate of the all-reduce models it holds (a twin of the cluster it came from).")
 @click.option("--slot-noise", type=click.FloatRange(0, 1, max_open=True), callback=finite_number,
               default=0.1, show_default=True,
               help="Per job and slot speed noise: speed x (1 + N x U(-1, 1)).")
@@ -280,6 +304,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
         except OSError as e:
             raise click.BadParameter(f"cannot write {save_trace}: {e.strerror}", param_hint="--save-trace") from None
 
+    site, speed_model = site_speed_model(speed_model, trace)
     schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
@@ -289,7 +314,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
     overhead = the_world.resize_overhead_s if restart_seconds is None else restart_seconds
     sim_cfg = the_world.sim_config(slot_seconds=slot_seconds, speed_model=speed_model, slot_noise=slot_noise,
                                    resize_overhead_s=overhead, **limits)
-    sim_cfg = replace(sim_cfg, cluster=spec)
+    sim_cfg = replace(sim_cfg, cluster=spec, site_speeds=site)
     bound = lower_bound(trace, sim_cfg)
 
     n_jobs = len(trace)
@@ -323,7 +348,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
     setting = {
         "world": world, "trace": trace_setting,
         "cluster": {"servers": spec.num_servers, "gpus": spec.gpus, "cpus": spec.cpus, "mem_gb": spec.mem_gb},
-        "sim": {"slot_seconds": slot_seconds, "speed_model": speed_model, "slot_noise": slot_noise, "seed": seed,
+        "sim": {"slot_seconds": slot_seconds, "speed_model": site.source if site else speed_model,
+                "slot_noise": slot_noise, "seed": seed,
                 "max_workers": sim_cfg.max_workers, "max_ps": sim_cfg.max_ps, "restart_seconds": overhead,
                 "shared_node_slowdown": sim_cfg.shared_node_slowdown},
         "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),

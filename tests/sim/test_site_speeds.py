@@ -56,3 +56,26 @@ def test_beyond_its_curve_a_class_trains_at_the_last_point():
     assert site.epochs_per_s("cifar10", 64) == pytest.approx(1 / CURVE[-1])
     assert site.epochs_per_s("cifar10", 0) == 0.0 and site.epochs_per_s("resnet", 2) is None
     assert hash(replace(engine.SimConfig(), site_speeds=site))  # a config holding it is still a value
+
+
+def test_dl2ctl_sim_runs_on_a_speed_model_file_and_names_what_it_does_not_use(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+
+    f = tmp_path / "site.json"
+    f.write_text('{"format": "dl2d-speed-model", "version": 1, "classes": {"cifar10": {"seconds_per_epoch": '
+                 '[400, 220, 150, 120, 110, 100, 95, 90]}, "llama": {"seconds_per_epoch": [10]}}}')
+    args = ["sim", "--policy", "elastic", "--jobs", "30", "--json"]
+    measured = CliRunner().invoke(cli, args)
+    site = CliRunner().invoke(cli, [*args, "--speed-model", str(f)])
+    assert measured.exit_code == 0 and site.exit_code == 0, site.output + site.stderr
+    a, b = json.loads(measured.stdout), json.loads(site.stdout)
+    assert b["sim"]["speed_model"] == str(f) and a["sim"]["speed_model"] == "measured"
+    assert b["results"][0]["avg_jct_slots"] != a["results"][0]["avg_jct_slots"]  # cifar10 jobs train at the site's speed
+    assert b["lower_bound"]["avg_jct_slots"] != a["lower_bound"]["avg_jct_slots"]
+    assert "llama: no all-reduce model of this trace" in site.stderr
+    bad = CliRunner().invoke(cli, [*args, "--speed-model", str(tmp_path / "nope.json")])
+    assert bad.exit_code == 2 and "--speed-model" in bad.stderr and "cannot read it" in bad.stderr
