@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dl2d.core.files import atomic_open, write_atomic, write_json_atomic
+from dl2d.core.files import MAX_TOML_BYTES, TomlFileError, atomic_open, read_toml_file, write_atomic, write_json_atomic
 
 
 def test_write_replaces_whole_files_with_plain_permissions(tmp_path):
@@ -34,3 +34,26 @@ def test_an_error_while_writing_keeps_the_old_file(tmp_path):
     with pytest.raises(ValueError, match="mode 'w' or 'wb'"):
         with atomic_open(p, "a"):
             pass
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"x = " + b"9" * 5000 + b"\n", "is not valid TOML"),  # Python refuses to convert over 4300 digits
+    (b"x = " + b"[" * 100000 + b"]" * 100000 + b"\n", "is not valid TOML"),
+    (b"x = \xff\xfe\n", "is not UTF-8 text"),
+    (b"x = = 1\n", "is not valid TOML"),
+    (b"# " + b"a" * (MAX_TOML_BYTES + 10) + b"\n", "is larger than"),
+])
+def test_a_toml_file_that_is_not_a_config_is_one_clear_error(tmp_path, content, message):
+    p = tmp_path / "dl2d.toml"
+    p.write_bytes(content)
+    with pytest.raises(TomlFileError, match=message) as e:
+        read_toml_file(p)
+    assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_missing_toml_file_is_none_and_a_good_one_its_table(tmp_path):
+    assert read_toml_file(tmp_path / "missing.toml") is None
+    (tmp_path / "ok.toml").write_text('state_dir = "/srv"\n[sim]\ncluster = "tiny"\n')
+    assert read_toml_file(tmp_path / "ok.toml") == {"state_dir": "/srv", "sim": {"cluster": "tiny"}}
+    with pytest.raises(TomlFileError, match="cannot read"):
+        read_toml_file(tmp_path)  # a directory

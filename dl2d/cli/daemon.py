@@ -83,18 +83,14 @@ def daemon() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(state_dir: str | None, db_url: str | None, config_path: str, as_json: bool) -> None:
     """Whether the daemon runs, its last slot, jobs by state and pending journal intents."""
-    import tomllib
-
     from dl2d.db.engine import default_url
 
-    cfg: dict[str, Any] = {}
+    from dl2d.core.files import TomlFileError, read_toml_file
+
     try:
-        with open(config_path, "rb") as f:
-            cfg = tomllib.load(f)
-    except FileNotFoundError:
-        pass
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise click.ClickException(f"cannot read config {config_path}: {e}") from None
+        cfg: dict[str, Any] = read_toml_file(config_path) or {}
+    except TomlFileError as e:
+        raise click.ClickException(f"config: {e}") from None
     state_dir = state_dir or cfg.get("state_dir") or "/var/lib/dl2d"
     url = db_url or cfg.get("db_url") or default_url(state_dir)
     path = Path(state_dir) / "dl2d.status.json"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-import tomllib
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,16 +35,13 @@ class ConfigError(click.ClickException):
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """The daemon config file as a dict; {} when the file does not exist; ConfigError when it is unreadable."""
-    p = Path(path)
+    from dl2d.core.files import TomlFileError, read_toml_file
+
     try:
-        with p.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        return {}
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"invalid TOML in config file {p}: {e}") from e
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
+        doc = read_toml_file(path)
+    except TomlFileError as e:
+        raise ConfigError(f"config file: {e}") from None
+    return doc if doc is not None else {}
 
 
 def _section_get(cfg: Mapping[str, Any], *path: str) -> Any:

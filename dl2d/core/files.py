@@ -53,3 +53,36 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Tr
 def write_json_atomic(path: str | os.PathLike, doc: Any, *, fsync: bool = True, **dumps_kw) -> None:
     """Replace ``path`` with ``doc`` as JSON atomically (``dumps_kw`` go to ``json.dumps``)."""
     write_atomic(path, json.dumps(doc, **dumps_kw), fsync=fsync)
+
+
+#: A config file is a few kilobytes; one of a megabyte is not one (and parsing it costs what it costs).
+MAX_TOML_BYTES = 1024 * 1024
+
+
+class TomlFileError(ValueError):
+    """A TOML file that cannot be read or is not valid TOML: the message says which and why."""
+
+
+def read_toml_file(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The TOML file's table; None when it does not exist. TomlFileError (one line) for anything else: a file
+    that cannot be read, is larger than MAX_TOML_BYTES, is not UTF-8, is not valid TOML, or holds an integer
+    too long to convert (Python refuses more than 4300 digits) or nesting too deep to parse."""
+    import tomllib
+
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = f.read(MAX_TOML_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise TomlFileError(f"cannot read {p}: {e.strerror or e}") from None
+    if len(data) > MAX_TOML_BYTES:
+        raise TomlFileError(f"{p} is larger than {MAX_TOML_BYTES} bytes: not a config file")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TomlFileError(f"{p} is not UTF-8 text (byte {e.start})") from None
+    except (ValueError, RecursionError) as e:  # TOMLDecodeError is a ValueError; so is a 5000-digit integer's
+        raise TomlFileError(f"{p} is not valid TOML: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, get_type_hints
 
+from dl2d.core.files import TomlFileError, read_toml_file
 from dl2d.daemon.slurm.settings import SlurmSection
 from dl2d.policy import registry
 
@@ -331,18 +331,15 @@ def build_config(file_data: Mapping[str, Any] | None = None, env: Mapping[str, s
 
 
 def read_toml(path: str | Path, required: bool) -> dict[str, Any]:
-    p = Path(path)
     try:
-        with p.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
+        doc = read_toml_file(path)
+    except TomlFileError as e:
+        raise ConfigError(f"config error: {e}") from None
+    if doc is None:
         if required:
-            raise ConfigError(f"config error: config file {p} does not exist") from None
+            raise ConfigError(f"config error: config file {Path(path)} does not exist")
         return {}
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config error: {p} is not valid TOML: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"config error: cannot read {p}: {e.strerror}") from None
+    return doc
 
 
 def load_config(path: str | None = None, env: Mapping[str, str] | None = None,

@@ -94,7 +94,7 @@ def test_load_config(tmp_path):
     assert admin_group({}) == "dl2d-admin"
     bad = tmp_path / "bad.toml"
     bad.write_text("db_url = \n")
-    with pytest.raises(ConfigError, match=f"invalid TOML in config file {bad}"):
+    with pytest.raises(ConfigError, match=f"config file: {bad} is not valid TOML"):
         load_config(bad)
 
 
