@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from dl2d.cli.dbconn import Ctx, db_command
+from dl2d.core.jobs import LAUNCHES
 from dl2d.db.models import ACTIVE_STATES, JobState
 
 STATE_NAMES = [s.value for s in JobState]
@@ -141,7 +142,7 @@ def _submit_flags(f: Any) -> Any:
         click.option("--epochs", type=float, help="Total epochs to train (your estimate)."),
         click.option("--label", metavar="CLASS",
                      help="The job's class for dl2ctl calibrate [default: its model]: jobs that train alike."),
-        click.option("--launch", type=click.Choice(["srun", "once"]),
+        click.option("--launch", type=click.Choice(LAUNCHES),
                      help="All-reduce: srun = dl2d starts one process per worker, each told its rank "
                           "(docs/jobs.md) [default]; once = the command runs once on the first node and starts "
                           "its own processes (torchrun)."),

@@ -27,6 +27,12 @@ class JobKind(str, enum.Enum):
     ALLREDUCE = "allreduce"  # workers only, gradients all-reduced among them
 
 
+#: How a job's processes are started (a spec's ``launch``, docs/jobs.md): ``srun``, one process per worker by
+#: dl2d's own ``srun`` (each learns its rank from Slurm: the all-reduce jobs' default); ``once``, the command
+#: runs once on the first node and starts its own processes (dl2-run, torchrun, the PS jobs' default).
+LAUNCHES = ("srun", "once")
+
+
 @dataclass(frozen=True)
 class TaskDemand:
     """What one task asks for."""

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
-from dl2d.core.jobs import TaskDemand
+from dl2d.core.jobs import LAUNCHES, TaskDemand
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.db.errors import (
     InvalidTransition,
@@ -104,8 +104,6 @@ _SUBMISSION_KEYS = {
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
     "kind", "batch_size", "workers", "epoch_seconds", "launch", "label",
 }
-#: How dl2d starts a job's processes (docs/jobs.md): one per worker with its own srun, or the command once.
-LAUNCHES = ("srun", "once")
 
 
 def _is_number(v: Any) -> bool:

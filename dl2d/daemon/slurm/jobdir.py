@@ -35,14 +35,9 @@ def target_env(workers: int, ps: int, hostfile: Path | None = None) -> str:
     return text
 
 
-#: How a job's processes are started (the spec's ``launch``): ``srun``, one process per worker by dl2d's own
-#: ``srun`` (each learns its rank from Slurm: the all-reduce jobs' default); ``once``, the command runs once
-#: on the first node and starts its own processes (dl2-run, torchrun, the PS jobs' default).
-LAUNCHES = ("srun", "once")
-
-
 def launch_of(spec: Mapping[str, Any]) -> str:
-    """The spec's ``launch``; where it has none, ``srun`` for an all-reduce job and ``once`` otherwise."""
+    """The spec's ``launch`` (one of dl2d.core.jobs.LAUNCHES); where it has none, ``srun`` for an all-reduce job
+    and ``once`` otherwise."""
     launch = spec.get("launch")
     if launch is None:
         return "srun" if spec.get("kind") == "allreduce" else "once"
