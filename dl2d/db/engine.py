@@ -43,11 +43,13 @@ def _setup_sqlite(engine: Engine, in_memory: bool) -> None:
     def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see module docstring)
         cur = dbapi_conn.cursor()
+        # first: switching a new database to WAL takes a lock another process (a daemon creating the schema, a
+        # second dl2ctl) may hold, and it should wait for it like every later statement does
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         if not in_memory:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.close()
 
     @event.listens_for(engine, "begin")
