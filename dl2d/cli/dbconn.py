@@ -9,14 +9,20 @@ A database without a schema (a new SQLite file, an empty PostgreSQL database) is
 migration. An existing schema is left alone: migrating it is the daemon's job (it upgrades at start), and
 a CLI must not change the schema under a running daemon.
 
-Admins: root (uid 0) and the members of the unix group `dl2d-admin` (or the group named by `admin_group`
-in the config file) may cancel any job and submit on behalf of another user.
+Writes (`submit`, `cancel`) go to the daemon's control socket (dl2d.daemon.control), which learns the caller's
+uid from the kernel and decides the rights from the daemon's own config: admins are root and the members of
+its `admin_group` (`dl2d-admin` by default); they may cancel any job and submit on behalf of another user. The
+socket is, in order: `$DL2D_SOCKET`, the config's `[control] socket`, `<state_dir>/dl2d.sock` where the
+config or `$DL2D_STATE_DIR` names a state dir, else `/run/dl2d/dl2d.sock` where it exists (the packaged unit's),
+else `/var/lib/dl2d/dl2d.sock`. `--db URL` or `$DL2D_DB_URL` means the database directly, and so does a socket
+nobody answers on (the daemon is stopped): that works only for whoever may write the database itself (the
+daemon's account, root), who could change anything in it anyway; the same rights are then checked here, as a
+courtesy, with the config's `admin_group`. Reports (`queue`, `show`) read the database directly.
 """
 from __future__ import annotations
 
 import functools
 import os
-import pwd
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,9 +30,10 @@ from typing import Any
 
 import click
 
+from dl2d.core.users import DEFAULT_ADMIN_GROUP, current_user, is_admin  # noqa: F401 (tests patch them here)
+
 DEFAULT_CONFIG = "/etc/dl2d/dl2d.toml"
 DEFAULT_STATE_DIR = "/var/lib/dl2d"
-DEFAULT_ADMIN_GROUP = "dl2d-admin"
 
 
 class ConfigError(click.ClickException):
@@ -72,50 +79,88 @@ def resolve_db_url(flag: str | None, env: Mapping[str, str], config: Mapping[str
     return default_url(state_dir)
 
 
+#: Where the packaged unit (systemd/dl2d.service, RuntimeDirectory=dl2d) has the daemon listen.
+PACKAGED_SOCKET = "/run/dl2d/dl2d.sock"
+
+
+def resolve_socket(flag_db: str | None, env: Mapping[str, str], config: Mapping[str, Any],
+                   packaged_exists: Callable[[], bool] = lambda: Path(PACKAGED_SOCKET).exists()) -> str | None:
+    """The daemon's control socket (see the module doc); None when a database was named (direct mode)."""
+    if flag_db or env.get("DL2D_DB_URL"):
+        return None
+    if env.get("DL2D_SOCKET"):
+        return env["DL2D_SOCKET"]
+    v = _section_get(config, "control", "socket")
+    if v is not None and v != "":
+        if not isinstance(v, str):
+            raise ConfigError(f"config key control.socket must be a string, got {v!r}")
+        return v
+    state_dir = env.get("DL2D_STATE_DIR") or _section_get(config, "state_dir") \
+        or _section_get(config, "daemon", "state_dir")
+    if isinstance(state_dir, str) and state_dir:
+        return str(Path(state_dir) / "dl2d.sock")
+    return PACKAGED_SOCKET if packaged_exists() else str(Path(DEFAULT_STATE_DIR) / "dl2d.sock")
+
+
 def admin_group(config: Mapping[str, Any]) -> str:
     g = _section_get(config, "admin_group") or _section_get(config, "daemon", "admin_group")
     return g if isinstance(g, str) and g else DEFAULT_ADMIN_GROUP
 
 
-def current_user() -> str:
-    """The unix user running dl2ctl, from the effective uid (not $USER, which anyone can set)."""
-    uid = os.geteuid()
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:  # a uid without a passwd entry (containers)
-        return "root" if uid == 0 else str(uid)
-
-
-def is_admin(user: str, group: str = DEFAULT_ADMIN_GROUP) -> bool:
-    """root, or a member (primary or supplementary) of `group`."""
-    if user == "root":
-        return True
-    import grp
-
-    try:
-        g = grp.getgrnam(group)
-    except KeyError:
-        return False
-    if user in g.gr_mem:
-        return True
-    try:
-        return pwd.getpwnam(user).pw_gid == g.gr_gid
-    except KeyError:
-        return False
-
-
 class Ctx:
-    """What the job commands share: the resolved URL, the config and the caller."""
+    """What the job commands share: the resolved URL and socket, the config and the caller."""
 
-    def __init__(self, url: str, config: Mapping[str, Any]):
+    def __init__(self, url: str, config: Mapping[str, Any], socket: str | None = None):
         self.url = url
         self.config = config
+        self.socket = socket
         self.user = current_user()
         self.admin = is_admin(self.user, admin_group(config))
+        self._via_daemon: bool | None = None
 
     def engine(self):
         """An engine on the database, creating the schema when the database has none."""
-        return open_db(self.url)
+        return open_db(self.url, hint=self._direct_hint())
+
+    def _direct_hint(self) -> str | None:
+        """What to tell a caller whose direct database access failed after no daemon answered."""
+        if self.socket is None:
+            return None
+        return (f"no dl2d answers on {self.socket}, so this went to the database directly, which only the daemon's "
+                "account may write: start dl2d, or give DL2D_SOCKET")
+
+    def via_daemon(self) -> bool:
+        """Whether writes go to the daemon: a socket is named and a daemon answers on it. When it does, the user
+        and admin rights are the daemon's answer (``whoami``), not this process's guess."""
+        if self._via_daemon is None:
+            self._via_daemon = False
+            if self.socket is not None:
+                from dl2d.daemon.control import NoDaemon, ask
+
+                try:
+                    me = ask(self.socket, {"op": "whoami"})
+                except NoDaemon:
+                    return False
+                except ConnectionError as e:
+                    raise click.ClickException(str(e)) from None
+                self.user, self.admin = str(me.get("user", self.user)), bool(me.get("admin"))
+                self._via_daemon = True
+        return self._via_daemon
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One request to the daemon; its reply, or a clear error (exit 1) when it cannot be had or says no."""
+        from dl2d.daemon.control import NoDaemon, ask
+
+        assert self.socket is not None
+        try:
+            reply = ask(self.socket, request)
+        except NoDaemon as e:
+            raise click.ClickException(f"{e}: dl2d stopped while this request was made") from None
+        except ConnectionError as e:
+            raise click.ClickException(str(e)) from None
+        if not reply.get("ok") and "error" in reply:
+            raise click.ClickException(f"dl2d refused the request: {reply['error']}")
+        return reply
 
     @contextmanager
     def reading(self):
@@ -125,9 +170,8 @@ class Ctx:
         try:
             yield
         except DBAPIError as e:
-            raise click.ClickException(
-                f"database error on {_shown(self.url)}: {e.orig} (if the schema is older than this dl2ctl, "
-                "start the daemon, which migrates it)") from e
+            hint = self._direct_hint() or "if the schema is older than this dl2ctl, start the daemon, which migrates it"
+            raise click.ClickException(f"database error on {_shown(self.url)}: {e.orig} ({hint})") from e
 
 
 def _shown(url: str) -> str:
@@ -140,7 +184,9 @@ def _shown(url: str) -> str:
         return url
 
 
-def open_db(url: str):
+def open_db(url: str, hint: str | None = None):
+    """An engine on ``url``, creating the schema in a database without one; a clear error (with ``hint``, when
+    given) when it cannot be opened."""
     from sqlalchemy import inspect
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError
@@ -169,7 +215,8 @@ def open_db(url: str):
             upgrade(engine)
     except DBAPIError as e:
         engine.dispose()
-        raise click.ClickException(f"cannot open the database {shown}: {e.orig}") from e
+        raise click.ClickException(f"cannot open the database {shown}: {e.orig}" + (f" ({hint})" if hint else "")) \
+            from e
     return engine
 
 
@@ -182,8 +229,12 @@ def db_command(fn: Callable) -> Callable:
                        "else <$DL2D_STATE_DIR or /var/lib/dl2d>/dl2d.sqlite]")
     @functools.wraps(fn)
     def wrapper(db_url: str | None, **kwargs):
-        config = load_config(os.environ.get("DL2D_CONFIG") or DEFAULT_CONFIG)
-        ctx = Ctx(resolve_db_url(db_url, os.environ, config), config)
+        path = os.environ.get("DL2D_CONFIG") or DEFAULT_CONFIG
+        # The packaged config is readable by root and the daemon only (it may hold the database password): a
+        # user without read access goes on without it and reaches the daemon on its usual socket.
+        unreadable = os.path.exists(path) and not os.access(path, os.R_OK)
+        config = {} if unreadable else load_config(path)
+        ctx = Ctx(resolve_db_url(db_url, os.environ, config), config, resolve_socket(db_url, os.environ, config))
         return fn(ctx, **kwargs)
 
     return wrapper

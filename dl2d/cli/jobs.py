@@ -1,8 +1,10 @@
 """`dl2ctl submit`, `queue`, `show JOB` and `cancel JOB...`: the user's job commands.
 
-They read and write the daemon's database (see `dl2d.cli.dbconn` for how it is found): `submit` inserts a
-PENDING job that the daemon picks up at its next slot, `cancel` marks a job CANCELLED (and journals a
-`cancel` intent when it holds a Slurm allocation) for the daemon to carry out. The functions that turn rows
+`submit` and `cancel` ask the daemon over its control socket, which decides the caller's rights (see
+`dl2d.cli.dbconn` for how the socket and the database are found, and when they write the database directly):
+`submit` inserts a PENDING job that the daemon picks up at its next slot, `cancel` marks a job CANCELLED (and
+journals a `cancel` intent when it holds a Slurm allocation) for the daemon to carry out. `queue` and `show`
+read the database. The functions that turn rows
 into table/JSON records are pure; the click commands are thin shells around them and the repository
 functions of `dl2d.db` (`jobs`, `events`, `slots`).
 """
@@ -17,6 +19,7 @@ import click
 
 from dl2d.cli.dbconn import Ctx, db_command
 from dl2d.core.jobs import LAUNCHES
+from dl2d.db.jobs import _iso, job_record
 from dl2d.db.models import ACTIVE_STATES, JobState
 
 STATE_NAMES = [s.value for s in JobState]
@@ -38,37 +41,12 @@ def format_age(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def _iso(ts: datetime | None) -> str | None:
-    return ts.isoformat() if ts is not None else None
-
-
 def _num(x: float) -> int | float:
     return int(x) if float(x).is_integer() else round(float(x), 2)
 
 
 def _n(x: Any) -> Any:
     return _num(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
-
-
-def job_record(job: Any, now: datetime) -> dict[str, Any]:
-    """A job (ORM row or anything with the same attributes) as a JSON-ready dict."""
-    return {
-        "id": job.id,
-        "name": job.name,
-        "owner": job.owner,
-        "job_type": job.job_type,
-        "state": JobState(job.state).value,
-        "workers": job.workers,
-        "ps": job.ps,
-        "epochs_done": job.epochs_done,
-        "total_epochs": job.total_epochs,
-        "lost_epochs": getattr(job, "lost_epochs", 0.0) or 0.0,
-        "slurm_job_id": job.slurm_job_id,
-        "submitted_at": _iso(job.submitted_at),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
-        "age_s": round((now - job.submitted_at).total_seconds(), 3),
-    }
 
 
 QUEUE_COLUMNS = ("ID", "NAME", "OWNER", "TYPE", "STATE", "WORKERS", "PS", "EPOCHS", "AGE", "SLURM")
@@ -206,7 +184,7 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
         spec_format,
     )
     from dl2d.db.errors import SubmissionError
-    from dl2d.db.jobs import submit_job, validate_submission
+    from dl2d.db.jobs import validate_submission
 
     spec: dict[str, Any] = {}
     if spec_file is not None:
@@ -222,10 +200,13 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
     elif not any(v is not None for v in flags.values()):
         raise click.UsageError("give a job spec file or the job's flags (see dl2ctl submit --help)")
 
+    from dl2d.db.jobs import submission_owner_problem
+
+    via_daemon = not dry_run and ctx.via_daemon()  # then ctx.user and ctx.admin are the daemon's answer
     data, errors = merge_submission(spec, flags, ctx.user)
-    if data.get("owner") != ctx.user and not ctx.admin:
-        errors.append(f"owner {data.get('owner')!r}: only root or a dl2d admin may submit for another user "
-                      f"(you are {ctx.user!r})")
+    problem = submission_owner_problem(data.get("owner"), ctx.user, ctx.admin)
+    if problem:
+        errors.append(problem)
     try:
         sub = validate_submission(data)
     except SubmissionError as e:
@@ -240,21 +221,34 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
                                "total_epochs": sub.total_epochs, **sub.spec()}, indent=2))
         return
 
-    from dl2d.db.engine import session_scope
-    from dl2d.db.models import utcnow
-
-    engine = ctx.engine()
-    try:
-        with ctx.reading(), session_scope(engine) as s:
-            job = submit_job(s, sub)
-            rec = job_record(job, utcnow())
-    finally:
-        engine.dispose()
+    if via_daemon:  # the daemon decides the rights again, from the caller's uid and its own config
+        reply = ctx.ask({"op": "submit", "submission": data})
+        if not reply.get("ok"):
+            problems = explain_errors([str(m) for m in reply.get("errors") or []]) or ["(no reason given)"]
+            lines = "\n".join(f"  - {m}" for m in problems)
+            raise click.ClickException(f"dl2d refused the job submission:\n{lines}")
+        rec = reply["job"]
+    else:
+        rec = _submit_directly(ctx, sub)
     if as_json:
         click.echo(json.dumps(rec, indent=2))
     else:
         click.echo(f"Submitted job {rec['id']} ({rec['name']}, {rec['job_type']}, {_num(rec['total_epochs'])} "
                    f"epochs) for {rec['owner']}")
+
+
+def _submit_directly(ctx: Ctx, sub: Any) -> dict[str, Any]:
+    """Insert the job into the database itself (no daemon answers; see dl2d.cli.dbconn)."""
+    from dl2d.db.engine import session_scope
+    from dl2d.db.jobs import submit_job
+    from dl2d.db.models import utcnow
+
+    engine = ctx.engine()
+    try:
+        with ctx.reading(), session_scope(engine) as s:
+            return job_record(submit_job(s, sub), utcnow())
+    finally:
+        engine.dispose()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,13 +403,6 @@ def _print_detail(rec: dict[str, Any]) -> None:
 # cancel
 
 
-def cancel_one(session: Any, job_id: int, user: str, admin: bool) -> Any:
-    """Cancel a job for `user`: its owner, or an admin (recorded as such in the cancel event)."""
-    from dl2d.db.jobs import cancel_job
-
-    return cancel_job(session, job_id, user, admin=admin)
-
-
 @click.command()
 @click.argument("job_ids", type=click.IntRange(1, 2 ** 63 - 1), nargs=-1, required=True, metavar="JOB...")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome per job as JSON.")
@@ -426,24 +413,17 @@ def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:
     The job is marked CANCELLED at once; the daemon stops its Slurm job at its next slot. Finished jobs
     cannot be cancelled. Each job is handled on its own; the exit status is 1 when any job was refused.
     """
-    from dl2d.db.engine import session_scope
-    from dl2d.db.errors import DBError
+    if ctx.via_daemon():  # the daemon decides who may cancel, from the caller's uid and its own config
+        results = ctx.ask({"op": "cancel", "job_ids": list(dict.fromkeys(job_ids))})["results"]
+    else:
+        from dl2d.db.jobs import cancel_jobs
 
-    engine = ctx.engine()
-    results: list[dict[str, Any]] = []
-    try:
-        for job_id in dict.fromkeys(job_ids):
-            try:
-                with ctx.reading(), session_scope(engine) as s:
-                    job = cancel_one(s, job_id, ctx.user, ctx.admin)
-                    results.append({"id": job_id, "cancelled": True, "name": job.name})
-            except DBError as e:
-                msg = str(e)
-                if msg.startswith(f"job {job_id} is already"):
-                    msg += "; only pending or running jobs can be cancelled"
-                results.append({"id": job_id, "cancelled": False, "error": msg})
-    finally:
-        engine.dispose()
+        engine = ctx.engine()
+        try:
+            with ctx.reading():
+                results = cancel_jobs(engine, job_ids, ctx.user, admin=ctx.admin)
+        finally:
+            engine.dispose()
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:

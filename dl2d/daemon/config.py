@@ -81,6 +81,14 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class ControlSection:
+    """The control socket dl2ctl submits and cancels through (dl2d.daemon.control)."""
+
+    enabled: bool = True
+    socket: str = ""  # default <state_dir>/dl2d.sock; the packaged unit uses /run/dl2d/dl2d.sock
+
+
+@dataclass(frozen=True)
 class GuardrailsSection:
     starve_slots: int = 6  # a job left with no worker this many slots in a row, while the fallback would run it
     fallback: str = "drf"
@@ -96,7 +104,7 @@ class DaemonConfig:
     slot_seconds: float = 1200.0
     max_slots: int = 0  # stop after this many slots (0: run until stopped)
     log_level: str = "info"
-    admin_group: str = "dl2d-admin"  # read by dl2ctl
+    admin_group: str = "dl2d-admin"  # who, beside root, may cancel any job and submit for others (control socket)
     retention_every: int = 1  # slots between node-sample retention passes
     # the most workers the daemon gives any job: a job's own max_workers (its submission's; 16 for a PS job,
     # 64 for an all-reduce job where it does not say) is capped by it
@@ -106,6 +114,7 @@ class DaemonConfig:
     policy: PolicySection = PolicySection()
     agents: AgentsSection = AgentsSection()
     metrics: MetricsSection = MetricsSection()
+    control: ControlSection = ControlSection()
     guardrails: GuardrailsSection = GuardrailsSection()
 
     @property
@@ -121,6 +130,10 @@ class DaemonConfig:
     @property
     def policy_save_path(self) -> str:
         return self.policy.save_path or str(Path(self.state_dir) / "policy-online.msgpack")
+
+    @property
+    def control_socket(self) -> str:
+        return self.control.socket or str(Path(self.state_dir) / "dl2d.sock")
 
     @property
     def status_file(self) -> str:
@@ -185,6 +198,14 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
              f"must be an http:// URL, got {url!r}")
     m = cfg.metrics
     need(0 <= m.port <= 65535, "metrics.port", f"must be in 0..65535, got {m.port}")
+    if cfg.control.enabled:
+        from dl2d.daemon.control import socket_path_problem
+
+        problem = socket_path_problem(cfg.control_socket)
+        need(problem is None, "control.socket" if cfg.control.socket else "state_dir",
+             f"the control socket {cfg.control_socket!r} {problem}: set control.socket to a shorter path"
+             if problem else "")
+    need(bool(cfg.admin_group), "admin_group", "must not be empty")
     g = cfg.guardrails
     need(g.starve_slots >= 1, "guardrails.starve_slots", f"must be >= 1, got {g.starve_slots}")
     need(g.min_resize_slots >= 0, "guardrails.min_resize_slots", f"must be >= 0, got {g.min_resize_slots}")

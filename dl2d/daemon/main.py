@@ -225,7 +225,8 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
 
 
 #: Settings a running daemon cannot change: a reload that changes them logs that they wait for a restart.
-RESTART_ONLY = ("state_dir", "db_url", "backend", "slot_seconds", "sim", "slurm", "agents", "metrics")
+RESTART_ONLY = ("state_dir", "db_url", "backend", "slot_seconds", "sim", "slurm", "agents", "metrics", "control",
+                "admin_group")
 
 
 class Reloader:
@@ -452,6 +453,18 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
             sys.exit(2)
         loop.info["metrics_url"] = f"http://{cfg.metrics.bind}:{port}/metrics"
         log.info("metrics on http://%s:%d/metrics", cfg.metrics.bind, port)
+    control = None
+    if cfg.control.enabled:
+        from dl2d.daemon.control import ControlError, ControlServer
+
+        control = ControlServer(cfg.control_socket, loop.engine, cfg.admin_group)
+        try:
+            control.start()
+        except ControlError as e:
+            loop.metrics.close()
+            click.echo(f"dl2d: {e}", err=True)
+            sys.exit(2)
+        loop.info["control_socket"] = cfg.control_socket
 
     def on_signal(signum, _frame):
         log.info("%s received: finishing the current slot, then stopping", signal.Signals(signum).name)
@@ -474,6 +487,8 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
     finally:
         loop.notifier.stopping()
         loop.metrics.close()
+        if control is not None:
+            control.close()
     log.info("dl2d stopped after %d slot(s)", n)
     if feeder is not None:
         print_report(demo_report(loop, cfg, feeder, compare))

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, defer
 from dl2d.core.jobs import LAUNCHES, TaskDemand
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.db.errors import (
+    DBError,
     InvalidTransition,
     JobNotFound,
     PermissionDenied,
@@ -298,6 +299,39 @@ def submit_job(session: Session, submission: JobSubmission | Mapping[str, Any],
     return job
 
 
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts is not None else None
+
+
+def job_record(job: Any, now: datetime) -> dict[str, Any]:
+    """A job (ORM row or anything with the same attributes) as a JSON-ready dict."""
+    return {
+        "id": job.id,
+        "name": job.name,
+        "owner": job.owner,
+        "job_type": job.job_type,
+        "state": JobState(job.state).value,
+        "workers": job.workers,
+        "ps": job.ps,
+        "epochs_done": job.epochs_done,
+        "total_epochs": job.total_epochs,
+        "lost_epochs": getattr(job, "lost_epochs", 0.0) or 0.0,
+        "slurm_job_id": job.slurm_job_id,
+        "submitted_at": _iso(job.submitted_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "age_s": round((now - job.submitted_at).total_seconds(), 3),
+    }
+
+
+def submission_owner_problem(owner: Any, requester: str, admin: bool) -> str | None:
+    """Why ``requester`` may not submit a job owned by ``owner`` (None: they may): only root and dl2d admins
+    submit on behalf of another user."""
+    if owner == requester or admin or requester == "root":
+        return None
+    return f"owner {owner!r}: only root or a dl2d admin may submit for another user (you are {requester!r})"
+
+
 def get_job(session: Session, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None:
@@ -328,6 +362,26 @@ def cancel_job(session: Session, job_id: int, requester: str, now: datetime | No
     detail = {"requester": requester} if owner_or_root else {"requester": requester, "as": "admin"}
     record_event(session, EventKind.CANCEL, job, detail, ts=now)
     return job
+
+
+def cancel_jobs(engine: Any, job_ids: Iterable[int], requester: str, *, admin: bool) -> list[dict[str, Any]]:
+    """Cancel each job for ``requester`` in its own transaction (one refusal does not undo the others):
+    ``[{"id", "cancelled": True, "name"} | {"id", "cancelled": False, "error"}]`` in the order given, each id
+    once. Used by the daemon's control socket and by dl2ctl's direct mode."""
+    from dl2d.db.engine import session_scope
+
+    results: list[dict[str, Any]] = []
+    for job_id in dict.fromkeys(job_ids):
+        try:
+            with session_scope(engine) as s:
+                job = cancel_job(s, job_id, requester, admin=admin)
+                results.append({"id": job_id, "cancelled": True, "name": job.name})
+        except DBError as e:
+            msg = str(e)
+            if isinstance(e, InvalidTransition):
+                msg += "; only pending or running jobs can be cancelled"
+            results.append({"id": job_id, "cancelled": False, "error": msg})
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
