@@ -108,20 +108,20 @@ def test_a_jax_job_is_started_at_2_shrunk_to_1_and_grown_to_3_losing_no_step(slu
 def test_a_job_that_ignores_the_signal_is_killed_after_the_deadline_and_its_lost_steps_reported(slurm, wait_for,
                                                                                                 tmp_path):
     """It breaks the contract: dl2d waits the deadline, cancels it, starts it at the new size; it resumes from
-    the last checkpoint it did save (every 20 steps), and the steps it had reported beyond it are lost work,
-    in its progress and in what the backend reports to the daemon."""
+    the last checkpoint it did save (none: it saves only on the signal it ignores), and every step it had
+    reported is lost work, in its progress and in what the backend reports to the daemon. (With periodic saves
+    the lost steps could be 0 by timing: a kill landing right after a save, as one CI run saw.)"""
     b = SlurmBackend(slurm.driver(), SlurmBackendConfig(state_dir=tmp_path / "state", workdir=str(REPO),
                                                         checkpoint_timeout_s=8))
     steps = 2000  # it trains on through the 8 s deadline
-    command = (f"{sys.executable} {EXAMPLE} --steps {steps} --checkpoint-every 20 --step-seconds 0.05"
+    command = (f"{sys.executable} {EXAMPLE} --steps {steps} --checkpoint-every 0 --step-seconds 0.05"
                " --ignore-signal")
     job = allreduce_request(402, command)
     assert b.apply(job, Target(2, 0)).method == START
-    wait_for(lambda: progress(b, 402).get("step", 0) > 30 and progress(b, 402)["step"] % 20 > 5, 120,
-             "the job past a checkpoint, and well into the next 20 steps")
+    wait_for(lambda: progress(b, 402).get("step", 0) > 30, 120, "the job 30 steps in")
     assert b.apply(job, Target(1, 0)).method == RESTART  # it ignores USR1: killed after 8 s
     after = wait_for(lambda: (p := progress(b, 402)).get("runs") == 2 and p.get("state") == "running" and p,
                      120, "the second run going")
-    assert after["world_size"] == 1 and after["resumed_from"] % 20 == 0 and after["lost_steps"] > 0
+    assert after["world_size"] == 1 and after["resumed_from"] == 0 and after["lost_steps"] > 30
     st = b.observe()[402]
     assert st.lost_epochs == pytest.approx(after["lost_steps"] / steps)  # 1 epoch = all its steps
