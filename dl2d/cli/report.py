@@ -32,11 +32,13 @@ def _json_default(v: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print all reports as one JSON object.")
 @click.option("--only", "names", multiple=True, metavar="NAME", help="Only these reports (repeatable).")
 def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
-    """Job completion times, GPU utilisation, resizes and policy vs fallback decisions."""
+    """Job completion times, GPU utilisation, resizes and policy vs fallback decisions; in advise mode, each job's
+    predicted JCT under what ran and under the policy's advice (report `advice`)."""
+    from dl2d.db import advice
     from dl2d.db.engine import default_url, make_engine
-    from dl2d.db.report import execute, queries
+    from dl2d.db.report import Query, ReportResult, execute, queries
 
-    known = queries()
+    known = {**queries(), advice.NAME: Query(advice.NAME, advice.DESCRIPTION, "")}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise click.BadParameter(f"unknown report(s) {unknown}; known: {', '.join(known)}", param_hint="--only")
@@ -55,8 +57,15 @@ def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
     except Exception as e:  # an unknown dialect, a missing driver
         raise click.ClickException(f"cannot open the database {u.render_as_string()}: {e}") from None
     try:
+        from sqlalchemy.orm import Session
+
         with engine.connect() as conn:
-            results = [execute(conn, n) for n in (names or known)]
+            results = [execute(conn, n) for n in (names or known) if n != advice.NAME]
+        if advice.NAME in (names or known):
+            with Session(engine) as s:
+                rows = advice.advice_report(s)
+            if rows or advice.NAME in names:  # shown by default only where the daemon ran in advise mode
+                results.append(ReportResult(known[advice.NAME], advice.COLUMNS, rows))
     except DBAPIError as e:
         raise click.ClickException(f"cannot read the reports from {u.render_as_string()}: {e.orig}") from e
     finally:
@@ -78,5 +87,5 @@ def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
         console.print(table)
 
 
-_TEXT_COLUMNS = {"day", "hour", "job_type", "owner", "name", "source", "fallback_reason"}
+_TEXT_COLUMNS = {"day", "hour", "job_type", "owner", "name", "source", "fallback_reason", "policy"}
 

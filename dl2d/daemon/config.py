@@ -31,6 +31,9 @@ PLACEMENTS = registry.PLACEMENTS
 BACKENDS = ("sim", "slurm")
 
 
+MODES = ("enforce", "advise")
+
+
 class ConfigError(ValueError):
     """A configuration problem; the message names the key path and the source of the value."""
 
@@ -101,6 +104,9 @@ class DaemonConfig:
     state_dir: str = DEFAULT_STATE_DIR
     db_url: str = ""  # default sqlite:///<state_dir>/dl2d.sqlite
     backend: str = "sim"
+    # "enforce": carry the policy's decisions out; "advise": carry out what Slurm alone would do (the `slurm`
+    # policy: each job exactly what it asked for, never resized) and record what the policy would have done
+    mode: str = "enforce"
     slot_seconds: float = 1200.0
     max_slots: int = 0  # stop after this many slots (0: run until stopped)
     log_level: str = "info"
@@ -153,6 +159,9 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
             bad.append((key, msg))
 
     need(cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    need(cfg.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    need(not (cfg.mode == "advise" and cfg.policy.online_rl), "policy.online_rl",
+         "online RL learns from the policy's own decisions, which advise mode does not carry out: turn one off")
     need(cfg.slot_seconds > 0, "slot_seconds", f"must be > 0, got {cfg.slot_seconds}")
     need(cfg.max_slots >= 0, "max_slots", f"must be >= 0, got {cfg.max_slots}")
     need(cfg.retention_every >= 1, "retention_every", f"must be >= 1, got {cfg.retention_every}")

@@ -107,8 +107,11 @@ class SlotLoop:
                  retention_every: int = 1, feeder: Callable[[Session, int, datetime], int] | None = None,
                  learner=None, checkpoint_path: str | None = None, checkpoint_every: int = 10,
                  status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None,
-                 hysteresis: Hysteresis = Hysteresis(), max_workers: int = P.ALLREDUCE_MAX_WORKERS):
+                 hysteresis: Hysteresis = Hysteresis(), max_workers: int = P.ALLREDUCE_MAX_WORKERS,
+                 carried_out: Policy | None = None):
         self.engine, self.backend = engine, backend
+        # advise mode: this policy (Slurm as it is) is carried out, ``policy``'s decision only recorded (docs/daemon.md)
+        self.carried_out = carried_out
         self.policy, self.fallback = policy, fallback
         self.slot_seconds, self.starve_slots = slot_seconds, starve_slots
         self.clock, self.pace = clock, pace
@@ -366,11 +369,19 @@ class SlotLoop:
         alloc, held = damp(view, g.allocation, self._last_change, self.hysteresis, self._predicted_speed(view))
         for job_id, why in held.items():
             flags.setdefault(job_id, []).append(why)
-        if self.policy is not None:  # the policy hears what is carried out: its own decision, or the fallback's
-            self.policy.applied(view, alloc, overridden=g.source == "fallback" or bool(held))
+        advised = alloc
+        if self.carried_out is not None:  # advise mode: what the cluster does without dl2d runs instead
+            alloc = self.carried_out(view)
+        if self.policy is not None:  # the policy hears what is carried out: its own decision, or another's
+            self.policy.applied(view, alloc, overridden=g.source == "fallback" or bool(held) or alloc is not advised)
         self.state.starved = P.update_starved(view, alloc, self.state.starved)
-        planned, sizes = P.plan_targets(view, alloc, [n.name for n in nodes],
-                                        {r.id: (r.max_workers, r.max_ps) for r in rows})
+        names, limits = [n.name for n in nodes], {r.id: (r.max_workers, r.max_ps) for r in rows}
+        planned, sizes = P.plan_targets(view, alloc, names, limits)
+        advice = None
+        if alloc is not advised:
+            advice = P.advice_record(getattr(self.policy, "name", "policy"), P.plan_targets(view, advised, names,
+                                     limits)[1], sizes, self._predicted_speed(view),
+                                     {int(i): j for j, i in enumerate(view.job_ids)})
         self._last_change.update({r.id: number for r in rows if sizes[r.id] != (r.workers, r.ps)})
         version = getattr(self.learner, "version", None)
         with session_scope(self.engine) as s:
@@ -379,7 +390,7 @@ class SlotLoop:
                 state_digest=state_digest(P.view_digest_input(view)),
                 actions=[[r.id, *sizes[r.id]] for r in rows], source=g.source, fallback_reason=g.reason,
                 policy_version=version, latency_ms=decide_ms,
-                job_flags={str(j): f for j, f in flags.items()} or None)
+                job_flags={str(j): f for j, f in flags.items()} or None, advice=advice)
             slot = db_slots.record_slot(s, number, now, allocs, decision, policy_version=version)
             slot_id = slot.id
             intent_ids = [it.id for it in db_intents.plan_intents(

@@ -198,6 +198,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
     from dl2d.daemon.metrics import Metrics
     from dl2d.daemon.notify import Notifier
     from dl2d.db.engine import make_engine, upgrade
+    from dl2d.policy import registry
     from dl2d.policy.registry import make_heuristic
 
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
@@ -218,15 +219,15 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
         learner=learner if cfg.policy.online_rl else None, checkpoint_path=cfg.policy_save_path,
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
         hysteresis=Hysteresis(cfg.guardrails.min_resize_slots, cfg.guardrails.min_resize_gain),
-        max_workers=cfg.max_workers,
-        info={"backend": cfg.backend, "policy": getattr(policy, "name", cfg.policy.name),
+        max_workers=cfg.max_workers, carried_out=registry.build("slurm") if cfg.mode == "advise" else None,
+        info={"backend": cfg.backend, "mode": cfg.mode, "policy": getattr(policy, "name", cfg.policy.name),
               "db_url": _safe_url(cfg.database_url), "slot_seconds": cfg.slot_seconds})
     return loop
 
 
 #: Settings a running daemon cannot change: a reload that changes them logs that they wait for a restart.
-RESTART_ONLY = ("state_dir", "db_url", "backend", "slot_seconds", "sim", "slurm", "agents", "metrics", "control",
-                "admin_group")
+RESTART_ONLY = ("state_dir", "db_url", "backend", "mode", "slot_seconds", "sim", "slurm", "agents", "metrics",
+                "control", "admin_group")
 
 
 class Reloader:
@@ -479,8 +480,10 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
     log.info("dl2d starting: backend %s, policy %s, slot %gs, database %s, state dir %s", cfg.backend,
-             cfg.policy.name, cfg.slot_seconds, _safe_url(cfg.database_url), cfg.state_dir)
-    loop.notifier.ready(f"backend {cfg.backend}, policy {cfg.policy.name}")
+             cfg.policy.name + (" (advise only: Slurm's own schedule is carried out)" if cfg.mode == "advise" else ""),
+             cfg.slot_seconds, _safe_url(cfg.database_url), cfg.state_dir)
+    loop.notifier.ready(f"backend {cfg.backend}, policy {cfg.policy.name}"
+                        + (", advise only" if cfg.mode == "advise" else ""))
     try:
         n = loop.run(max_slots=cfg.max_slots,
                      until_idle=(lambda: feeder.exhausted() and loop.idle()) if feeder else None)

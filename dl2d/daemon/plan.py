@@ -260,6 +260,21 @@ def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
     return planned, sizes
 
 
+def advice_record(policy: str, advised: Mapping[int, tuple[int, int]], ran: Mapping[int, tuple[int, int]],
+                  speed: Callable[[int, int, int], float], rows: Mapping[int, int]) -> dict[str, Any]:
+    """Advise mode: what ``policy`` would have done, for ``decisions.advice``. ``advised`` / ``ran``: each job's
+    (workers, ps) by the policy and by what was carried out; ``speed(row, workers, ps)``: the speed model's
+    epochs/s; ``rows``: job id -> its row in the view. Per job ``[id, workers, ps, advised epochs/s, epochs/s of
+    what ran]``, the two speeds by the same model, so that comparing them isolates the policy's choice."""
+    jobs = []
+    for job_id, (w, p) in advised.items():
+        j = rows[job_id]
+        rw, rp = ran.get(job_id, (0, 0))
+        jobs.append([int(job_id), int(w), int(p), round(speed(j, w, p) if w else 0.0, 9),
+                     round(speed(j, rw, rp) if rw else 0.0, 9)])
+    return {"policy": policy, "jobs": jobs}
+
+
 # ------------------------------------------------------------------------------------------ reward
 
 def slot_reward(before: Mapping[int, float], after: Mapping[int, JobStatus], total_epochs: Mapping[int, float]) -> float:

@@ -223,6 +223,9 @@ class Decision(Base):
     latency_ms: Mapped[float | None]
     #: {"<job id>": ["slow", "shared_gpu"]} for the jobs flagged from their measured stats (NULL: none)
     job_flags: Mapped[dict[str, Any] | None]
+    #: advise mode: {"policy": name, "jobs": [[job id, workers, ps, advised epochs/s, epochs/s of what ran]]}, what
+    #: the configured policy would have done (dl2d.daemon.plan.advice_record); NULL when the decision was carried out
+    advice: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))  # None: SQL NULL, not 'null'
 
     slot: Mapped[Slot] = relationship(back_populates="decision")
 

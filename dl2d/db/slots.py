@@ -43,6 +43,7 @@ class DecisionRecord:
     latency_ms: float | None = None
     created_at: datetime | None = None
     job_flags: dict[str, list[str]] | None = None  # jobs flagged from their measured stats (dl2d.daemon.jobstats)
+    advice: dict[str, Any] | None = None  # advise mode: what the configured policy would have done (models.Decision)
 
 
 def record_slot(
