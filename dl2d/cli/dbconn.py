@@ -220,6 +220,22 @@ def open_db(url: str, hint: str | None = None):
     return engine
 
 
+def user_config() -> dict[str, Any]:
+    """The daemon's config file as dl2ctl reads it: `$DL2D_CONFIG` or the default. The packaged config is
+    readable by root and the daemon only (it may hold the database password): a user without read access goes
+    on without it and reaches the daemon on its usual socket."""
+    path = os.environ.get("DL2D_CONFIG") or DEFAULT_CONFIG
+    if os.path.exists(path) and not os.access(path, os.R_OK):
+        return {}
+    return load_config(path)
+
+
+def state_dir_of(env: Mapping[str, str], config: Mapping[str, Any]) -> str:
+    """The daemon's state dir: `$DL2D_STATE_DIR`, the config's `state_dir`, else the default."""
+    v = env.get("DL2D_STATE_DIR") or _section_get(config, "state_dir") or _section_get(config, "daemon", "state_dir")
+    return v if isinstance(v, str) and v else DEFAULT_STATE_DIR
+
+
 def db_command(fn: Callable) -> Callable:
     """Add `--db URL` to a command and pass it a `Ctx` as first argument."""
 
@@ -229,11 +245,7 @@ def db_command(fn: Callable) -> Callable:
                        "else <$DL2D_STATE_DIR or /var/lib/dl2d>/dl2d.sqlite]")
     @functools.wraps(fn)
     def wrapper(db_url: str | None, **kwargs):
-        path = os.environ.get("DL2D_CONFIG") or DEFAULT_CONFIG
-        # The packaged config is readable by root and the daemon only (it may hold the database password): a
-        # user without read access goes on without it and reaches the daemon on its usual socket.
-        unreadable = os.path.exists(path) and not os.access(path, os.R_OK)
-        config = {} if unreadable else load_config(path)
+        config = user_config()
         ctx = Ctx(resolve_db_url(db_url, os.environ, config), config, resolve_socket(db_url, os.environ, config))
         return fn(ctx, **kwargs)
 

@@ -49,34 +49,91 @@ def _n(x: Any) -> Any:
     return _num(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
 
 
-QUEUE_COLUMNS = ("ID", "NAME", "OWNER", "TYPE", "STATE", "WORKERS", "PS", "EPOCHS", "AGE", "SLURM")
+#: Slurm's short job state codes (squeue's ST), accepted by --state and shown by queue.
+STATE_CODES = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA"}
+
+#: queue's columns: name -> (heading, right-aligned, value of a job record). The default set is squeue's shape.
+QUEUE_FIELDS: dict[str, tuple[str, bool, Any]] = {
+    "id": ("ID", True, lambda r: str(r["id"])),
+    "name": ("NAME", False, lambda r: r["name"]),
+    "owner": ("OWNER", False, lambda r: r["owner"]),
+    "type": ("TYPE", False, lambda r: r["job_type"]),
+    "st": ("ST", False, lambda r: STATE_CODES.get(r["state"], r["state"])),
+    "state": ("STATE", False, lambda r: r["state"]),
+    "workers": ("WORKERS", True, lambda r: str(r["workers"])),
+    "ps": ("PS", True, lambda r: str(r["ps"])),
+    "epochs": ("EPOCHS", True, lambda r: f"{_num(r['epochs_done'])}/{_num(r['total_epochs'])}"),
+    "age": ("AGE", True, lambda r: format_age(r["age_s"])),
+    "slurm": ("SLURM", False, lambda r: r["slurm_job_id"] or ""),
+    "reason": ("REASON", False, lambda r: (r.get("reason") or "").split(":")[0]),
+    "reason_full": ("REASON", False, lambda r: r.get("reason") or ""),
+}
+QUEUE_DEFAULT = ("id", "name", "owner", "type", "st", "workers", "ps", "epochs", "age", "slurm", "reason")
 
 
-def queue_row(rec: dict[str, Any]) -> tuple[str, ...]:
-    """One `queue` table row from a `job_record`."""
-    return (
-        str(rec["id"]), rec["name"], rec["owner"], rec["job_type"], rec["state"], str(rec["workers"]),
-        str(rec["ps"]), f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}", format_age(rec["age_s"]),
-        rec["slurm_job_id"] or "",
-    )
+def parse_format(value: str | None) -> list[str]:
+    """--format: comma-separated QUEUE_FIELDS names, any case; None: the default columns."""
+    if not value:
+        return list(QUEUE_DEFAULT)
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in QUEUE_FIELDS]
+    if bad or not names:
+        raise click.BadParameter(f"unknown column(s) {', '.join(map(repr, bad)) or 'none given'}; known: "
+                                 f"{', '.join(QUEUE_FIELDS)}", param_hint="--format")
+    return names
+
+
+def format_table(headings: Sequence[str], rows: Iterable[Sequence[str]], right: Sequence[bool],
+                 header: bool = True) -> list[str]:
+    """Plain columns two spaces apart, each as wide as its widest cell: nothing cut, nothing wrapped, whatever the
+    terminal (squeue's shape; pipes and `cut`/`awk` see whole fields). The last column is not padded."""
+    rows = [list(r) for r in rows]
+    table = ([list(headings)] if header else []) + rows
+    if not table:
+        return []
+    widths = [max(len(r[i]) for r in table) for i in range(len(headings))]
+    out = []
+    for r in table:
+        cells = [(c.rjust(w) if rt else c.ljust(w)) for c, w, rt in zip(r, widths, right)]
+        if not right[-1]:
+            cells[-1] = r[-1]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def queue_lines(recs: Sequence[dict[str, Any]], columns: Sequence[str], header: bool = True) -> list[str]:
+    """`queue`'s table of job records in ``columns`` (QUEUE_FIELDS names)."""
+    fields = [QUEUE_FIELDS[c] for c in columns]
+    return format_table([f[0] for f in fields], ([f[2](r) for f in fields] for r in recs), [f[1] for f in fields],
+                        header)
+
+
+def pending_reason(rec: dict[str, Any], reasons: dict[int, str]) -> str | None:
+    """Why a pending job waits (the daemon's reason from the last slot); None for a job that is not pending."""
+    if rec["state"] != JobState.PENDING.value:
+        return None
+    return reasons.get(rec["id"], "Submitted: no slot has decided on it yet (the daemon's next slot will)")
 
 
 def parse_states(values: Iterable[str]) -> list[JobState]:
-    """--state values (repeatable, comma-separated, any case; `active` = every non-finished state)."""
+    """--state values (repeatable, comma-separated, any case; Slurm's codes PD, R, CD, F, CA; `active` = every
+    non-finished state)."""
+    by_code = {code: name for name, code in STATE_CODES.items()}
     out: list[JobState] = []
     for v in values:
         for part in v.split(","):
             p = part.strip().upper()
             if not p:
                 continue
+            p = by_code.get(p, p)
             if p == "ACTIVE":
                 out.extend(s for s in ACTIVE_STATES if s not in out)
             elif p in STATE_NAMES:
                 if JobState(p) not in out:
                     out.append(JobState(p))
             else:
-                raise click.BadParameter(f"unknown state {part.strip()!r}; known: {', '.join(STATE_NAMES)}, active",
-                                         param_hint="--state")
+                raise click.BadParameter(f"unknown state {part.strip()!r}; known: {', '.join(STATE_NAMES)} (or "
+                                         f"{', '.join(by_code)}), active", param_hint="--state")
     return out
 
 
@@ -258,25 +315,33 @@ def _submit_directly(ctx: Ctx, sub: Any) -> dict[str, Any]:
 @click.command()
 @click.option("--state", "-s", "states", multiple=True, metavar="STATE",
               help="Only jobs in these states (repeatable or comma-separated: PENDING, RUNNING, COMPLETED, "
-                   "FAILED, CANCELLED, or `active`).")
+                   "FAILED, CANCELLED or Slurm's codes PD, R, CD, F, CA, or `active`).")
 @click.option("--user", "-u", "users", multiple=True, metavar="USER",
               help="Only jobs of these owners (repeatable or comma-separated).")
 @click.option("--me", is_flag=True, help="Only your jobs.")
 @click.option("--all", "-a", "show_all", is_flag=True,
               help="Include finished jobs (COMPLETED, FAILED, CANCELLED); by default only active ones.")
+@click.option("--format", "-o", "fmt", metavar="COLS",
+              help="Columns, comma-separated: " + ", ".join(QUEUE_FIELDS) + " [default: "
+                   + ",".join(QUEUE_DEFAULT) + "].")
+@click.option("--noheader", "-H", is_flag=True, help="No header line (as squeue --noheader).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @db_command
-def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, show_all: bool,
-          as_json: bool) -> None:
-    """List jobs like squeue: state, type, owner, current workers/PS, epochs done/total, age.
+def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, show_all: bool, fmt: str | None,
+          noheader: bool, as_json: bool) -> None:
+    """List jobs like squeue: state, type, owner, current workers/PS, epochs done/total, age, and why a pending
+    job waits (REASON: Resources, no node has room for a worker; Priority, one would fit but the policy ran
+    other jobs first; Submitted, no slot has run since it came).
 
     By default all users' active jobs (not finished) are listed, oldest first.
     """
     from dl2d.db.engine import session_scope
     from dl2d.db.jobs import list_jobs
     from dl2d.db.models import utcnow
+    from dl2d.db.slots import pending_reasons
 
     wanted = parse_states(states)
+    columns = parse_format(fmt)
     if not wanted and not show_all:
         wanted = list(ACTIVE_STATES)
     owners = [u.strip() for v in users for u in v.split(",") if u.strip()] + ([ctx.user] if me else [])
@@ -284,25 +349,19 @@ def queue(ctx: Ctx, states: tuple[str, ...], users: tuple[str, ...], me: bool, s
     try:
         with ctx.reading(), session_scope(engine) as s:
             now = utcnow()
-            recs = [job_record(j, now) for j in list_jobs(s, wanted, owners)]
+            jobs = list_jobs(s, wanted, owners)
+            reasons = pending_reasons(s) if any(j.state == JobState.PENDING for j in jobs) else {}
+            recs = [job_record(j, now) for j in jobs]
     finally:
         engine.dispose()
+    for r in recs:
+        r["reason"] = pending_reason(r, reasons)
     if as_json:
         click.echo(json.dumps(recs, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for c in QUEUE_COLUMNS:
-        table.add_column(c, justify="right" if c in ("ID", "WORKERS", "PS", "EPOCHS", "AGE") else "left",
-                         no_wrap=c != "NAME")
-    for r in recs:
-        table.add_row(*queue_row(r))
-    console = Console(width=max(120, Console().width))
     if recs:
-        console.print(table)
-    else:
+        click.echo("\n".join(queue_lines(recs, columns, header=not noheader)))
+    elif not noheader:
         click.echo("no jobs" + ("" if show_all else " (active; --all includes finished jobs)"))
 
 
@@ -314,7 +373,7 @@ def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
     """Everything `show` prints about a job, as a JSON-ready dict (JobNotFound when there is none)."""
     from dl2d.db.events import job_events
     from dl2d.db.jobs import get_job
-    from dl2d.db.slots import job_allocation_history
+    from dl2d.db.slots import job_allocation_history, pending_reasons
 
     job = get_job(session, job_id)
     rec = job_record(job, now)
@@ -322,6 +381,7 @@ def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
     rec["events"] = [{"ts": _iso(e.ts), "kind": e.kind.value, "detail": e.detail}
                      for e in job_events(session, job_id)]
     rec["resizes"] = resize_records(job_allocation_history(session, job_id))
+    rec["reason"] = pending_reason(rec, pending_reasons(session) if rec["state"] == JobState.PENDING.value else {})
     return rec
 
 
@@ -364,7 +424,7 @@ def _print_detail(rec: dict[str, Any]) -> None:
     for k, v in [
         ("job", f"{rec['id']} {rec['name']}"), ("owner", rec["owner"]), ("type", rec["job_type"]),
         ("architecture", "all-reduce" if allreduce else "parameter servers"),
-        ("state", rec["state"]), ("epochs", f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}"),
+        ("state", rec["state"] + (f" ({rec['reason']})" if rec.get("reason") else "")), ("epochs", f"{_num(rec['epochs_done'])}/{_num(rec['total_epochs'])}"),
         *([("lost to restarts", f"{_num(rec['lost_epochs'])} epochs trained again (a restart found no "
                                 "checkpoint holding them)")] if rec.get("lost_epochs") else []),
         ("allocation", f"{rec['workers']} workers (max {spec.get('max_workers')}{asked})" if allreduce else

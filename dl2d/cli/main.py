@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "show": "dl2d.cli.jobs:show",
     "cancel": "dl2d.cli.jobs:cancel",
     "daemon": "dl2d.cli.daemon:daemon",
+    "nodes": "dl2d.cli.nodes:nodes",
     "calibrate": "dl2d.cli.calibrate:calibrate",
 }
 

@@ -9,6 +9,8 @@ the caller may cancel a job or submit for another user; what the client's config
 Protocol: one JSON object per line each way, one request per connection.
 
 * ``{"op": "whoami"}`` -> ``{"ok": true, "user", "uid", "admin"}``
+* ``{"op": "status"}`` -> ``{"ok": true, "status": {...}}``: the daemon's state and its nodes (as the status
+  file has them; what `dl2ctl nodes` lists)
 * ``{"op": "submit", "submission": {...}}`` (the merged spec, as `dl2ctl submit` builds it) ->
   ``{"ok": true, "job": <job record>}`` or ``{"ok": false, "errors": [...]}`` (every problem; nothing written)
 * ``{"op": "cancel", "job_ids": [..]}`` -> ``{"ok": true, "results": [{"id", "cancelled", "name"|"error"}]}``
@@ -34,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dl2d.core.users import is_admin, user_name
 
@@ -52,7 +54,7 @@ MAX_CANCEL_IDS = 10_000
 MAX_SOCKET_PATH_BYTES = 107
 #: Tries of a client whose connection finds the daemon's backlog full (about 10 s in all).
 CONNECT_ATTEMPTS = 15
-OPS = ("whoami", "submit", "cancel")
+OPS = ("whoami", "status", "submit", "cancel")
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,10 @@ def _job_ids(value: Any) -> list[int] | str:
     return list(value)
 
 
-def handle(request: Any, caller: Caller, engine: Any) -> dict[str, Any]:
-    """The reply to one request from ``caller`` (see the module doc); writes go through ``dl2d.db``."""
+def handle(request: Any, caller: Caller, engine: Any,
+           status: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The reply to one request from ``caller`` (see the module doc); writes go through ``dl2d.db``;
+    ``status()``: the daemon's status document."""
     if not isinstance(request, dict):
         return _error(f"a request is a JSON object, got {type(request).__name__}")
     op = request.get("op")
@@ -104,6 +108,8 @@ def handle(request: Any, caller: Caller, engine: Any) -> dict[str, Any]:
         return _error(f"unknown op {op!r}: one of {', '.join(OPS)}")
     if op == "whoami":
         return {"ok": True, "user": caller.user, "uid": caller.uid, "admin": caller.admin}
+    if op == "status":
+        return {"ok": True, "status": status() if status is not None else {}}
     if op == "cancel":
         from dl2d.db.jobs import cancel_jobs
 
@@ -183,7 +189,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._reply(_error(reason))
                 return
             try:
-                reply = handle(request, caller, srv.engine)
+                reply = handle(request, caller, srv.engine, srv.status)
             except Exception as e:  # a database error must not end the server: the caller hears it
                 log.exception("control: request %r from %s failed", request.get("op") if isinstance(request, dict)
                               else None, caller.user)
@@ -205,9 +211,10 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     # socketserver's default backlog of 5 refused the 6th of a dozen simultaneous dl2ctl calls (EAGAIN)
     request_queue_size = 128
 
-    def __init__(self, path: str, engine: Any, admin_group: str) -> None:
+    def __init__(self, path: str, engine: Any, admin_group: str, status: Callable[[], dict[str, Any]] | None) -> None:
         self.engine = engine
         self.admin_group = admin_group
+        self.status = status
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(path, _Handler)
 
@@ -252,10 +259,12 @@ def _clear_stale(path: Path) -> None:
 class ControlServer:
     """The control socket, served by a thread: ``start()``, then ``close()`` when the daemon stops."""
 
-    def __init__(self, path: str, engine: Any, admin_group: str) -> None:
+    def __init__(self, path: str, engine: Any, admin_group: str,
+                 status: Callable[[], dict[str, Any]] | None = None) -> None:
         self.path = path
         self.engine = engine
         self.admin_group = admin_group
+        self.status = status
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -268,7 +277,7 @@ class ControlServer:
             raise ControlError(f"control socket {path}: no directory {path.parent}")
         _clear_stale(path)
         try:
-            self._server = _Server(str(path), self.engine, self.admin_group)
+            self._server = _Server(str(path), self.engine, self.admin_group, self.status)
             os.chmod(path, 0o666)  # anyone may ask; SO_PEERCRED says who asked
         except OSError as e:
             raise ControlError(f"control socket {path}: {e.strerror or e}") from None

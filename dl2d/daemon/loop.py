@@ -34,6 +34,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from dl2d.core.files import write_json_atomic
+from dl2d.core.placement import place
 from dl2d.daemon import jobstats as JS
 from dl2d.daemon import plan as P
 from dl2d.daemon.agent_rounds import poll_round
@@ -134,6 +135,8 @@ class SlotLoop:
         self.max_workers = max_workers  # the most workers of any job (a job's own limit is within it)
         self._believed: dict[int, np.ndarray] = {}  # job id -> believed epochs/s by workers (all-reduce jobs)
         self._last_change: dict[int, int] = {}  # job id -> the slot of its last size change (hysteresis)
+        self.node_report: list[dict[str, Any]] = []  # each node as the last slot left it (dl2ctl nodes)
+        self._status_state = "starting"
         self.started_at = time.time()
         # per-job measurements (dl2d.daemon.jobstats): the agents' samples of the current slot, each job's last
         # JS.SLOW_SLOTS stats (from the DB at recover), and the speed model the measured speed is compared with
@@ -192,6 +195,9 @@ class SlotLoop:
                 continue
             log.info("stopping job %d in the backend: it is not active in the database", job_id)
             self.backend.cancel(job_id)
+            job = s.get(Job, job_id)
+            if job is not None:  # a cancelled job holds nothing once stopped (dl2ctl show, queue)
+                job.workers = job.ps = 0
 
     def _cancel_intents(self, s: Session) -> None:
         """Carry out `dl2ctl cancel`'s journalled cancel intents."""
@@ -200,6 +206,9 @@ class SlotLoop:
                 db_intents.mark_issued(s, it)
                 self.backend.cancel(it.job_id)
                 db_intents.mark_done(s, it)
+                job = s.get(Job, it.job_id)
+                if job is not None:
+                    job.workers = job.ps = 0
 
     # ------------------------------------------------------------------------------ crash recovery
 
@@ -375,6 +384,10 @@ class SlotLoop:
         if self.policy is not None:  # the policy hears what is carried out: its own decision, or another's
             self.policy.applied(view, alloc, overridden=g.source == "fallback" or bool(held) or alloc is not advised)
         self.state.starved = P.update_starved(view, alloc, self.state.starved)
+        usage = place(view, alloc)[0]  # the guardrails checked it fits
+        for job_id, why in P.pending_reasons(view, alloc, usage).items():
+            flags.setdefault(job_id, []).append(f"pending: {why}")
+        self.node_report = P.node_report(view, nodes, usage, self.poller.health() if self.poller is not None else {})
         names, limits = [n.name for n in nodes], {r.id: (r.max_workers, r.max_ps) for r in rows}
         planned, sizes = P.plan_targets(view, alloc, names, limits)
         advice = None
@@ -502,17 +515,23 @@ class SlotLoop:
         with session_scope(self.engine) as s:
             return not db_jobs.count_active_jobs(s)
 
-    def write_status(self, state: str) -> None:
-        if not self.status_file:
-            return
+    def status_doc(self, state: str | None = None) -> dict[str, Any]:
+        """The daemon's state as the status file and the control socket's ``status`` give it (``state``: the
+        loop's, else the last one written)."""
+        if state is not None:
+            self._status_state = state
         last = self.state.last
-        doc = {"pid": os.getpid(), "state": state, "started_at": self.started_at, "updated_at": time.time(),
-               "slot": last.number if last else None, "slots_run": self.state.slots,
-               "last_tick_ms": round(last.tick_ms, 3) if last else None,
-               "last_source": last.source if last else None, "fallbacks": self.state.fallbacks,
-               "stale_nodes": sorted(self.poller.stale_nodes) if self.poller is not None else [],
-               "policy_version": getattr(self.learner, "version", None), **self.info}
-        write_json_atomic(self.status_file, doc, fsync=False, indent=1)
+        return {"pid": os.getpid(), "state": self._status_state, "started_at": self.started_at,
+                "updated_at": time.time(), "slot": last.number if last else None, "slots_run": self.state.slots,
+                "last_tick_ms": round(last.tick_ms, 3) if last else None,
+                "last_source": last.source if last else None, "fallbacks": self.state.fallbacks,
+                "stale_nodes": sorted(self.poller.stale_nodes) if self.poller is not None else [],
+                "policy_version": getattr(self.learner, "version", None), **self.info, "nodes": self.node_report}
+
+    def write_status(self, state: str) -> None:
+        doc = self.status_doc(state)
+        if self.status_file:
+            write_json_atomic(self.status_file, doc, fsync=False, indent=1)
 
     def run(self, max_slots: int = 0, until_idle: Callable[[], bool] | None = None) -> int:
         """Recover, then run slots until stopped, ``max_slots`` reached or ``until_idle()`` says so.

@@ -458,7 +458,7 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
     if cfg.control.enabled:
         from dl2d.daemon.control import ControlError, ControlServer
 
-        control = ControlServer(cfg.control_socket, loop.engine, cfg.admin_group)
+        control = ControlServer(cfg.control_socket, loop.engine, cfg.admin_group, status=loop.status_doc)
         try:
             control.start()
         except ControlError as e:

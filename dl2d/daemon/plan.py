@@ -275,6 +275,45 @@ def advice_record(policy: str, advised: Mapping[int, tuple[int, int]], ran: Mapp
     return {"policy": policy, "jobs": jobs}
 
 
+def pending_reasons(view: SlotView, alloc: Allocation, usage: np.ndarray) -> dict[int, str]:
+    """Why each job left without a worker waits, in Slurm's words: ``Resources`` (no usable node has a worker's
+    GPUs, CPUs and memory free after this allocation) or ``Priority`` (one would fit: the policy ran others
+    first, or holds the job back). ``usage``: what the allocation uses per server (:func:`place`)."""
+    free = view.free - usage
+    out: dict[int, str] = {}
+    for j in np.flatnonzero(np.asarray(alloc.workers) == 0):
+        d = view.worker_demand[j]
+        gpus_free = int(round(float(free[:, 0].sum())))
+        if np.any(np.all(free >= d - 1e-9, axis=1)):
+            out[int(view.job_ids[j])] = (f"Priority: a worker would fit ({gpus_free} GPUs free) but the policy "
+                                         "ran other jobs first")
+        else:
+            out[int(view.job_ids[j])] = (f"Resources: no node has a worker's {d[0]:g} GPU, {d[1]:g} CPU, "
+                                         f"{d[2]:g} GB free ({gpus_free} GPUs free in all)")
+    return out
+
+
+def node_report(view: SlotView, nodes: Sequence[NodeInfo], usage: np.ndarray,
+                agents: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Each node as `dl2ctl nodes` lists it: capacity, what this slot's allocation uses, its state (Slurm's
+    words: idle, mixed, allocated, drained) and its agent (``ok``, ``stale``, or ``-`` without one)."""
+    out = []
+    for i, n in enumerate(nodes):
+        used = usage[i] if i < len(usage) else np.zeros(3)
+        if not n.usable:
+            state = "drained"
+        elif used[0] <= 0 and used[1] <= 0:
+            state = "idle"
+        elif used[0] >= n.gpus and (n.gpus > 0 or used[1] >= n.cpus):
+            state = "allocated"
+        else:
+            state = "mixed"
+        out.append({"name": n.name, "state": state, "reason": n.reason, "gpus": n.gpus,
+                    "gpus_alloc": int(round(float(used[0]))), "cpus": n.cpus, "cpus_alloc": round(float(used[1]), 2),
+                    "mem_gb": n.mem_gb, "mem_gb_alloc": round(float(used[2]), 2), "agent": agents.get(n.name, "-")})
+    return out
+
+
 # ------------------------------------------------------------------------------------------ reward
 
 def slot_reward(before: Mapping[int, float], after: Mapping[int, JobStatus], total_epochs: Mapping[int, float]) -> float:

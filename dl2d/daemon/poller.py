@@ -203,6 +203,14 @@ class Poller:
     def stale_nodes(self) -> set[str]:
         return set(self.tracker.stale)
 
+    def health(self) -> dict[str, str]:
+        """Each polled node's agent: ``ok``, ``missed N`` (its last N polls failed), or ``stale`` (drained)."""
+        out = {}
+        for node in self._targets:
+            misses = self.tracker.misses.get(node, 0)
+            out[node] = "stale" if node in self.tracker.stale else ("ok" if misses == 0 else f"missed {misses}")
+        return out
+
     async def _poll_one(self, sem: asyncio.Semaphore, node: str) -> PollResult:
         host, port, path = self._targets[node]
         async with sem:

@@ -142,6 +142,19 @@ def last_slot(session: Session) -> Slot | None:
     return session.scalars(select(Slot).order_by(Slot.number.desc()).limit(1)).first()
 
 
+def pending_reasons(session: Session) -> dict[int, str]:
+    """Why each job the last slot left without a worker waits (the daemon's ``pending: ...`` job flag, e.g.
+    ``Resources: no node has ...``), by job id."""
+    last = last_slot(session)
+    flags = (last.decision.job_flags if last is not None and last.decision is not None else None) or {}
+    out: dict[int, str] = {}
+    for job_id, entries in flags.items():
+        for f in entries or []:
+            if isinstance(f, str) and f.startswith("pending: "):
+                out[int(job_id)] = f[len("pending: "):]
+    return out
+
+
 def count_slots(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(Slot)))
 

@@ -84,8 +84,8 @@ def test_the_daemon_decides_owner_and_admin_rights(engine):
 
 @pytest.mark.parametrize("request_, error", [
     ([1, 2], "a request is a JSON object, got list"),
-    ({"op": "drop_tables"}, "unknown op 'drop_tables': one of whoami, submit, cancel"),
-    ({}, "unknown op None: one of whoami, submit, cancel"),
+    ({"op": "drop_tables"}, "unknown op 'drop_tables': one of whoami, status, submit, cancel"),
+    ({}, "unknown op None: one of whoami, status, submit, cancel"),
     ({"op": "cancel"}, "job_ids must be a non-empty list of job ids"),
     ({"op": "cancel", "job_ids": [1, "2"]}, "job_ids: not a job id: '2' (ids are integers from 1 to 2^63-1)"),
     ({"op": "cancel", "job_ids": [True]}, "job_ids: not a job id: True (ids are integers from 1 to 2^63-1)"),
@@ -325,3 +325,78 @@ def test_concurrent_submissions_through_the_socket_each_get_their_own_job(daemon
     assert all(r["ok"] for r in results), results
     assert sorted(r["job"]["name"] for r in results) == sorted(f"c{i}" for i in range(40))
     assert len({r["job"]["id"] for r in results}) == 40
+
+
+def test_any_user_lists_the_nodes_and_pending_reasons_from_the_running_daemon(daemon):
+    """`dl2ctl nodes` (like sinfo) asks the daemon, so a user who may read neither its config, its state dir nor
+    its database sees the nodes; after the daemon stops, its status file answers (for whoever may read it)."""
+    _as_nobody_available()
+    env = {"DL2D_SOCKET": str(daemon["socket"])}
+    end = time.time() + 60
+    while True:
+        r = _dl2ctl("nodes", "--json", user="nobody", env=env)
+        assert r.returncode == 0, r.stderr
+        nodes = json.loads(r.stdout)
+        if nodes or time.time() > end:
+            break
+        time.sleep(0.2)
+    assert [n["name"] for n in nodes] == ["sim001", "sim002", "sim003", "sim004"], nodes
+    assert all(n["state"] == "idle" and n["gpus_alloc"] == 0 and n["gpus"] > 0 and n["agent"] == "-" for n in nodes)
+    big = {**SPEC, "name": "big", "kind": "allreduce", "job_type": "bert", "batch_size": 96, "workers": 2,
+           "max_workers": 2, "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8}}
+    big.pop("ps")
+    assert ask(str(daemon["socket"]), {"op": "submit", "submission": big})["ok"]
+    end = time.time() + 60
+    while time.time() < end:
+        nodes = json.loads(_dl2ctl("nodes", "--json", env=env).stdout)
+        if sum(n["gpus_alloc"] for n in nodes) == 2:
+            break
+        time.sleep(0.2)
+    busy = [n for n in nodes if n["gpus_alloc"]]
+    assert sum(n["gpus_alloc"] for n in busy) == 2 and all(n["state"] in ("mixed", "allocated") for n in busy), nodes
+    assert all(n["state"] == "idle" for n in nodes if not n["gpus_alloc"]), nodes
+    r = _dl2ctl("nodes", "-t", "mixed,allocated", "--noheader", user="nobody", env=env)
+    assert r.returncode == 0 and sorted(ln.split()[0] for ln in r.stdout.splitlines()) == \
+        sorted(n["name"] for n in busy), (r.stdout, r.stderr)
+    assert _dl2ctl("nodes", "-t", "drained", env=env).stdout == ""
+    r = _dl2ctl("nodes", "-t", "down", env=env)
+    assert r.returncode == 2 and "unknown node state(s) 'down'; known: idle, mixed, allocated, drained" in r.stderr
+
+
+def test_nodes_from_the_status_file_when_the_daemon_is_gone(shared_dir):
+    state = shared_dir / "state"
+    state.mkdir()
+    (state / "dl2d.status.json").write_text(json.dumps({"updated_at": time.time() - 30, "nodes": [
+        {"name": "gpu01", "state": "drained", "reason": "dl2d: agent silent for 3 polls (timed out)", "gpus": 4,
+         "gpus_alloc": 0, "cpus": 32, "cpus_alloc": 0.0, "mem_gb": 256.0, "mem_gb_alloc": 0.0, "agent": "stale"},
+        {"name": "gpu02", "state": "mixed", "reason": "", "gpus": 4, "gpus_alloc": 3, "cpus": 32, "cpus_alloc": 12.0,
+         "mem_gb": 256.0, "mem_gb_alloc": 96.5, "agent": "ok"}]}))
+    r = _dl2ctl("nodes", "--state-dir", str(state), env={"DL2D_SOCKET": str(shared_dir / "none.sock")})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(f"dl2d does not answer on {shared_dir / 'none.sock'}: nodes as its status file had "
+                               "them 3")
+    assert r.stdout.splitlines() == [
+        "NODE   STATE    GPUS   CPUS    MEM_GB  AGENT  REASON",
+        "gpu01  drained   0/4   0/32     0/256  stale  dl2d: agent silent for 3 polls (timed out)",
+        "gpu02  mixed     3/4  12/32  96.5/256  ok",
+    ], r.stdout
+    r = _dl2ctl("nodes", "--state-dir", str(shared_dir), env={"DL2D_SOCKET": str(shared_dir / "none.sock")})
+    assert r.returncode == 1 and "and there is no status file at" in r.stderr
+
+
+def test_node_report_states_and_agents():
+    import numpy as np
+
+    from dl2d.daemon import plan as P
+    from dl2d.daemon.backend import NodeInfo
+
+    rows = [P.job_row(1, "resnet-50", 10.0, 0.0, 0, 0, 0, {"worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
+                                                           "ps": {"cpus": 2, "mem_gb": 4}}, "j")]
+    infos = [NodeInfo("a", 2, 8, 32.0), NodeInfo("b", 2, 8, 32.0), NodeInfo("c", 2, 8, 32.0),
+             NodeInfo("d", 2, 8, 32.0, usable=False, reason="maintenance")]
+    view = P.build_view(1, rows, infos)
+    usage = np.array([[0, 0, 0], [1, 2, 8], [2, 4, 16], [0, 0, 0]], float)
+    report = P.node_report(view, infos, usage, {"a": "ok", "b": "missed 1", "c": "stale"})
+    assert [(n["name"], n["state"], n["agent"]) for n in report] == [
+        ("a", "idle", "ok"), ("b", "mixed", "missed 1"), ("c", "allocated", "stale"), ("d", "drained", "-")]
+    assert report[3]["reason"] == "maintenance" and report[1]["gpus_alloc"] == 1

@@ -25,6 +25,7 @@ def _preload() -> None:
     import dl2d.cli.dbconn  # noqa: F401
     import dl2d.cli.jobs  # noqa: F401
     import dl2d.cli.jobspec  # noqa: F401
+    import dl2d.cli.nodes  # noqa: F401
     import dl2d.daemon.control  # noqa: F401
     import dl2d.db.engine
     import dl2d.db.jobs  # noqa: F401
