@@ -388,6 +388,7 @@ class SlotLoop:
         for job_id, why in P.pending_reasons(view, alloc, usage).items():
             flags.setdefault(job_id, []).append(f"pending: {why}")
         self.node_report = P.node_report(view, nodes, usage, self.poller.health() if self.poller is not None else {})
+        self.metrics.set_cluster(self.node_report)
         names, limits = [n.name for n in nodes], {r.id: (r.max_workers, r.max_ps) for r in rows}
         planned, sizes = P.plan_targets(view, alloc, names, limits)
         advice = None
@@ -396,6 +397,7 @@ class SlotLoop:
                                      limits)[1], sizes, self._predicted_speed(view),
                                      {int(i): j for j, i in enumerate(view.job_ids)})
         self._last_change.update({r.id: number for r in rows if sizes[r.id] != (r.workers, r.ps)})
+        self.metrics.set_jobs(sizes, {r.id: r.name for r in rows})
         version = getattr(self.learner, "version", None)
         with session_scope(self.engine) as s:
             allocs = [db_slots.AllocationRecord(r.id, *sizes[r.id], r.workers, r.ps) for r in rows]
