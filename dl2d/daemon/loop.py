@@ -194,21 +194,23 @@ class SlotLoop:
             if job_id in jobs or st.state in (FINISHED, FAILED):
                 continue
             log.info("stopping job %d in the backend: it is not active in the database", job_id)
-            self.backend.cancel(job_id)
-            job = s.get(Job, job_id)
-            if job is not None:  # a cancelled job holds nothing once stopped (dl2ctl show, queue)
-                job.workers = job.ps = 0
+            self._stop(s, job_id)
+
+    def _stop(self, s: Session, job_id: int) -> None:
+        """Stop a job in the backend; it then holds nothing (dl2ctl show and queue said a cancelled job still
+        had its workers)."""
+        self.backend.cancel(job_id)
+        job = s.get(Job, job_id)
+        if job is not None:
+            job.workers = job.ps = 0
 
     def _cancel_intents(self, s: Session) -> None:
         """Carry out `dl2ctl cancel`'s journalled cancel intents."""
         for it in db_intents.pending_intents(s):
             if it.kind == IntentKind.CANCEL:
                 db_intents.mark_issued(s, it)
-                self.backend.cancel(it.job_id)
+                self._stop(s, it.job_id)
                 db_intents.mark_done(s, it)
-                job = s.get(Job, it.job_id)
-                if job is not None:
-                    job.workers = job.ps = 0
 
     # ------------------------------------------------------------------------------ crash recovery
 
@@ -224,7 +226,7 @@ class SlotLoop:
                 job = s.get_one(Job, it.job_id)
                 if it.kind == IntentKind.CANCEL:
                     db_intents.mark_issued(s, it)
-                    self.backend.cancel(job.id)
+                    self._stop(s, job.id)
                     db_intents.mark_done(s, it)
                     n += 1
                     continue

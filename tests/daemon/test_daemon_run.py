@@ -111,7 +111,9 @@ def test_cancel_reaches_the_backend(tmp_path):
     st = loop.backend.observe()[jid]
     assert st.state == "failed" and st.workers == 0 and st.message == "cancelled"
     with session_scope(loop.engine) as s:
-        assert s.get(Job, jid).state == JobState.CANCELLED
+        job = s.get(Job, jid)
+        assert job.state == JobState.CANCELLED
+        assert (job.workers, job.ps) == (0, 0)  # stopped: it holds nothing (dl2ctl show and queue said it did)
         assert s.scalar(select(func.count()).select_from(Intent).where(Intent.state != IntentState.DONE)) == 0
 
 
