@@ -1,0 +1,479 @@
+"""The simulator as a pure JAX environment: `reset` and `step` are pure functions of a pytree state.
+
+Why: training a learned scheduler needs many simulated cluster-slots per second, and the NumPy engine
+(`dl2d.sim.engine`) runs one cluster one slot at a time in Python. Here a cluster is an `EnvState` of fixed-size
+arrays, so `jax.jit` compiles a slot once, `jax.vmap` runs many clusters (each with its own trace, noise key and
+progress) in one call and `jax.lax.scan` runs many slots without returning to Python. The style is gymnax's:
+static `EnvParams` (what every cluster of a batch shares) and a dynamic `EnvState` (what one cluster is).
+
+What a slot does is the engine's `step`, array for array (docs/simulator.md, "The JAX environment"):
+
+- the jobs are the trace's rows, padded to `max_jobs` (J) with invalid rows that never arrive; a job is
+  active while it has arrived and not finished;
+- the caller gives each job's workers and PS for the slot (counts, as an engine `Allocation` after
+  placement: the environment trusts them to fit, it does not place tasks and reports aggregate overflow in
+  ``info``); an all-reduce job gets no PS, an inactive job nothing, counts are clipped to the limits;
+- a PS job trains at the speed table's (PS, workers) entry (DL2's measured or parametric table), times its
+  hidden interference factor and the slot noise 1 + noise * U(-1, 1);
+- an all-reduce job's speed depends on its placement (GPUs per server): the measured rate where the
+  placement was measured, Pollux's fitted model elsewhere, a site's calibrated curve where one is given;
+  a multi-server job sharing a server with another one is slowed by ``shared_node_slowdown``;
+- a job whose allocation changes (an all-reduce job also when its servers change) loses
+  ``resize_overhead_s`` of training, carried over to the next slots when longer than a slot;
+- a job stops at its true epochs, finishing at the fraction of the slot it needed; the reward is DL2's
+  eq. 1, the epochs trained this slot over each job's estimate, summed.
+
+Placement: with ``EnvParams.placement`` (the default when the trace has all-reduce jobs) `step` takes the
+workers per server of every job, ``[J, servers]``, as the engine's placed allocation gives them, and matches
+the engine exactly. Without it an all-reduce job is taken as packed on the fewest servers, never sharing a
+server with another multi-server job, and moving only when its size changes: an approximation (cheaper, no
+``[J, servers]`` arrays) for training where placement is not what is learned. PS jobs never need a
+placement (the engine's cross-node traffic and heterogeneous servers, which would, are refused).
+
+Noise: `step` draws its U(-1, 1) from the state's key, one per job slot; ``noise=`` passes the draws in
+instead (the match test passes the engine's own draws, so noisy runs agree too).
+
+Only jax, flax.struct and the simulator's own tables: no policy (the layering in pyproject.toml).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from dl2d.sim.engine import SimConfig
+from dl2d.sim.trace import Trace
+from dl2d.workload import catalog, throughput
+from dl2d.workload.catalog import IS_ALLREDUCE, MODEL_NAMES, NUM_DL2_TYPES, PS_DEMAND, WORKER_DEMAND
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH
+from dl2d.workload.speed import speed_table
+
+NUM_AR_MODELS = len(catalog.ALLREDUCE_MODELS)
+
+
+# ------------------------------------------------------------------------------------------ params and state
+
+@struct.dataclass
+class EnvParams:
+    """What every cluster of a batch shares. Shapes and switches are static (part of the compiled program);
+    the numbers are leaves, so a batch may also carry different ones (vmap over params)."""
+
+    server_capacity: jnp.ndarray  # [3] GPUs, CPU cores, memory GB of one server
+    slot_seconds: jnp.ndarray  # []
+    slot_noise: jnp.ndarray  # [] speed factor 1 + noise * U(-1, 1) per job and slot
+    resize_overhead_s: jnp.ndarray  # []
+    shared_node_slowdown: jnp.ndarray  # []
+    speed_table: jnp.ndarray  # [8, P + 1, W + 1] PS jobs: steps per second over all workers (workload.speed)
+    batches_per_epoch: jnp.ndarray  # [8]
+    measured_placements: jnp.ndarray  # [M, L] int: every measured all-reduce placement, GPUs per node descending
+    pollux_fit: jnp.ndarray  # [6, 7] Pollux's fitted throughput model of each all-reduce model
+    num_servers: int = struct.field(pytree_node=False, default=1)
+    max_jobs: int = struct.field(pytree_node=False, default=1)
+    max_workers: int = struct.field(pytree_node=False, default=16)
+    max_ps: int = struct.field(pytree_node=False, default=16)
+    gpus_per_node: int = struct.field(pytree_node=False, default=1)  # for packed placements
+    has_allreduce: bool = struct.field(pytree_node=False, default=False)  # compile the all-reduce speed
+    placement: bool = struct.field(pytree_node=False, default=False)  # step takes workers per server
+
+
+@struct.dataclass
+class Jobs:
+    """The trace as arrays, padded to J rows (``valid`` False on padding): what the jobs are, hidden parts
+    included. The per-job all-reduce arrays hold the speeds that depend only on the job (its model and total
+    batch), so a slot computes only what depends on the placement."""
+
+    valid: jnp.ndarray  # [J] bool
+    arrival_slot: jnp.ndarray  # [J] int
+    type_idx: jnp.ndarray  # [J] int, catalog.MODEL_NAMES
+    est_epochs: jnp.ndarray  # [J] what the scheduler is told
+    true_epochs: jnp.ndarray  # [J] hidden
+    speed_factor: jnp.ndarray  # [J] hidden interference factor
+    allreduce: jnp.ndarray  # [J] bool: the job's kind
+    worker_demand: jnp.ndarray  # [J, 3]
+    ps_demand: jnp.ndarray  # [J, 3]
+    gpus_per_worker: jnp.ndarray  # [J] int >= 1
+    batch_size: jnp.ndarray  # [J] total batch (all-reduce)
+    iters_per_epoch: jnp.ndarray  # [J] all-reduce: iterations per epoch at its batch (1 for PS jobs)
+    measured_rate: jnp.ndarray  # [J, M] epochs/s at each measured placement; NaN where not measured
+    site_rate: jnp.ndarray  # [J, G + 1] a site's curve by GPUs (width 1 when no site speeds are given)
+    use_site: jnp.ndarray  # [J] bool: the site's curve replaces the measured lookup
+
+
+@struct.dataclass
+class EnvState:
+    """One cluster: its jobs and how far they got. Every leaf is an array, so a batch of states is the same
+    pytree with a leading axis."""
+
+    jobs: Jobs
+    slot: jnp.ndarray  # [] int
+    epochs_done: jnp.ndarray  # [J]
+    finished: jnp.ndarray  # [J] bool
+    finish_time: jnp.ndarray  # [J] slot (fractional) of completion; NaN while unfinished
+    slots_run: jnp.ndarray  # [J] int: slots spent active
+    workers: jnp.ndarray  # [J] int: last slot's allocation
+    ps: jnp.ndarray  # [J] int
+    restart_debt: jnp.ndarray  # [J] seconds of resize overhead still to lose
+    servers: jnp.ndarray  # [J, servers] int: last slot's workers per server ([J, 0] without placement)
+    key: jnp.ndarray  # PRNG key of the slot noise
+
+
+# ------------------------------------------------------------------------------------------ building
+
+@functools.cache
+def measured_placements() -> tuple[throughput.Placement, ...]:
+    """Every placement any all-reduce model was measured at (canonical, a fixed order)."""
+    found: set[throughput.Placement] = set()
+    for m in catalog.ALLREDUCE_MODELS:
+        found.update(throughput.throughput_model(m).points)
+    return tuple(sorted(found, key=lambda p: (len(p), p)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _measured_rates(model: str, batch: float) -> np.ndarray:
+    """[M] epochs/s of a job of ``model`` at total batch ``batch`` at each measured placement (the engine's own
+    lookup, so these match it exactly); NaN where this model was not measured."""
+    points = throughput.throughput_model(model).points
+    return np.array([catalog.allreduce_epoch_rate(model, batch, p) if p in points else np.nan
+                     for p in measured_placements()])
+
+
+def _ftype():
+    return jnp.result_type(float)  # float32, or float64 under jax_enable_x64
+
+
+def make_params(cfg: SimConfig, max_jobs: int, *, has_allreduce: bool, placement: bool) -> EnvParams:
+    """The static part of an environment from the engine's config. Cross-node traffic and heterogeneous
+    servers are not modelled here (they need PS placements and per-server walks): refused."""
+    if cfg.cross_node_comm or cfg.heterogeneous:
+        raise ValueError("the JAX environment does not model cross-node PS traffic or heterogeneous servers")
+    if max_jobs < 1:
+        raise ValueError("max_jobs must be >= 1")
+    f = _ftype()
+    pls = measured_placements()
+    width = max(len(p) for p in pls)
+    table = np.zeros((len(pls), width), np.int32)
+    for i, p in enumerate(pls):
+        table[i, :len(p)] = p
+    fits = np.array([[getattr(throughput.throughput_model(m).fit, k) for k in
+                      ("alpha_grad", "beta_grad", "alpha_local", "beta_local", "alpha_node", "beta_node", "gamma")]
+                     for m in catalog.ALLREDUCE_MODELS])
+    return EnvParams(
+        server_capacity=jnp.asarray(cfg.cluster.server_capacity, f), slot_seconds=jnp.asarray(cfg.slot_seconds, f),
+        slot_noise=jnp.asarray(cfg.slot_noise, f), resize_overhead_s=jnp.asarray(cfg.resize_overhead_s, f),
+        shared_node_slowdown=jnp.asarray(cfg.shared_node_slowdown, f),
+        speed_table=jnp.asarray(speed_table(cfg.speed_model), f), batches_per_epoch=jnp.asarray(BATCHES_PER_EPOCH, f),
+        measured_placements=jnp.asarray(table), pollux_fit=jnp.asarray(fits, f),
+        num_servers=int(cfg.cluster.num_servers), max_jobs=int(max_jobs), max_workers=int(cfg.max_workers),
+        max_ps=int(cfg.max_ps), gpus_per_node=max(int(cfg.cluster.gpus), 1), has_allreduce=bool(has_allreduce),
+        placement=bool(placement))
+
+
+def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
+    """The trace's jobs padded to ``max_jobs`` rows, with each all-reduce job's placement-independent speeds."""
+    n = len(trace)
+    if n > max_jobs:
+        raise ValueError(f"a trace of {n} jobs does not fit max_jobs = {max_jobs}")
+    f = _ftype()
+    J = max_jobs
+    pad = lambda a, fill, dtype: np.concatenate([np.asarray(a, dtype), np.full(J - n, fill, dtype)])  # noqa: E731
+    t = np.asarray(trace.type_idx, int)
+    ar = IS_ALLREDUCE[t]
+    gpw = np.maximum(np.round(WORKER_DEMAND[t, 0]).astype(int), 1)
+    iters = np.ones(n)
+    meas = np.full((n, len(measured_placements())), np.nan)
+    site = cfg.site_speeds
+    g_max = cfg.max_workers * int(gpw.max()) if site is not None else 0
+    site_rate = np.zeros((n, g_max + 1))
+    use_site = np.zeros(n, bool)
+    for j in np.flatnonzero(ar):
+        model, batch = MODEL_NAMES[t[j]], float(trace.batch_size[j])
+        iters[j] = catalog.iterations_per_epoch(model, batch)
+        meas[j] = _measured_rates(model, batch)
+        if site is not None and model in site.names():
+            use_site[j] = True
+            site_rate[j] = [site.epochs_per_s(model, g) for g in range(g_max + 1)]
+    big = np.finfo(np.float32).max
+    return Jobs(
+        valid=jnp.asarray(pad(np.ones(n, bool), False, bool)),
+        arrival_slot=jnp.asarray(pad(trace.arrival_slot, np.iinfo(np.int32).max, np.int32)),
+        type_idx=jnp.asarray(pad(t, 0, np.int32)),
+        est_epochs=jnp.asarray(pad(trace.est_epochs, 1.0, float), f),
+        true_epochs=jnp.asarray(pad(trace.true_epochs, big, float), f),
+        speed_factor=jnp.asarray(pad(trace.speed_factor, 1.0, float), f),
+        allreduce=jnp.asarray(pad(ar, False, bool)),
+        worker_demand=jnp.asarray(np.concatenate([WORKER_DEMAND[t], np.zeros((J - n, 3))]), f),
+        ps_demand=jnp.asarray(np.concatenate([PS_DEMAND[t], np.zeros((J - n, 3))]), f),
+        gpus_per_worker=jnp.asarray(pad(gpw, 1, np.int32)),
+        batch_size=jnp.asarray(pad(trace.batch_size, 0.0, float), f),
+        iters_per_epoch=jnp.asarray(pad(iters, 1.0, float), f),
+        measured_rate=jnp.asarray(np.concatenate([meas, np.full((J - n, meas.shape[1]), np.nan)]), f),
+        site_rate=jnp.asarray(np.concatenate([site_rate, np.zeros((J - n, g_max + 1))]), f),
+        use_site=jnp.asarray(pad(use_site, False, bool)),
+    )
+
+
+def reset(params: EnvParams, jobs: Jobs, key) -> EnvState:
+    """A cluster at the first arrival of its jobs, nothing trained (the engine's `run` starts there)."""
+    J = params.max_jobs
+    f = jobs.est_epochs.dtype
+    first = jnp.min(jnp.where(jobs.valid, jobs.arrival_slot, jnp.iinfo(jnp.int32).max))
+    zi = jnp.zeros(J, jnp.int32)
+    return EnvState(
+        jobs=jobs, slot=jnp.where(jnp.any(jobs.valid), first, 0).astype(jnp.int32), epochs_done=jnp.zeros(J, f),
+        finished=~jobs.valid, finish_time=jnp.full(J, jnp.nan, f), slots_run=zi, workers=zi, ps=zi,
+        restart_debt=jnp.zeros(J, f),
+        servers=jnp.zeros((J, params.num_servers if params.placement else 0), jnp.int32), key=key)
+
+
+def from_trace(trace: Trace, cfg: SimConfig, max_jobs: int, *, seed: int = 0,
+               placement: bool | None = None) -> tuple[EnvParams, EnvState]:
+    """(params, initial state) of one cluster running ``trace`` under ``cfg``. ``placement``: whether `step`
+    takes workers per server (default: when the trace has all-reduce jobs, whose speed depends on it)."""
+    has_ar = bool(np.any(trace.allreduce))
+    params = make_params(cfg, max_jobs, has_allreduce=has_ar, placement=has_ar if placement is None else placement)
+    return params, reset(params, job_arrays(trace, cfg, max_jobs), jax.random.PRNGKey(seed))
+
+
+def from_traces(traces: list[Trace], cfg: SimConfig, max_jobs: int, *, seeds=None,
+                placement: bool | None = None) -> tuple[EnvParams, EnvState]:
+    """(shared params, a batch of initial states, one per trace, leading axis = trace) for `jax.vmap`."""
+    has_ar = any(bool(np.any(t.allreduce)) for t in traces)
+    params = make_params(cfg, max_jobs, has_allreduce=has_ar, placement=has_ar if placement is None else placement)
+    seeds = range(len(traces)) if seeds is None else seeds
+    states = [reset(params, job_arrays(t, cfg, max_jobs), jax.random.PRNGKey(s)) for t, s in zip(traces, seeds)]
+    return params, stack(states)
+
+
+def stack(states):
+    """A batch (leading axis) of pytrees of equal shapes."""
+    return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *states)
+
+
+def unstack(batch, i: int):
+    """The i-th member of a batch."""
+    return jax.tree_util.tree_map(lambda x: x[i], batch)
+
+
+# ------------------------------------------------------------------------------------------ one slot
+
+def active(state: EnvState) -> jnp.ndarray:
+    """[J] jobs that have arrived and not finished (the rows of the engine's SlotView)."""
+    return state.jobs.valid & (state.jobs.arrival_slot <= state.slot) & ~state.finished
+
+
+def is_done(state: EnvState) -> jnp.ndarray:
+    """Every job of the trace has finished."""
+    return jnp.all(state.finished)
+
+
+def observe(params: EnvParams, state: EnvState) -> dict:
+    """What a scheduler may know of the slot about to be decided (the engine's SlotView, padded to J rows, with
+    ``active`` marking its rows): no true epochs, no interference factor."""
+    j = state.jobs
+    return {"slot": state.slot, "active": active(state), "type_idx": j.type_idx, "arrival_slot": j.arrival_slot,
+            "slots_run": state.slots_run, "epochs_done": state.epochs_done, "est_epochs": j.est_epochs,
+            "remaining_epochs": jnp.maximum(j.est_epochs - state.epochs_done, 0.0), "prev_workers": state.workers,
+            "prev_ps": state.ps, "allreduce": j.allreduce, "worker_demand": j.worker_demand,
+            "ps_demand": j.ps_demand, "prev_servers": state.servers}
+
+
+def _pollux_step_time(fit, gpus, nodes, local_bsz):
+    """dl2d.workload.throughput.PolluxFit.step_time, element-wise over jobs (``fit`` [J, 7])."""
+    ag, bg, al, bl, an, bn, gamma = (fit[:, i] for i in range(7))
+    grad = ag + bg * local_bsz
+    sync = jnp.where(nodes > 1, an + bn * (gpus - 2), al + bl * (gpus - 2))
+    sync = jnp.where(gpus > 1, jnp.maximum(sync, 0.0), 0.0)
+    return (grad ** gamma + sync ** gamma) ** (1.0 / gamma)
+
+
+def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts):
+    """[J] epochs/s of every job as an all-reduce job on its placement (before interference and noise), and
+    [J] whether it spans several servers one of which holds another multi-server job. ``counts``: workers per
+    server [J, servers], or None for packed placements (never sharing)."""
+    L = params.measured_placements.shape[1]
+    gpw = jobs.gpus_per_worker
+    if counts is None:  # packed: full nodes, then the rest
+        per = params.gpus_per_node
+        gpus = workers * gpw
+        top = jnp.clip(gpus[:, None] - per * jnp.arange(L)[None, :], 0, per)
+        nodes = (gpus + per - 1) // per
+        shared = jnp.zeros(workers.shape, bool)
+    else:
+        on = counts > 0
+        g = counts * gpw[:, None]
+        gpus = g.sum(axis=1)
+        nodes = on.sum(axis=1)
+        top = -jnp.sort(-g, axis=1)[:, :L]
+        if top.shape[1] < L:
+            top = jnp.pad(top, ((0, 0), (0, L - top.shape[1])))
+        multi = nodes > 1
+        per_server = jnp.sum(multi[:, None] & on, axis=0)  # multi-server jobs on each server
+        shared = multi & jnp.any(on & (per_server[None, :] > 1), axis=1)
+    match = jnp.all(top[:, None, :] == params.measured_placements[None, :, :], axis=-1) & (nodes <= L)[:, None]
+    known = ~jnp.isnan(jobs.measured_rate)
+    measured = jnp.any(match & known, axis=1)  # at most one measured placement matches
+    meas = jnp.sum(jnp.where(match & known, jobs.measured_rate, 0.0), axis=1)
+    fit = params.pollux_fit[jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)]
+    safe = jnp.maximum(gpus, 1).astype(jobs.batch_size.dtype)
+    fitted = 1.0 / (_pollux_step_time(fit, safe, nodes, jobs.batch_size / safe) * jobs.iters_per_epoch)
+    rate = jnp.where(measured, meas, fitted)
+    site = jobs.site_rate[jnp.arange(jobs.site_rate.shape[0]), jnp.clip(gpus, 0, jobs.site_rate.shape[1] - 1)]
+    rate = jnp.where(jobs.use_site, site, rate)
+    return jnp.where(gpus > 0, rate, 0.0), shared
+
+
+def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+    """One slot: (next state, reward, done, info). Pure; jit-, vmap- and scan-able.
+
+    ``workers`` / ``ps`` [J]: each job's placed tasks this slot. ``placement`` [J, servers] (required when
+    ``params.placement``): workers per server; an all-reduce job's workers are its row's sum. ``noise`` [J]:
+    this slot's U(-1, 1) draws (default: from the state's key). A finished cluster stays as it is."""
+    jobs, f = state.jobs, state.epochs_done.dtype
+    key, sub = jax.random.split(state.key)
+    u = jax.random.uniform(sub, (params.max_jobs,), f, -1.0, 1.0) if noise is None else jnp.asarray(noise, f)
+    act = active(state)
+    ar = jobs.allreduce
+    asked_w, asked_p = jnp.asarray(workers, jnp.int32), jnp.asarray(ps, jnp.int32)
+    w = jnp.clip(asked_w, 0, params.max_workers)
+    counts = None
+    if params.placement:
+        if placement is None:
+            raise ValueError("this environment takes a placement (workers per server) every slot")
+        counts = jnp.where((ar & act)[:, None], jnp.maximum(jnp.asarray(placement, jnp.int32), 0), 0)
+        w = jnp.where(ar, counts.sum(axis=1, dtype=jnp.int32), w)
+    p = jnp.where(ar, 0, jnp.clip(asked_p, 0, params.max_ps))
+    w, p = jnp.where(act, w, 0), jnp.where(act, p, 0)
+
+    changed = act & ((w != state.workers) | (p != state.ps))
+    if counts is not None:  # an all-reduce job moved to other servers restarts as well
+        changed = changed | (act & ar & jnp.any(counts != state.servers, axis=1))
+    debt = state.restart_debt + params.resize_overhead_s * changed
+    seconds = params.slot_seconds - jnp.minimum(debt, params.slot_seconds)
+    factor = jobs.speed_factor * (1 + params.slot_noise * u)
+
+    n = params.speed_table.shape[1] - 1
+    tps = jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)
+    speed = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)]
+    epochs = speed * factor * seconds / params.batches_per_epoch[tps]  # workload.speed.epochs_trained
+    if params.has_allreduce:
+        rate, shared = _allreduce_rates(params, jobs, w, counts)
+        ar_epochs = rate * factor * (1 - params.shared_node_slowdown * shared) * seconds
+        epochs = jnp.where(ar, ar_epochs, epochs)
+    epochs = jnp.where(act, epochs, 0.0)
+
+    # engine.advance
+    left = jobs.true_epochs - state.epochs_done
+    trained = jnp.where(act, jnp.minimum(epochs, left), 0.0)
+    ends = act & (epochs >= left - 1e-12)
+    frac = jnp.where(epochs > 0, left / jnp.where(epochs > 0, epochs, 1.0), 1.0)
+    finish = jnp.where(ends, state.slot + jnp.clip(frac, 0.0, 1.0), state.finish_time)
+    reward = jnp.sum(trained / jobs.est_epochs)
+    was_done = is_done(state)
+    nxt = state.replace(
+        slot=state.slot + jnp.where(was_done, 0, 1).astype(jnp.int32), epochs_done=state.epochs_done + trained,
+        finished=state.finished | ends, finish_time=finish, slots_run=state.slots_run + act,
+        workers=jnp.where(act, w, state.workers), ps=jnp.where(act, p, state.ps),
+        restart_debt=jnp.where(act, debt - (params.slot_seconds - seconds), state.restart_debt),
+        servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key)
+    total = params.server_capacity * params.num_servers
+    used = jnp.sum(w[:, None] * jobs.worker_demand + p[:, None] * jobs.ps_demand, axis=0)
+    info = {
+        "active": act, "workers": w, "ps": p, "trained": trained, "resized": jnp.sum(changed),
+        "utilisation": jnp.where(total > 0, used / jnp.where(total > 0, total, 1.0), 0.0),
+        "over_capacity": jnp.any(used > total + 1e-6),
+        # active jobs whose counts were not taken as given (limits, PS of an all-reduce job)
+        "clipped": jnp.sum(act & (((w != asked_w) & ~(ar & params.placement)) | (p != asked_p))),
+    }
+    return nxt, reward, is_done(nxt), info
+
+
+def jct(state: EnvState) -> jnp.ndarray:
+    """[J] each job's completion time in slots (arrival to finish; NaN unfinished or padding)."""
+    return jnp.where(state.jobs.valid, state.finish_time - state.jobs.arrival_slot, jnp.nan)
+
+
+def step_autoreset(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+    """`step`, then a fresh episode of the same trace (a new noise key) where every job finished: a batch of
+    clusters keeps stepping useful slots (gymnax's auto-reset). ``info['episode_jct']`` is the finished
+    episode's average JCT in slots (NaN in other slots)."""
+    nxt, reward, done, info = step(params, state, workers, ps, placement, noise)
+    fresh = reset(params, nxt.jobs, jax.random.split(nxt.key)[1])
+    out = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), fresh, nxt)  # not done: exactly `step`
+    return out, reward, done, {**info, "episode_jct": jnp.where(done, jnp.nanmean(jct(nxt)), jnp.nan)}
+
+
+# ------------------------------------------------------------------------------------------ many slots
+
+def replay(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+    """A fixed sequence of allocations (leading axis = slot: workers/ps [T, J], placement [T, J, servers],
+    noise [T, J]) under `jax.lax.scan`: (final state, per-slot reward, done, epochs_done [T, J], finish_time
+    [T, J], resized)."""
+    xs = (workers, ps, placement, noise)
+
+    def body(s, x):
+        w, p, pl, nz = x
+        s, r, d, info = step(params, s, w, p, pl, nz)
+        return s, {"reward": r, "done": d, "epochs_done": s.epochs_done, "finish_time": s.finish_time,
+                   "resized": info["resized"]}
+
+    return jax.lax.scan(body, state, xs)
+
+
+Rule = Callable[[EnvParams, EnvState], tuple]
+
+
+def rollout(params: EnvParams, state: EnvState, rule: Rule, num_slots: int, autoreset: bool = True):
+    """``num_slots`` slots with allocations from a pure ``rule(params, state) -> (workers, ps, placement)``
+    inside the scan: (final state, per-slot reward, done, episode_jct)."""
+    stepper = step_autoreset if autoreset else step
+
+    def body(s, _):
+        w, p, pl = rule(params, s)
+        s, r, d, info = stepper(params, s, w, p, pl)
+        return s, {"reward": r, "done": d, "episode_jct": info.get("episode_jct", jnp.nan)}
+
+    return jax.lax.scan(body, state, None, length=num_slots)
+
+
+# ------------------------------------------------------------------------------------------ a trivial rule
+
+def first_fit(params: EnvParams, demand, workers) -> jnp.ndarray:
+    """[J, servers] workers per server: each job in row order fills servers in index order (only these
+    workers count against the servers; what fits nowhere is dropped)."""
+    S = params.num_servers
+    free0 = jnp.broadcast_to(params.server_capacity, (S, 3))
+
+    def body(free, x):
+        d, w = x
+        per = jnp.where(d > 0, free / jnp.where(d > 0, d, 1.0), jnp.inf)
+        fit = jnp.minimum(jnp.floor(jnp.min(per, axis=1) + 1e-6), w).astype(jnp.int32)
+        before = jnp.cumsum(fit) - fit
+        take = jnp.clip(w - before, 0, fit)
+        return free - take[:, None] * d, take
+
+    return jax.lax.scan(body, free0, (demand, workers))[1]
+
+
+def fair_share(params: EnvParams, state: EnvState):
+    """A trivial allocation rule, pure and jitted with the environment (tests and benchmarks, not a policy):
+    every active job gets the same number of bundles (a worker and, for a PS job, a PS), as many as the
+    cluster's aggregate capacity allows (fragmentation ignored); when not even one each fits, the earliest
+    jobs get one. With placement, all-reduce workers go first-fit on the servers."""
+    jobs, act = state.jobs, active(state)
+    bundle = jobs.worker_demand + jnp.where(jobs.allreduce[:, None], 0.0, jobs.ps_demand)
+    bundle = jnp.where(act[:, None], bundle, 0.0)
+    total = params.server_capacity * params.num_servers
+    need = bundle.sum(axis=0)
+    k = jnp.floor(jnp.min(jnp.where(need > 0, total / jnp.where(need > 0, need, 1.0), jnp.inf)) + 1e-6)
+    k = jnp.clip(jnp.nan_to_num(k, posinf=params.max_workers), 0, params.max_workers).astype(jnp.int32)
+    one = jnp.all(jnp.cumsum(bundle, axis=0) <= total + 1e-6, axis=1) & act
+    w = jnp.where(act, jnp.where(k >= 1, k, one.astype(jnp.int32)), 0)
+    p = jnp.where(jobs.allreduce, 0, jnp.minimum(w, params.max_ps))
+    placement = None
+    if params.placement:
+        placement = first_fit(params, jobs.worker_demand, jnp.where(jobs.allreduce, w, 0))
+    return w, p, placement

@@ -1,0 +1,297 @@
+"""The JAX environment (dl2d.sim.jaxenv) against the NumPy engine, its reference: the same traces and the same
+placed allocations (recorded from a registry heuristic driving the engine, then replayed) give the same
+progress every slot and the same JCTs, with the slot noise off and on (the engine's own draws passed in);
+vmapped clusters agree with single ones, and a scan with a Python loop of jitted steps.
+
+JAX computes in float32 here (the engine in float64), so "the same" is to float32 rounding accumulated over
+hundreds of slots: relative 1e-4 on epochs, 1e-5 (at least 1e-3 slot) on JCTs. In float64 (`jax.enable_x64`)
+the two agree to 1e-9."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dl2d.core.contract import Allocation
+from dl2d.policy import registry
+from dl2d.sim import allreduce
+from dl2d.sim import engine as E
+from dl2d.sim import jaxenv as X
+from dl2d.sim import trace as T
+from dl2d.sim.cluster import T4_NODE, ClusterSpec
+from dl2d.sim.worlds import world
+from dl2d.workload import catalog, philly, throughput
+from dl2d.workload.workloads import WorkloadJob
+
+J = 16  # every trace here has 12 jobs: 4 rows of padding
+SLOTS = 640  # every recorded run is padded to this many slots (one compiled scan per kind of environment)
+NODES = ClusterSpec(4, **T4_NODE)
+WIDE = ClusterSpec(2, gpus=8.0, cpus=96.0, mem_gb=384.0)  # 8-GPU nodes: placements never measured, the fit
+
+def short(tr: T.Trace, epochs: float) -> T.Trace:
+    return replace(tr, est_epochs=np.minimum(tr.est_epochs, epochs), true_epochs=np.minimum(tr.true_epochs, epochs))
+
+
+def dl2_trace(seed: int) -> T.Trace:
+    tr = T.generate(T.TraceConfig(num_jobs=12, max_arrivals_per_slot=4, arrival_pattern="uniform",
+                                  epoch_estimate_error=0.2), seed=seed)
+    return short(tr, 30.0)
+
+
+def today_trace(seed: int) -> T.Trace:
+    wl = philly.generate(12, load=2.0, cluster_gpus=16, seed=seed, max_gpus=16)
+    return short(T.from_workload(wl, 60.0, seed=seed, epoch_estimate_error=0.1), 3.0)
+
+
+def mixed_trace(seed: int) -> T.Trace:
+    """Six PS jobs of DL2 and six all-reduce jobs in one trace, by arrival."""
+    a = T.generate(T.TraceConfig(num_jobs=6, max_arrivals_per_slot=2, arrival_pattern="uniform"), seed=seed)
+    b = today_trace(seed)
+    a, b = short(a, 20.0), b
+    take = lambda tr, k: np.asarray(getattr(tr, k))[:6]  # noqa: E731
+    cols = {k: np.concatenate([take(a, k), take(b, k)]) for k in
+            ("arrival_slot", "type_idx", "est_epochs", "true_epochs", "speed_factor", "batch_size", "requested")}
+    order = np.argsort(cols["arrival_slot"], kind="stable")
+    return T.Trace(**{k: v[order] for k, v in cols.items()})
+
+
+DL2 = world("dl2").sim_config("tiny")
+TODAY = replace(world("today").sim_config(), cluster=NODES)
+CASES = {  # name: (trace, engine config, policy)
+    "dl2-drf": (dl2_trace(1), DL2, "drf"),
+    "dl2-optimus-long-restarts": (dl2_trace(2), replace(DL2, resize_overhead_s=1500.0), "optimus"),
+    "today-drf": (today_trace(5), TODAY, "drf"),
+    "today-elastic": (today_trace(6), TODAY, "elastic"),
+    "mixed-drf": (mixed_trace(5), replace(TODAY, cluster=WIDE), "drf"),
+}
+
+
+class RecordingRng:
+    """The engine's generator, keeping every draw (the engine draws the slot noise with one `uniform` call per
+    slot, one value per active job by arrival)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.draws: list[np.ndarray] = []
+
+    def uniform(self, *args, **kw):
+        x = self.rng.uniform(*args, **kw)
+        self.draws.append(x)
+        return x
+
+
+def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dict:
+    """The engine's run loop, recording per slot what was placed (counts, workers per server), the noise drawn
+    and the progress, padded to J jobs and SLOTS slots."""
+    pol = registry.build(policy)
+    rng = RecordingRng(seed)
+    state = replace(E.SimState.initial(len(tr)), slot=int(tr.arrival_slot.min()))
+    S = cfg.cluster.num_servers
+    out = {k: np.zeros((SLOTS, J)) for k in ("noise", "epochs")}
+    out.update(workers=np.zeros((SLOTS, J), np.int32), ps=np.zeros((SLOTS, J), np.int32),
+               placement=np.zeros((SLOTS, J, S), np.int32), reward=np.zeros(SLOTS), resized=np.zeros(SLOTS, int))
+    t = shared = moved = unmeasured = 0
+    while not state.done():
+        view = E.view_of(tr, state, cfg)
+        alloc = pol(view) if len(view) else Allocation(np.zeros(0, int), np.zeros(0, int))
+        prev = [state.worker_servers[i] for i in view.job_ids]
+        state, reward, info = E.step(tr, state, alloc, cfg, rng)
+        jobs = info["jobs"]
+        assert len(rng.draws) == t + 1
+        out["workers"][t, jobs], out["ps"][t, jobs], out["noise"][t, jobs] = info["workers"], info["ps"], rng.draws[-1]
+        for k, i in enumerate(jobs):
+            np.add.at(out["placement"][t, i], np.asarray(info["worker_servers"][k], int), 1)
+        ar = [k for k in range(len(jobs)) if tr.allreduce[jobs[k]]]
+        for k in ar:
+            if info["worker_servers"][k]:
+                model = catalog.MODEL_NAMES[tr.type_idx[jobs[k]]]
+                pl = allreduce.gpu_placement(info["worker_servers"][k], 1.0)
+                unmeasured += pl not in throughput.throughput_model(model).points
+        if ar:
+            shared += int(allreduce.shares_a_server([info["worker_servers"][k] for k in ar]).sum())
+            moved += sum(bool(allreduce.moved([prev[k]], [info["worker_servers"][k]])[0])
+                         and info["workers"][k] == len(prev[k]) > 0 for k in ar)
+        out["epochs"][t, :len(tr)] = state.epochs_done
+        out["reward"][t], out["resized"][t] = reward, info["resized"]
+        t += 1
+    assert t <= SLOTS
+    out["epochs"][t:] = out["epochs"][t - 1]
+    out.update(slots=t, jct=state.finish_time - tr.arrival_slot, shared=shared, moved=moved, unmeasured=unmeasured)
+    return out
+
+
+_RUNS: dict = {}
+
+
+def recorded(case: str, noise: float, seed: int) -> dict:
+    """`engine_run` of a case, once per test session."""
+    if (case, noise, seed) not in _RUNS:
+        tr, cfg, policy = CASES[case]
+        _RUNS[case, noise, seed] = engine_run(tr, replace(cfg, slot_noise=noise), policy, seed)
+    return _RUNS[case, noise, seed]
+
+
+def test_the_recorded_runs_exercise_what_depends_on_placement():
+    """Multi-server all-reduce jobs sharing a server (the slowdown), a job moved at the same size (a restart),
+    placements measured and not (Pollux's fit), a restart longer than a slot (whole slots without training)."""
+    runs = [recorded(c, 0.1, 7) for c in ("today-drf", "today-elastic", "mixed-drf")]
+    assert all(r["shared"] > 0 and r["moved"] > 0 for r in runs) and runs[2]["unmeasured"] > 100
+    rec = recorded("dl2-optimus-long-restarts", 0.1, 7)
+    assert (np.diff(rec["epochs"][:rec["slots"]], axis=0) == 0).all(axis=1).any()
+
+
+@jax.jit
+def _replay(params, state, workers, ps, placement, noise):
+    return X.replay(params, state, workers, ps, placement, noise)
+
+
+def jax_replay(tr: T.Trace, cfg: E.SimConfig, rec: dict):
+    params, state = X.from_trace(tr, cfg, J)
+    placement = rec["placement"] if params.placement else None
+    return params, _replay(params, state, rec["workers"], rec["ps"], placement, rec["noise"])
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1], ids=["noise-off", "noise-on"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_jax_environment_matches_the_engine_slot_for_slot(case, noise):
+    tr, cfg, policy = CASES[case]
+    cfg = replace(cfg, slot_noise=noise)
+    rec = recorded(case, noise, seed=7)
+    params, (final, traj) = jax_replay(tr, cfg, rec)
+    n, t = len(tr), rec["slots"]
+    np.testing.assert_allclose(np.asarray(traj["epochs_done"])[:, :n], rec["epochs"][:, :n], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(traj["reward"])[:t], rec["reward"][:t], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(traj["resized"])[:t], rec["resized"][:t])
+    np.testing.assert_allclose(np.asarray(X.jct(final))[:n], rec["jct"], rtol=1e-5, atol=1e-3)
+    done = np.asarray(traj["done"])
+    assert done[t - 1] and not done[:t - 1].any()  # done in the same slot as the engine
+    assert int(final.slot) == int(tr.arrival_slot.min()) + t and np.isnan(np.asarray(X.jct(final))[n:]).all()
+    assert params.placement == bool(tr.allreduce.any())
+
+
+@pytest.mark.parametrize("case", ["today-drf", "mixed-drf", "dl2-optimus-long-restarts"])
+def test_in_float64_the_match_is_to_rounding(case):
+    tr, cfg, policy = CASES[case]
+    cfg = replace(cfg, slot_noise=0.1)
+    rec = recorded(case, 0.1, 7)
+    with jax.enable_x64(True):
+        _, (final, traj) = jax_replay(tr, cfg, rec)
+        assert final.epochs_done.dtype == jnp.float64
+        n = len(tr)
+        np.testing.assert_allclose(np.asarray(traj["epochs_done"])[:, :n], rec["epochs"][:, :n], rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(X.jct(final))[:n], rec["jct"], rtol=1e-9, atol=1e-9)
+
+
+def test_without_placement_an_allreduce_job_trains_packed_on_the_fewest_servers():
+    """placement=False: the engine's speed of the packed placement (catalog.packed), measured or fitted."""
+    wl = [WorkloadJob("j", 0.0, "cifar10", 1, 512.0)]
+    tr = T.from_workload(wl, 60.0, interference_sigma=0.0)
+    cfg = replace(TODAY, slot_noise=0.0, resize_overhead_s=0.0)
+    params, state = X.from_trace(tr, cfg, J, placement=False)
+    assert not params.placement and params.has_allreduce and state.servers.shape == (J, 0)
+    step = jax.jit(X.step)
+    for gpus in (1, 2, 3, 4, 5, 8, 11, 16, 17, 23, 64):  # 17 and up: 5+ nodes, not all measured
+        w = np.zeros(J, np.int32)
+        w[0] = gpus
+        nxt, _, _, _ = step(params, state, w, np.zeros(J, np.int32))
+        rate = catalog.allreduce_epoch_rate("cifar10", 512.0, catalog.packed(gpus, 4))
+        assert float(nxt.epochs_done[0]) == pytest.approx(rate * 60.0, rel=1e-5)
+
+
+def fair_share_batch(traces, cfg, slots):
+    """(params, batch of states, rollout, its vmapped and single jitted forms) of the fair-share rule over ``traces``."""
+    params, batch = X.from_traces(traces, cfg, J, seeds=[11, 12, 13, 14])
+    run = lambda p, s: X.rollout(p, s, X.fair_share, slots, autoreset=False)  # noqa: E731
+    return params, batch, run, jax.jit(jax.vmap(run, in_axes=(None, 0))), jax.jit(run)
+
+
+@pytest.mark.parametrize("kind", ["dl2", "today"])
+def test_a_vmapped_batch_of_clusters_equals_single_runs(kind):
+    if kind == "dl2":
+        traces, cfg = [dl2_trace(s) for s in (1, 2, 3, 4)], DL2
+    else:
+        traces, cfg = [today_trace(s) for s in (3, 4, 5, 6)], TODAY
+    params, batch, run, many, one = fair_share_batch(traces, cfg, 96)
+    final, traj = many(params, batch)
+    progressed = 0
+    for i in range(len(traces)):
+        f1, t1 = one(params, X.unstack(batch, i))
+        for a, b in zip(jax.tree_util.tree_leaves((f1, t1)), jax.tree_util.tree_leaves(X.unstack((final, traj), i))):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+        progressed += float(f1.epochs_done.sum()) > 0
+    assert progressed == len(traces)
+    # batched params as well: each cluster its own slot length and noise
+    stacked = X.stack([params.replace(slot_seconds=params.slot_seconds * (1 + i), slot_noise=params.slot_noise * i)
+                       for i in range(len(traces))])
+    final_p, traj_p = jax.jit(jax.vmap(run))(stacked, batch)
+    for i in range(len(traces)):
+        fi, ti = one(X.unstack(stacked, i), X.unstack(batch, i))
+        np.testing.assert_allclose(np.asarray(fi.epochs_done), np.asarray(final_p.epochs_done[i]), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(ti["reward"]), np.asarray(traj_p["reward"][i]), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(np.asarray(traj_p["reward"]), np.asarray(traj["reward"]))  # the params did differ
+
+
+def test_a_scan_over_slots_equals_a_python_loop_of_jitted_steps():
+    tr, cfg, policy = CASES["today-elastic"]
+    cfg = replace(cfg, slot_noise=0.1)
+    rec = engine_run(tr, cfg, policy, seed=3)
+    params, (final, traj) = jax_replay(tr, cfg, rec)
+    _, state = X.from_trace(tr, cfg, J)
+    step = jax.jit(X.step)
+    for t in range(rec["slots"]):
+        state, reward, done, _ = step(params, state, rec["workers"][t], rec["ps"][t], rec["placement"][t],
+                                      rec["noise"][t])
+        np.testing.assert_allclose(np.asarray(state.epochs_done), np.asarray(traj["epochs_done"][t]), rtol=1e-6)
+        assert float(reward) == pytest.approx(float(traj["reward"][t]), rel=1e-6, abs=1e-7)
+    assert bool(done)
+    np.testing.assert_allclose(np.asarray(X.jct(state)), np.asarray(X.jct(final)), rtol=1e-6)
+
+
+def test_own_noise_is_drawn_from_the_key_and_a_finished_cluster_starts_over_with_autoreset():
+    tr = dl2_trace(1)
+    cfg = replace(DL2, slot_noise=0.1)
+    params, state = X.from_trace(tr, cfg, J, seed=0)
+    rule = lambda s: X.fair_share(params, s)  # noqa: E731
+    step = jax.jit(X.step)
+    w, p, _ = rule(state)
+    a, _, _, _ = step(params, state, w, p)
+    b, _, _, _ = step(params, state.replace(key=jax.random.PRNGKey(1)), w, p)
+    assert not np.allclose(np.asarray(a.epochs_done), np.asarray(b.epochs_done))  # other draws, other progress
+    c, _, _, _ = step(params, state, w, p)
+    np.testing.assert_array_equal(np.asarray(a.epochs_done), np.asarray(c.epochs_done))  # pure
+    final, traj = jax.jit(lambda s: X.rollout(params, s, X.fair_share, 400))(state)
+    done = np.asarray(traj["done"])
+    assert done.sum() >= 1
+    first = int(np.argmax(done))
+    assert np.isfinite(traj["episode_jct"][first]) and np.isnan(np.asarray(traj["episode_jct"])[~done]).all()
+    # the same episode stepped without auto-reset ends with that average JCT
+    ended, _ = jax.jit(lambda s: X.rollout(params, s, X.fair_share, first + 1, autoreset=False))(state)
+    assert float(jnp.nanmean(X.jct(ended))) == pytest.approx(float(traj["episode_jct"][first]), rel=1e-6)
+    assert bool(X.is_done(ended))
+
+
+def test_counts_beyond_the_limits_are_clipped_and_overflow_is_reported():
+    tr = dl2_trace(1)
+    params, state = X.from_trace(tr, DL2, J)
+    obs = X.observe(params, state)
+    act = np.asarray(obs["active"])
+    assert act.sum() == 4 and "true_epochs" not in obs and "speed_factor" not in obs
+    w = np.where(act, 99, 0)
+    nxt, _, _, info = jax.jit(X.step)(params, state, w, w)
+    assert int(info["clipped"]) == 4 and bool(info["over_capacity"])
+    assert (np.asarray(info["workers"])[act] == DL2.max_workers).all()
+    assert np.asarray(nxt.workers)[~act].sum() == 0
+
+
+def test_what_the_environment_does_not_model_is_refused():
+    tr = dl2_trace(1)
+    with pytest.raises(ValueError, match="does not fit max_jobs"):
+        X.from_trace(tr, DL2, 8)
+    with pytest.raises(ValueError, match="cross-node"):
+        X.from_trace(tr, replace(DL2, cross_node_comm=True), J)
+    params, state = X.from_trace(today_trace(3), TODAY, J)
+    with pytest.raises(ValueError, match="placement"):
+        X.step(params, state, jnp.zeros(J, jnp.int32), jnp.zeros(J, jnp.int32))
