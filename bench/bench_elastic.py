@@ -42,6 +42,8 @@ from dl2d.elastic.model import TrainConfig, parse_size
 
 WORKERS = 2
 BASE_PS = 1
+#: Each launched job's secret by coordinator address (control calls authenticate with it).
+SECRETS: dict[str, str] = {}
 
 
 def launch(ckdir: str, size: str, ps: int, args) -> subprocess.Popen:
@@ -79,7 +81,9 @@ def wait_running(ckdir: str, min_step: int, timeout: float = 120.0) -> str:
             with open(os.path.join(ckdir, "progress.json")) as f:
                 p = json.load(f)
             if p["state"] == "running" and p["step"] >= min_step:
-                return control.read_coordinator_file(ckdir)
+                addr = control.read_coordinator_file(ckdir)
+                SECRETS[addr] = control.read_job_secret(ckdir)
+                return addr
         except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.02)
@@ -90,7 +94,7 @@ def wait_records(addr: str, n: int, key: str, timeout: float = 30.0) -> list[dic
     """STATUS records once at least ``n`` exist and the last one has ``key`` (filled by the next step)."""
     deadline = time.monotonic() + timeout
     while True:
-        recs = control.status(addr)["records"]
+        recs = control.status(addr, secret=SECRETS[addr])["records"]
         if len(recs) >= n and recs[-1].get(key) is not None:
             return recs
         if time.monotonic() > deadline:
@@ -121,19 +125,21 @@ def hot_run(size: str, args, tmp: str, tick) -> dict:
         n = 0
         for k in range(1, args.max_add + 1):
             t0 = time.perf_counter()
-            res = control.scale(addr, workers=WORKERS, ps=BASE_PS + k, method="hot", timeout=300)
+            res = control.scale(addr, workers=WORKERS, ps=BASE_PS + k, method="hot", timeout=300,
+                                secret=SECRETS[addr])
             wall = time.perf_counter() - t0
             n += len(res["records"])
             recs = wait_records(addr, n, "step_gap_s")[-len(res["records"]):]
             out["add"][k] = {"records": recs, "scale_call_s": wall}
             out["events"] += recs
             tick()
-            res = control.scale(addr, workers=WORKERS, ps=BASE_PS, method="hot", timeout=300)
+            res = control.scale(addr, workers=WORKERS, ps=BASE_PS, method="hot", timeout=300,
+                                secret=SECRETS[addr])
             n += len(res["records"])
             recs = wait_records(addr, n, "step_gap_s")[-len(res["records"]):]
             out["remove"][k] = {"records": recs}
             out["events"] += recs
-        st = control.status(addr)
+        st = control.status(addr, secret=SECRETS[addr])
         out["iter_time_s"] = st["iter_time"]
     finally:
         if p.poll() is None:

@@ -7,7 +7,17 @@ import os
 
 import pytest
 
-from dl2d.core.files import MAX_TOML_BYTES, TomlFileError, atomic_open, read_toml_file, write_atomic, write_json_atomic
+from dl2d.core.files import (
+    MAX_TOML_BYTES,
+    SecretFileError,
+    TomlFileError,
+    atomic_open,
+    ensure_secret_file,
+    read_secret_file,
+    read_toml_file,
+    write_atomic,
+    write_json_atomic,
+)
 
 
 def test_write_replaces_whole_files_with_plain_permissions(tmp_path):
@@ -57,3 +67,53 @@ def test_a_missing_toml_file_is_none_and_a_good_one_its_table(tmp_path):
     assert read_toml_file(tmp_path / "ok.toml") == {"state_dir": "/srv", "sim": {"cluster": "tiny"}}
     with pytest.raises(TomlFileError, match="cannot read"):
         read_toml_file(tmp_path)  # a directory
+
+
+def test_a_secret_file_is_made_once_with_mode_0600_and_two_makers_agree(tmp_path):
+    import threading
+
+    p = tmp_path / "d" / "job.secret"
+    got: list[str] = []
+    ts = [threading.Thread(target=lambda: got.append(ensure_secret_file(p))) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(set(got)) == 1 and len(got[0]) == 64  # one winner; everyone reads its secret
+    assert p.stat().st_mode & 0o777 == 0o600 and os.listdir(p.parent) == ["job.secret"]
+    assert read_secret_file(p) == got[0] == ensure_secret_file(p)
+
+
+@pytest.mark.parametrize("content, mode, message", [
+    ("x" * 64, 0o644, r"mode 0644; it must not be accessible by group or others \(run: chmod 600"),
+    ("x" * 64, 0o604, "must not be accessible by group or others"),
+    ("  \n", 0o600, "is empty"),
+    ("short", 0o600, "holds a 5-character token; use at least 16"),
+    ("x" * 5000, 0o600, "larger than 4096 bytes"),
+    (b"\xff" * 20, 0o600, "not UTF-8"),
+])
+def test_a_secret_file_that_is_not_private_or_not_a_secret_is_one_clear_error(tmp_path, content, mode, message):
+    p = tmp_path / "s"
+    (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
+    p.chmod(mode)
+    with pytest.raises(SecretFileError, match=message) as e:
+        read_secret_file(p, what="job secret file")
+    assert str(e.value).startswith(("job secret file", "cannot read job secret file")) and "\n" not in str(e.value)
+
+
+def test_a_secret_file_owned_by_another_user_or_not_a_file_is_refused(tmp_path):
+    p = tmp_path / "s"
+    p.write_text("x" * 64)
+    p.chmod(0o600)
+    assert read_secret_file(p, owners=(os.geteuid(),)) == "x" * 64
+    with pytest.raises(SecretFileError, match="must be owned by root or the agent's user"):
+        read_secret_file(p, owners=(os.geteuid() + 1,), owner_desc="the agent's user")
+    with pytest.raises(SecretFileError, match="cannot read secret file"):
+        read_secret_file(tmp_path / "missing")
+    with pytest.raises(SecretFileError, match="is not a regular file"):
+        os.mkfifo(tmp_path / "fifo", 0o600)
+        read_secret_file(tmp_path / "fifo")  # (a FIFO: refused without blocking on it)
+    (tmp_path / "link").symlink_to(p)
+    assert read_secret_file(tmp_path / "link") == "x" * 64
+    with pytest.raises(SecretFileError, match="symbolic link"):
+        read_secret_file(tmp_path / "link", follow_symlinks=False)

@@ -8,17 +8,17 @@ and systemd checks). Everything else is 404; a missing or wrong token is 401.
 from __future__ import annotations
 
 import hmac
-import os
-import stat
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
+
+from dl2d.core.files import MIN_SECRET_CHARS, SecretFileError, read_secret_file
 
 __all__ = ["TokenFileError", "check_bearer", "load_token", "make_server"]
 
 
 #: the shortest shared token accepted: a guessable token is no authentication
-MIN_TOKEN_CHARS = 16
+MIN_TOKEN_CHARS = MIN_SECRET_CHARS
 #: seconds a connection may take to send its request (a client that connects and stalls is dropped)
 REQUEST_TIMEOUT_S = 10.0
 #: connections served at once; more are closed at once instead of each holding a thread
@@ -33,29 +33,13 @@ def load_token(path: str) -> str:
     """Read the shared token, refusing a file that group or others can access.
 
     The file must be a regular file of mode 0600 or 0400 (``chmod 600``),
-    owned by root or by the user running the agent.
+    owned by root or by the user running the agent (the check is
+    :func:`dl2d.core.files.read_secret_file`, shared with the elastic jobs' secret).
     """
     try:
-        st = os.stat(path)
-    except OSError as e:
-        raise TokenFileError(f"cannot read token file {path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise TokenFileError(f"token file {path} is not a regular file")
-    if st.st_mode & 0o077:
-        raise TokenFileError(
-            f"token file {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must not be "
-            f"accessible by group or others (run: chmod 600 {path})"
-        )
-    if st.st_uid not in (0, os.geteuid()):
-        raise TokenFileError(f"token file {path} must be owned by root or the agent's user")
-    with open(path, encoding="utf-8") as f:
-        token = f.read().strip()
-    if not token:
-        raise TokenFileError(f"token file {path} is empty")
-    if len(token) < MIN_TOKEN_CHARS:
-        raise TokenFileError(f"token file {path} holds a {len(token)}-character token; use at least "
-                             f"{MIN_TOKEN_CHARS} (e.g. openssl rand -hex 32 > {path})")
-    return token
+        return read_secret_file(path, what="token file", owner_desc="the agent's user")
+    except SecretFileError as e:
+        raise TokenFileError(str(e)) from None
 
 
 def check_bearer(header: str | None, token: str) -> bool:

@@ -4,6 +4,10 @@
   talking over real TCP sockets (used by the fast tests).
 * :class:`ProcessSpawner` starts ``python -m dl2d.elastic.role`` processes
   locally (``dl2-run --local``) or through ``srun`` on the allocated nodes.
+
+Both hand the roles the job's member key (``member_key``, set by whoever made
+the coordinator): a thread gets it as an argument, a process in its environment
+(``$DL2D_ELASTIC_MEMBER_KEY``; ``ps`` shows command lines, not environments).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from .auth import MEMBER_KEY_ENV, SECRET_FILE_ENV
 from .coordinator import Coordinator
 from .model import TrainConfig
 from .ps import ParameterServer
@@ -23,15 +28,16 @@ from .worker import Worker
 class ThreadSpawner:
     def __init__(self):
         self.coord_addr: str | None = None
+        self.member_key: bytes | None = None
         self.ps: list[ParameterServer] = []
         self.workers: list[Worker] = []
 
     def spawn(self, role: str, n: int) -> None:
         for _ in range(n):
             if role == "ps":
-                self.ps.append(ParameterServer(self.coord_addr).start())
+                self.ps.append(ParameterServer(self.coord_addr, self.member_key).start())
             else:
-                self.workers.append(Worker(self.coord_addr).start())
+                self.workers.append(Worker(self.coord_addr, self.member_key).start())
 
     def kill_all(self) -> None:
         for r in self.ps + self.workers:
@@ -42,14 +48,20 @@ class ThreadSpawner:
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def role_env(threads: int | None = 1, base: dict | None = None) -> dict:
-    """Environment of a role process: ``threads`` BLAS/OpenMP threads unless the caller set them.
+def role_env(threads: int | None = 1, base: dict | None = None, member_key: bytes | None = None) -> dict:
+    """Environment of a role process: ``threads`` BLAS/OpenMP threads unless the caller set them; the
+    job's member key (``$DL2D_ELASTIC_MEMBER_KEY``), and not the name of the job's secret file (a role
+    needs the member key only).
 
     Several roles share a node's cores; with one BLAS thread pool per core in
     every role the pools spin against each other (a 100k-parameter step took
     ~60 ms instead of ~0.5 ms on a loaded 2-core host).
     """
     env = dict(os.environ if base is None else base)
+    env.pop(SECRET_FILE_ENV, None)
+    env.pop(MEMBER_KEY_ENV, None)
+    if member_key is not None:
+        env[MEMBER_KEY_ENV] = member_key.hex()
     if threads:
         for var in BLAS_THREAD_VARS:
             env.setdefault(var, str(threads))
@@ -64,8 +76,11 @@ class ProcessSpawner:
 
     def __init__(self, coord_addr: str | None = None, nodes: list[str] | None = None,
                  srun: bool = False, python: str = sys.executable, bind_host: str = "127.0.0.1",
-                 log_dir: str | None = None, threads: int | None = 1):
+                 log_dir: str | None = None, threads: int | None = 1, member_key: bytes | None = None):
+        """``bind_host``: what the roles bind (``auto``: each its node's address, see role.py);
+        ``member_key``: the job's member key, in each role's environment."""
         self.coord_addr = coord_addr
+        self.member_key = member_key
         self.threads = threads
         self.nodes = nodes or []
         self.srun = srun
@@ -93,8 +108,11 @@ class ProcessSpawner:
             if self.log_dir:
                 os.makedirs(self.log_dir, exist_ok=True)
                 out = open(os.path.join(self.log_dir, f"{role}-{len(self.procs)}.log"), "ab")
+            if self.member_key is None:
+                raise RuntimeError("no member key for the roles (set ProcessSpawner.member_key)")
             self.procs.append(subprocess.Popen(self.command(role), stdout=out, stderr=subprocess.STDOUT
-                                               if out else None, env=role_env(self.threads)))
+                                               if out else None, env=role_env(self.threads,
+                                                                              member_key=self.member_key)))
             if out:
                 out.close()
 
@@ -118,6 +136,7 @@ class LocalCluster:
         self.coord = Coordinator(cfg, n_ps, n_workers, spawner=self.spawner,
                                  checkpoint_dir=checkpoint_dir, **kw).start()
         self.spawner.coord_addr = self.coord.address
+        self.spawner.member_key = self.coord.member_key
         self.n_ps, self.n_workers = n_ps, n_workers
 
     def start(self) -> "LocalCluster":

@@ -17,6 +17,10 @@ The same pause-at-clock is used to take a consistent checkpoint.  Other
 requests: ``PROGRESS``/``SUSPENDED``/``RESUMED``/``DONE`` from workers,
 ``STATUS``, ``SCALE {workers, ps, method}``, ``CHECKPOINT {exit}``, ``SHUTDOWN``.
 
+Every connection is authenticated (:mod:`.auth`): the roles with the job's member
+key, the daemon and ``dl2-run`` with its control key; :mod:`.guards` says which
+role may send what and checks progress reports and scaling requests.
+
 One module (about 700 lines) on purpose: it is one state machine, the coordinator's membership, clock and
 reconfiguration steps share one lock and one background thread, and the pure parts it builds on are already
 their own modules (assignment, clock, checkpoint, protocol).
@@ -24,18 +28,28 @@ their own modules (assignment, clock, checkpoint, protocol).
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import threading
 import time
 from typing import Callable
 
 import numpy as np
 
+from . import guards
 from . import protocol as P
 from .assignment import by_ps, moves, rebalance
+from .auth import MEMBER, Credentials
 from .checkpoint import load_checkpoint, save_checkpoint, save_model
 from .clock import retry_clock, scaling_clock
 from .model import TrainConfig, init_params
+
+log = logging.getLogger(__name__)
+#: Seconds a newly registered role has to answer the coordinator's first PING (else it is not added).
+JOIN_PING_TIMEOUT_S = 10.0
+#: Worker errors kept (each cut to 500 characters).
+MAX_ERRORS = 100
 
 
 class _Stall:
@@ -58,7 +72,11 @@ class Coordinator:
     def __init__(self, cfg: TrainConfig, n_ps: int, n_workers: int, job_id: str = "job",
                  host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
                  spawner=None, checkpoint_dir: str | None = None, progress=None,
-                 resume: bool = True):
+                 resume: bool = True, secret: str | None = None, max_workers: int | None = None,
+                 max_ps: int | None = None):
+        """``secret``: the job's secret (a random one when None; ``self.secret``); ``max_workers`` /
+        ``max_ps``: the most a SCALE may ask for (default guards.DEFAULT_MAX_ROLES; PSs at most one per
+        parameter block), and never fewer than the initial counts."""
         if n_ps < 1 or n_workers < 1:
             raise ValueError("need at least one PS and one worker")
         self.cfg, self.job_id = cfg, job_id
@@ -68,7 +86,13 @@ class Coordinator:
         self.progress = progress
         self.blocks = cfg.blocks()
         self.sizes = [ln for _, ln in self.blocks]
-        self.server = P.Server(self.handle, host, port, advertise_host)
+        self.max_workers = max(n_workers, max_workers or guards.DEFAULT_MAX_ROLES)
+        self.max_ps = max(n_ps, min(max_ps or guards.DEFAULT_MAX_ROLES, len(self.blocks)))
+        self.secret = secret or secrets.token_hex(32)
+        creds = Credentials.from_secret(self.secret)
+        self.member_key = creds.keys[MEMBER]
+        self._creds = creds.as_role(MEMBER)  # what the coordinator proves to the PSs and workers
+        self.server = P.Server(self.handle, host, port, advertise_host, auth=creds, with_peer=True)
         self.address = self.server.address
         self.cv = threading.Condition()
         self._next_id = {"ps": 0, "worker": 0}
@@ -92,6 +116,7 @@ class Coordinator:
         self.version = 0
         self.iter_time: float | None = None
         self._last_progress: float | None = None
+        self._progress_mono = time.monotonic()  # when the last PROGRESS was accepted (or the coordinator began)
         self.samples_per_s = 0.0
         self.last_loss: float | None = None
         self.state = "starting"
@@ -138,8 +163,26 @@ class Coordinator:
     # -- helpers ---------------------------------------------------------------------
     def _c(self, addr: str) -> P.Client:
         if addr not in self.clients:
-            self.clients[addr] = P.Client(addr)
+            self.clients[addr] = P.Client(addr, auth=self._creds)
         return self.clients[addr]
+
+    def _answers(self, addr: str) -> bool:
+        """Whether a newly registered role answers a PING within JOIN_PING_TIMEOUT_S."""
+        c = P.Client(addr, timeout=JOIN_PING_TIMEOUT_S, auth=self._creds)
+        try:
+            c.call("PING")
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure: the role is not added
+            self._error(f"new role at {addr} did not answer ({type(e).__name__}: {e}); not added")
+            return False
+        finally:
+            c.close()
+
+    def _error(self, text: str) -> None:
+        log.warning("coordinator of job %s: %s", self.job_id, text)
+        with self.cv:
+            if len(self.errors) < MAX_ERRORS:
+                self.errors.append(text[:500])
 
     def _parallel(self, fn: Callable, items) -> list:
         items = list(items)
@@ -174,15 +217,27 @@ class Coordinator:
         }, force=force)
 
     # -- request handler ---------------------------------------------------------------------
-    def handle(self, h, a):
+    def handle(self, h, a, peer: P.Peer | None = None):
+        """One request. ``peer``: who sent it (the server passes it); None for a call in this process."""
         op = h["op"]
+        if peer is not None and not guards.allowed(op, peer.role):
+            log.warning("coordinator of job %s: refused %s from %s (authenticated as %s)", self.job_id, op,
+                        peer.address, peer.role)
+            raise PermissionError(f"{op} is not for a peer authenticated as {peer.role}")
         now = time.perf_counter()
         if op in ("INC_SERVER", "INC_WORKER"):
             role = "ps" if op == "INC_SERVER" else "worker"
+            addr = guards.check_addr(h.get("addr"))
             with self.cv:
+                if role == "ps":
+                    cur, bound = len(self.ps) + len(self.joining_ps) - len(self.leaving_ps), self.max_ps
+                else:
+                    cur, bound = len(self.workers) + len(self.joining_w) - len(self.leaving_w), self.max_workers
+                if cur >= bound:
+                    raise ValueError(f"the job has its most {role}s ({bound}); {op} refused")
                 rid = self._next_id[role]
                 self._next_id[role] += 1
-                (self.joining_ps if role == "ps" else self.joining_w)[rid] = h["addr"]
+                (self.joining_ps if role == "ps" else self.joining_w)[rid] = addr
                 self.reg_time[(role, rid)] = time.perf_counter() - now
                 self.cv.notify_all()
             return {f"{role}_id" if role == "worker" else "ps_id": rid, "config": self.cfg.to_dict(),
@@ -201,6 +256,16 @@ class Coordinator:
             t = time.perf_counter()
             wall = time.time()
             with self.cv:
+                try:
+                    v, samples, loss = guards.check_progress(
+                        h, version=self.version, total_steps=self.cfg.total_steps,
+                        elapsed_s=time.monotonic() - self._progress_mono, workers=max(1, len(self.workers)),
+                        max_samples=float(self.cfg.global_batch * self.max_workers))
+                except ValueError as e:
+                    log.warning("coordinator of job %s: refused a progress report from %s: %s", self.job_id,
+                                peer.address if peer else "this process", e)
+                    raise
+                self._progress_mono = time.monotonic()
                 if self._gap_pending is not None:
                     # first step completed after a pause: the training gap seen by the job
                     rec, before = self._gap_pending
@@ -208,14 +273,13 @@ class Coordinator:
                     rec["step_gap_s"] = None if before is None else wall - before
                     rec["t_first_step_after"] = wall
                 self._last_progress_wall = wall
-                v = int(h["version"])
                 if self._last_progress is not None and v > self.version:
                     dt = (t - self._last_progress) / (v - self.version)
                     self.iter_time = dt if self.iter_time is None else 0.8 * self.iter_time + 0.2 * dt
-                    self.samples_per_s = h["samples"] / max(self.iter_time, 1e-9)
+                    self.samples_per_s = samples / max(self.iter_time, 1e-9)
                 self._last_progress = t
                 self.version = max(self.version, v)
-                self.last_loss = h.get("loss")
+                self.last_loss = loss
             self._report()
             return {}
         if op == "SUSPENDED":
@@ -232,13 +296,14 @@ class Coordinator:
             return {}
         if op == "DONE":
             with self.cv:
+                v = guards.check_done(h.get("version"), total_steps=self.cfg.total_steps,
+                                      workers=len(self.workers))
                 self.done.add(int(h["worker"]))
-                self.version = max(self.version, int(h["version"]))
+                self.version = max(self.version, v)
                 self.cv.notify_all()
             return {}
         if op == "WORKER_ERROR":
-            with self.cv:
-                self.errors.append(f"worker {h['worker']}: {h['error']}")
+            self._error(f"worker {str(h.get('worker'))[:20]}: {str(h.get('error'))[:400]}")
             return {}
         if op == "STATUS":
             with self.cv:
@@ -249,12 +314,19 @@ class Coordinator:
                         "hot_scaling": self.spawner is not None, "errors": self.errors,
                         "records": self.records, "finished": self.finished.is_set()}
         if op == "SCALE":
-            return self.scale(int(h["workers"]), int(h["ps"]), h.get("method", "hot"),
-                              float(h.get("timeout", 300)))
+            try:
+                w, p, method, timeout = guards.check_scale(h, max_workers=self.max_workers, max_ps=self.max_ps)
+            except ValueError as e:
+                log.warning("coordinator of job %s: refused SCALE from %s: %s", self.job_id,
+                            peer.address if peer else "this process", e)
+                raise
+            return self.scale(w, p, method, timeout)
         if op == "CHECKPOINT":
             return self.request("checkpoint", bool(h.get("exit", False)), timeout=float(h.get("timeout", 300)))
         if op == "SHUTDOWN":
-            threading.Thread(target=self.close, daemon=True).start()
+            who = peer.address if peer else "this process"
+            threading.Thread(target=self.shutdown, args=(f"shut down by a SHUTDOWN from {who}",),
+                             daemon=True).start()
             return {}
         raise ValueError(f"unknown op {op}")
 
@@ -270,9 +342,26 @@ class Coordinator:
             raise RuntimeError(box["error"])
         return box.get("result", {})
 
+    def shutdown(self, reason: str = "shut down") -> None:
+        """Stop the job now, without a checkpoint: the roles are told to exit and ``finished`` is set, so
+        ``dl2-run`` exits (code 1) instead of waiting."""
+        with self.cv:
+            if self.finished.is_set():
+                return
+            self.exit_reason = "shutdown"
+            self.state = "failed"  # (a state the daemon knows: the job did not finish)
+            self.cv.notify_all()
+        self._error(reason)
+        self._stop.set()
+        self._exit_all()
+        self._report(force=True)
+        self.finished.set()
+        with self.cv:
+            self.cv.notify_all()
+
     def scale(self, n_workers: int, n_ps: int, method: str = "hot", timeout: float = 300.0) -> dict:
-        if n_workers < 1 or n_ps < 1:
-            raise ValueError("need at least one PS and one worker")
+        guards.check_scale({"workers": n_workers, "ps": n_ps, "method": method, "timeout": timeout},
+                           max_workers=self.max_workers, max_ps=self.max_ps)
         if method == "checkpoint_restart":
             return self.request("checkpoint_restart", n_workers, n_ps, timeout=timeout)
         if self.spawner is None:
@@ -349,6 +438,8 @@ class Coordinator:
                         box["error"] = f"{type(e).__name__}: {e}"
                     evt.set()
             except Exception as e:
+                if self.exit_reason == "shutdown":  # stopped on request: not a failure
+                    return
                 self.errors.append(f"{task[0]}: {type(e).__name__}: {e}")
                 self.state = "failed"
                 self.exit_reason = "failed"
@@ -521,21 +612,21 @@ class Coordinator:
                 self.leaving_w.remove(w)
         remove_ps = [p for p in remove_ps if p in self.ps]
         remove_workers = [w for w in remove_workers if w in self.workers]
-        new_ps = [p for p in sorted(self.ps) if p not in remove_ps] + sorted(add_ps_d)
-        new_w = [w for w in sorted(self.workers) if w not in remove_workers] + sorted(add_w_d)
-        if not new_ps or not new_w:
-            rec["skipped"] = "would leave no PS or no worker"
-            self.records.append(rec)
-            return rec
-        # step 1: registration (coordinator side) + connect to the new roles
+        # step 1: registration (coordinator side) + connect to the new roles; one that does not answer
+        # (gone, or registered an address it does not serve) is left out and the job goes on
         t = time.perf_counter()
-        for p, addr in add_ps_d.items():
-            self._c(addr).call("PING")
-        for w, addr in add_w_d.items():
-            self._c(addr).call("PING")
         regs = [self.reg_time.pop(("ps", p), 0.0) for p in add_ps_d] + \
                [self.reg_time.pop(("worker", w), 0.0) for w in add_w_d]
+        add_ps_d = {p: addr for p, addr in add_ps_d.items() if self._answers(addr)}
+        add_w_d = {w: addr for w, addr in add_w_d.items() if self._answers(addr)}
         rec["t_step1_registration"] = sum(regs) + time.perf_counter() - t
+        new_ps = [p for p in sorted(self.ps) if p not in remove_ps] + sorted(add_ps_d)
+        new_w = [w for w in sorted(self.workers) if w not in remove_workers] + sorted(add_w_d)
+        if not new_ps or not new_w or (action is None and not exit_after and not add_ps_d and not add_w_d
+                                       and not remove_ps and not remove_workers):
+            rec["skipped"] = "would leave no PS or no worker" if not new_ps or not new_w else "nothing to change"
+            self.records.append(rec)
+            return rec
         # step 2: best-fit assignment + clock
         rec["_t1"] = time.perf_counter()
         new_assign = rebalance(self.sizes, self.assignment, new_ps)

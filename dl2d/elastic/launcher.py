@@ -22,6 +22,12 @@ Progress (epoch, step, samples/s, workers, PSs) is written to
 ``$DL2D_PROGRESS_URL`` (best effort).  The coordinator address is in
 ``<checkpoint-dir>/coordinator.json`` for :mod:`dl2d.elastic.control`
 (hot scaling and checkpoints driven by the daemon).
+
+Authentication: every connection between the roles, and from the daemon, proves
+knowledge of the job's secret: the file named by ``$DL2D_JOB_SECRET_FILE`` (the
+daemon writes it; mode 0600 or 0400, else dl2-run exits 1), or, without it, a
+secret made on first start in ``<checkpoint-dir>/job.secret`` (0600) and kept.
+The PSs and workers get a key derived from it in their environment.
 """
 
 from __future__ import annotations
@@ -34,15 +40,31 @@ import subprocess
 import sys
 import time
 
-from dl2d.core.files import write_json_atomic
+from dl2d.core.files import SecretFileError, ensure_secret_file, read_secret_file, write_json_atomic
 
+from .auth import SECRET_FILE_ENV
 from .checkpoint import load_checkpoint
 from .cluster import ProcessSpawner
 from .coordinator import Coordinator
+from .guards import DEFAULT_MAX_ROLES
 from .model import TrainConfig, parse_size
 from .progress import ProgressReporter
+from .protocol import node_address
 
 EXIT_DONE, EXIT_FAILED, EXIT_CHECKPOINTED = 0, 1, 75
+#: A standalone job's secret, in its checkpoint directory (the daemon names its own in $DL2D_JOB_SECRET_FILE).
+SECRET_FILE = "job.secret"
+
+
+def job_secret(checkpoint_dir: str, environ: dict | None = None) -> tuple[str, str]:
+    """``(secret, path)``: the file named by ``$DL2D_JOB_SECRET_FILE``, or ``<checkpoint-dir>/job.secret``
+    (made on first use). SecretFileError (one line) for a file that is unreadable, too short or that group or
+    others can access."""
+    path = (os.environ if environ is None else environ).get(SECRET_FILE_ENV)
+    if path:
+        return read_secret_file(path, what="job secret file"), path
+    path = os.path.join(checkpoint_dir, SECRET_FILE)
+    return ensure_secret_file(path, what="job secret file"), path
 
 
 def slurm_nodes() -> list[str]:
@@ -81,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--local", action="store_true",
                     help="start roles as local processes instead of srun (outside Slurm)")
     ap.add_argument("--port", type=int, default=0, help="coordinator TCP port (0 = any)")
+    ap.add_argument("--bind", choices=["auto", "all"], default="auto",
+                    help="inside Slurm, what the roles listen on: auto = the address the node's hostname "
+                         "resolves to (0.0.0.0 where that is a loopback address), all = 0.0.0.0 "
+                         "(every connection is authenticated either way)")
+    ap.add_argument("--max-workers", type=int, default=DEFAULT_MAX_ROLES,
+                    help="most workers a SCALE may ask for (default %(default)s; never fewer than --workers)")
+    ap.add_argument("--max-ps", type=int, default=DEFAULT_MAX_ROLES,
+                    help="most PSs a SCALE may ask for (default %(default)s, and at most one per parameter block)")
     ap.add_argument("--progress-url", default=os.environ.get("DL2D_PROGRESS_URL"),
                     help="daemon URL to POST progress JSON to (default $DL2D_PROGRESS_URL)")
     ap.add_argument("--progress-file", default=None,
@@ -110,20 +140,32 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local and not in_slurm:
         print("dl2-run: not inside a Slurm allocation; use --local", file=sys.stderr)
         return EXIT_FAILED
-    host = "0.0.0.0" if in_slurm else "127.0.0.1"
+    if in_slurm:
+        host, role_host = (node_address(), "auto") if args.bind == "auto" else ("0.0.0.0", "0.0.0.0")
+    else:
+        host = role_host = "127.0.0.1"
     adv = socket.gethostname() if in_slurm else "127.0.0.1"
     os.makedirs(args.checkpoint_dir, exist_ok=True)
+    try:
+        secret, secret_file = job_secret(args.checkpoint_dir)
+    except SecretFileError as e:
+        print(f"dl2-run: {e}", file=sys.stderr)
+        return EXIT_FAILED
     progress = ProgressReporter(args.progress_url,
                                 args.progress_file or os.path.join(args.checkpoint_dir, "progress.json"),
                                 interval=args.progress_interval)
     spawner = ProcessSpawner(nodes=slurm_nodes() if in_slurm else None, srun=in_slurm,
-                             bind_host=host, log_dir=args.log_dir, threads=args.role_threads or None)
+                             bind_host=role_host, log_dir=args.log_dir, threads=args.role_threads or None)
     coord = Coordinator(cfg, args.ps, args.workers, job_id=args.job_id, host=host, port=args.port,
                         advertise_host=adv, spawner=spawner, checkpoint_dir=args.checkpoint_dir,
-                        progress=progress).start()
+                        progress=progress, secret=secret, max_workers=args.max_workers,
+                        max_ps=args.max_ps).start()
     spawner.coord_addr = coord.address
+    spawner.member_key = coord.member_key
+    # the secret's file, not the secret: for a local operator's dl2d.elastic.control (the daemon never reads it)
     write_json_atomic(os.path.join(args.checkpoint_dir, "coordinator.json"),
-                      {"address": coord.address, "job_id": args.job_id, "pid": os.getpid()}, fsync=False)
+                      {"address": coord.address, "job_id": args.job_id, "pid": os.getpid(),
+                       "secret_file": os.path.abspath(secret_file)}, fsync=False)
     signalled: list[int] = []
     for s in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, lambda n, f: signalled.append(n))

@@ -13,18 +13,39 @@ It is written atomically to the progress file (if any) and POSTed with
 ``Content-Type: application/json`` to the URL (flag ``--progress-url`` or env
 ``DL2D_PROGRESS_URL``) from a background thread with a short timeout; errors
 (daemon down, timeouts) are counted and otherwise ignored: training never fails
-because of reporting.
+because of reporting. The JSON is strict: a non-finite number (NaN, infinity)
+is written as ``null``. What the coordinator reports was checked first
+(:func:`dl2d.elastic.guards.check_progress`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
 import urllib.request
 
 from dl2d.core.files import write_atomic
+
+
+def finite_json(obj):
+    """``obj`` with every non-finite float replaced by None (strict JSON has no NaN or infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def dumps(rec: dict) -> str:
+    try:
+        return json.dumps(rec, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite_json(rec), default=str, allow_nan=False)
 
 
 class ProgressReporter:
@@ -47,7 +68,7 @@ class ProgressReporter:
                 return False
             self._last = now
             self.last = rec
-        body = json.dumps(rec, default=str)
+        body = dumps(rec)
         if self.path:
             try:
                 write_atomic(self.path, body, fsync=False)

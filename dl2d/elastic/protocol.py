@@ -30,19 +30,31 @@ connection and reads exactly one reply frame.  A server serves each accepted
 connection in its own thread, so a handler may block (for instance a
 synchronous-mode ``PULL`` waiting for the next model version) without holding
 up other peers.
+
+A server given credentials (every server of the runtime) authenticates each
+connection before it reads any other frame: the challenge-response of
+:mod:`.auth`, within ``HANDSHAKE_TIMEOUT_S``, at most ``MAX_HANDSHAKES`` at a
+time; a client given credentials answers it and checks the server's proof in
+turn. A connection idle for ``IDLE_TIMEOUT_S`` between frames is closed (a client
+reconnects before that).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
 import struct
 import threading
+import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
+
+from . import auth as A
+from .auth import AuthError, Credentials
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +75,16 @@ MAX_NAME_CHARS = 256
 #: Once a frame's prefix has arrived, every further read must bring bytes within this many seconds: a sender
 #: writes a frame in one go, so a longer silence is a dead or hostile peer holding the frame's buffer.
 FRAME_STALL_S = 60.0
+#: A new connection must complete the authentication handshake within this many seconds (all of it).
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Largest handshake frame header (they are about 250 bytes; no payload).
+MAX_AUTH_HEADER = 1024
+#: Connections in the handshake at once; more are closed at once (a flood of strangers holds no threads).
+MAX_HANDSHAKES = 64
+#: A connection with no frame for this long is closed by the server; a client reconnects after half of it.
+IDLE_TIMEOUT_S = 900.0
+#: Refused connections logged per server and per 10 s (the rest are counted in the next line).
+MAX_REFUSAL_LINES = 20
 _DTYPE = np.dtype("<f4")
 _SPEC_KEYS = {"name", "dtype", "shape"}
 
@@ -80,6 +102,12 @@ class FrameError(ProtocolError):
 
 class RemoteError(Exception):
     """The peer answered with ``ok: false``."""
+
+
+class Peer(NamedTuple):
+    """Who sent a request: its address and the role it authenticated as (None on an unauthenticated server)."""
+    address: str
+    role: str | None
 
 
 def encode(header: dict, arrays: Arrays | None = None) -> list[bytes | memoryview]:
@@ -220,6 +248,35 @@ def _recv_into(sock: socket.socket, mv: memoryview) -> None:
         got += k
 
 
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes, all of them before ``deadline`` (time.monotonic); TimeoutError after it."""
+    buf = bytearray(n)
+    mv, got = memoryview(buf), 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        sock.settimeout(left)
+        k = sock.recv_into(mv[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed")
+        got += k
+    return bytes(buf)
+
+
+def recv_handshake(sock: socket.socket, deadline: float) -> dict:
+    """One handshake frame (a header of at most MAX_AUTH_HEADER bytes, no payload), whole before ``deadline``.
+    FrameError for a frame that breaks that, TimeoutError after the deadline, ConnectionError at EOF."""
+    magic, hlen, plen = _PREFIX.unpack(_recv_by(sock, _PREFIX.size, deadline))
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {magic!r}")
+    if hlen > MAX_AUTH_HEADER or plen:
+        raise FrameError(f"not an authentication frame (header of {hlen} bytes, payload of {plen}; at most "
+                         f"{MAX_AUTH_HEADER} and none): the job's secret is needed")
+    header, _ = parse_header(_recv_by(sock, hlen, deadline), 0)
+    return header
+
+
 def _recv_payload(sock: socket.socket, n: int):
     """``n`` payload bytes into a buffer whose pages are committed as the bytes arrive (np.empty touches no
     memory), so a peer that declares a large payload and stops holds only what it sent."""
@@ -312,26 +369,70 @@ def fmt_addr(addr: tuple[str, int]) -> str:
     return f"{addr[0]}:{addr[1]}"
 
 
-class Client:
-    """A request/response connection to one peer (thread-safe, reconnects lazily)."""
+def node_address(hostname: str | None = None) -> str:
+    """The address to bind on a cluster node: what its hostname resolves to (so the port is not open on the
+    node's other networks), or ``0.0.0.0`` when that is a loopback address or does not resolve."""
+    try:
+        ip = socket.gethostbyname(hostname or socket.gethostname())
+    except OSError:
+        return "0.0.0.0"
+    return "0.0.0.0" if ip.startswith("127.") else ip
 
-    def __init__(self, addr: str | tuple, timeout: float | None = 120.0):
+
+def _show_peer(peer: Any) -> str:
+    return fmt_addr(peer) if isinstance(peer, tuple) else str(peer)
+
+
+class Client:
+    """A request/response connection to one peer (thread-safe, reconnects lazily).
+
+    ``auth``: the credentials to authenticate with (the handshake of :mod:`.auth`, both ways); without them
+    a peer that asks for authentication is an AuthError."""
+
+    def __init__(self, addr: str | tuple, timeout: float | None = 120.0, auth: Credentials | None = None):
         self.addr = parse_addr(addr)
         self.timeout = timeout
+        self.auth = auth
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+        self._last_use = 0.0
 
     def _connect(self) -> socket.socket:
         s = socket.create_connection(self.addr, timeout=self.timeout)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.auth is not None:
+                self._handshake(s)
+                s.settimeout(self.timeout)
+        except BaseException:
+            s.close()
+            raise
         return s
+
+    def _handshake(self, s: socket.socket) -> None:
+        where = fmt_addr(self.addr)
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        try:
+            server_nonce = A.read_challenge(recv_handshake(s, deadline))
+            client_nonce = secrets.token_bytes(A.NONCE_BYTES)
+            send_msg(s, A.answer(self.auth, server_nonce, client_nonce))
+            A.check_verdict(recv_handshake(s, deadline), self.auth, server_nonce, client_nonce)
+        except AuthError as e:
+            raise AuthError(f"{where}: {e}") from None
+        except TimeoutError:
+            raise AuthError(f"{where}: no authentication handshake within {HANDSHAKE_TIMEOUT_S:g} s") from None
+        except (ConnectionError, FrameError) as e:
+            raise AuthError(f"{where}: authentication handshake failed: {e}") from None
 
     def call(self, op: str, arrays: Arrays | None = None, **fields: Any) -> tuple[dict, Arrays]:
         """Send request ``op`` and return ``(reply_header, reply_arrays)``.
 
-        Raises :class:`RemoteError` when the peer answers ``ok: false``.
+        Raises :class:`RemoteError` when the peer answers ``ok: false``, :class:`AuthError` when the
+        authentication fails.
         """
         with self._lock:
+            if self._sock is not None and time.monotonic() - self._last_use > IDLE_TIMEOUT_S / 2:
+                self._close_locked()  # the server may be about to drop it as idle
             if self._sock is None:
                 self._sock = self._connect()
             try:
@@ -340,6 +441,10 @@ class Client:
             except BaseException:
                 self._close_locked()
                 raise
+            self._last_use = time.monotonic()
+            if header.get("op") == "AUTH_CHALLENGE":
+                self._close_locked()
+                raise AuthError(f"{fmt_addr(self.addr)} asks for authentication: the job's secret is needed")
         if not header.get("ok", False):
             raise RemoteError(f"{op} -> {header.get('error', 'unknown error')}")
         return header, arr
@@ -363,11 +468,17 @@ class Server:
     The handler returns either a dict (reply header) or ``(header, arrays)``;
     ``"ok": True`` is added when absent.  An exception becomes
     ``{"ok": false, "error": ...}``.
+
+    ``auth``: every connection must first pass the handshake of :mod:`.auth` with one of these keys (else one
+    log line and the connection is closed); ``with_peer``: the handler is called as ``handler(header, arrays,
+    peer)`` with the :class:`Peer` (its authenticated role) that sent the request.
     """
 
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
-                 advertise_host: str | None = None):
+                 advertise_host: str | None = None, *, auth: Credentials | None = None, with_peer: bool = False):
         self.handler = handler
+        self.auth = auth
+        self.with_peer = with_peer
         self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._lsock.bind((host, port))
@@ -378,6 +489,9 @@ class Server:
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
+        self._handshakes = 0
+        self._log_window = (0.0, 0, 0)  # (window start, lines logged, lines left out)
+        self.refused = 0  # connections refused (handshake failed or too many at once)
         self._thread = threading.Thread(target=self._accept_loop, daemon=True, name=f"srv-{port}")
 
     def start(self) -> "Server":
@@ -390,24 +504,84 @@ class Server:
                 conn, peer = self._lsock.accept()
             except OSError:
                 break
+            if self.auth is not None:
+                with self._conns_lock:
+                    full = self._handshakes >= MAX_HANDSHAKES
+                    if not full:
+                        self._handshakes += 1
+                if full:
+                    self._refuse(peer, f"{MAX_HANDSHAKES} connections are already authenticating")
+                    conn.close()
+                    continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._conns_lock:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn: socket.socket, peer: Any = None) -> None:
+    def _refuse(self, peer: Any, why: str) -> None:
+        """One warning line per refused connection, at most MAX_REFUSAL_LINES per 10 s (then a count)."""
+        now = time.monotonic()
+        with self._conns_lock:
+            self.refused += 1
+            start, lines, left_out = self._log_window
+            if now - start > 10.0:
+                start, lines, left_out = now, 0, left_out
+            if lines >= MAX_REFUSAL_LINES:
+                self._log_window = (start, lines, left_out + 1)
+                return
+            self._log_window = (start, lines + 1, 0)
+        more = f" ({left_out} more refused connections not logged)" if left_out else ""
+        log.warning("%s: refused the connection from %s: %s%s", self.address, _show_peer(peer), why, more)
+
+    def _handshake(self, conn: socket.socket, peer: Any) -> str | None:
+        """The server side of the handshake: the peer's role, or None (logged, the caller closes)."""
+        assert self.auth is not None
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        server_nonce = secrets.token_bytes(A.NONCE_BYTES)
         try:
+            send_msg(conn, A.challenge(server_nonce))
+            header = recv_handshake(conn, deadline)
+            role, client_nonce = A.check_answer(header, self.auth.keys, server_nonce)
+            send_msg(conn, A.verdict(self.auth.keys, role, server_nonce, client_nonce))
+            return role
+        except AuthError as e:
+            why = str(e)
+            try:  # say so to an honest client with the wrong secret (nothing here is secret)
+                send_msg(conn, {"ok": False, "error": "authentication failed: the job's secret is needed"})
+            except OSError:
+                pass
+        except TimeoutError:
+            why = f"no authentication within {HANDSHAKE_TIMEOUT_S:g} s"
+        except FrameError as e:
+            why = f"bad handshake frame: {e}"
+        except (ConnectionError, OSError) as e:
+            why = f"closed during the handshake ({type(e).__name__})"
+        self._refuse(peer, why)
+        return None
+
+    def _serve(self, conn: socket.socket, peer: Any = None) -> None:
+        role = None
+        try:
+            if self.auth is not None:
+                try:
+                    role = self._handshake(conn, peer)
+                finally:
+                    with self._conns_lock:
+                        self._handshakes -= 1
+                if role is None:
+                    return
+            conn.settimeout(IDLE_TIMEOUT_S)
+            who = Peer(_show_peer(peer), role)
             while not self._closed.is_set():
                 try:
                     header, arrays = recv_msg(conn)
                 except ProtocolError as e:  # garbage: one line, and this connection is closed
-                    log.warning("%s: closed the connection from %s: %s", self.address,
-                                fmt_addr(peer) if isinstance(peer, tuple) else peer, e)
+                    log.warning("%s: closed the connection from %s: %s", self.address, who.address, e)
                     break
-                except (ConnectionError, OSError):
+                except (ConnectionError, OSError):  # EOF, reset, or idle for IDLE_TIMEOUT_S
                     break
                 try:
-                    out = self.handler(header, arrays)
+                    out = self.handler(header, arrays, who) if self.with_peer else self.handler(header, arrays)
                     rh, ra = (out if isinstance(out, tuple) else (out, None))
                     rh = dict(rh or {})
                     rh.setdefault("ok", True)

@@ -18,24 +18,35 @@ per step once every expected worker has pushed; asynchronous: one per push).
 When the version reaches the scaling clock the PS *freezes*: it applies no
 further update until the coordinator's ``COMMIT`` (pushes in asynchronous mode
 are refused and re-sent by the worker to the new owner after the move).
+
+Every connection, in and out, is authenticated with the job's member key
+(:mod:`.auth`). A ``PUSH`` whose gradients are not finite or not shaped like
+their blocks is refused whole (one log line, parameters unchanged).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import numpy as np
 
 from . import protocol as P
+from .auth import Credentials
+from .guards import check_gradients
 from .model import TrainConfig, sgd_update
+
+log = logging.getLogger(__name__)
 
 
 class ParameterServer:
-    def __init__(self, coord_addr: str, host: str = "127.0.0.1", advertise_host: str | None = None,
+    def __init__(self, coord_addr: str, key: bytes, host: str = "127.0.0.1", advertise_host: str | None = None,
                  port: int = 0):
+        """``key``: the job's member key (:func:`.auth.derive_keys`), for every connection in and out."""
         self.coord_addr = coord_addr
-        self.server = P.Server(self.handle, host, port, advertise_host)
+        self.creds = Credentials.member(key)
+        self.server = P.Server(self.handle, host, port, advertise_host, auth=self.creds)
         self.address = self.server.address
         self.ps_id: int | None = None
         self.cfg: TrainConfig | None = None
@@ -55,7 +66,7 @@ class ParameterServer:
     def start(self) -> "ParameterServer":
         self.server.start()
         t0 = time.perf_counter()
-        c = P.Client(self.coord_addr)
+        c = P.Client(self.coord_addr, auth=self.creds)
         h, _ = c.call("INC_SERVER", addr=self.address)
         c.close()
         self.reg_rtt = time.perf_counter() - t0
@@ -79,7 +90,7 @@ class ParameterServer:
 
     def _peer(self, addr: str) -> P.Client:
         if addr not in self._peers:
-            self._peers[addr] = P.Client(addr)
+            self._peers[addr] = P.Client(addr, auth=self.creds)
         return self._peers[addr]
 
     # -- request handler ------------------------------------------------------------
@@ -110,6 +121,8 @@ class ParameterServer:
     def op_PUSH(self, h, a):
         wid, count, step = int(h["worker"]), int(h["count"]), int(h.get("step", -1))
         ids = [int(b) for b in h["blocks"]]
+        if count < 0 or len(set(ids)) != len(ids):
+            raise ValueError("a push needs a count >= 0 and distinct blocks")
         cfg = self.cfg
         with self.cv:
             if self.frozen:
@@ -117,6 +130,11 @@ class ParameterServer:
             missing = [b for b in ids if b not in self.blocks]
             if missing:
                 raise KeyError(f"PS {self.ps_id} does not own blocks {missing}")
+            try:
+                check_gradients(a, self.blocks, ids)
+            except ValueError as e:
+                log.warning("PS %s: refused a push of worker %s for step %s: %s", self.ps_id, wid, step, e)
+                raise
             if cfg.sync:
                 if step != self.version:
                     raise ValueError(f"push for step {step} at version {self.version}")

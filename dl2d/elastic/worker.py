@@ -18,6 +18,8 @@ also starts it).  It runs a small control server for the coordinator:
 Suspension (DL2 Fig. 13): from the moment the versions pulled from the PSs
 reach the clock (or a PS refuses because it froze) until training resumes
 with the new map and the parameters pulled from the new owners.
+
+Every connection, in and out, is authenticated with the job's member key (:mod:`.auth`).
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ import time
 import numpy as np
 
 from . import protocol as P
+from .auth import Credentials
 from .model import (TrainConfig, async_batch_indices, batch_indices, grad_sum, make_dataset,
                     worker_slice)
 
 
 class Worker:
-    def __init__(self, coord_addr: str, host: str = "127.0.0.1", advertise_host: str | None = None,
+    def __init__(self, coord_addr: str, key: bytes, host: str = "127.0.0.1", advertise_host: str | None = None,
                  port: int = 0):
+        """``key``: the job's member key (:func:`.auth.derive_keys`), for every connection in and out."""
         self.coord_addr = coord_addr
-        self.server = P.Server(self.handle, host, port, advertise_host)
+        self.creds = Credentials.member(key)
+        self.server = P.Server(self.handle, host, port, advertise_host, auth=self.creds)
         self.address = self.server.address
         self.worker_id: int | None = None
         self.cfg: TrainConfig | None = None
@@ -61,7 +66,7 @@ class Worker:
 
     def start(self) -> "Worker":
         self.server.start()
-        self.coord = P.Client(self.coord_addr)
+        self.coord = P.Client(self.coord_addr, auth=self.creds)
         h, _ = self.coord.call("INC_WORKER", addr=self.address)
         self.worker_id = int(h["worker_id"])
         self.cfg = TrainConfig.from_dict(h["config"])
@@ -123,7 +128,7 @@ class Worker:
     # -- training loop -------------------------------------------------------------------
     def _client(self, addr: str) -> P.Client:
         if addr not in self._ps:
-            self._ps[addr] = P.Client(addr)
+            self._ps[addr] = P.Client(addr, auth=self.creds)
         return self._ps[addr]
 
     def _wait_resume(self) -> bool:

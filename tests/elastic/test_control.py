@@ -26,12 +26,13 @@ def test_choose_resize_method_cases():
 
 def test_control_api_against_running_job(make_cluster):
     c = make_cluster(long_cfg(), 1, 1)
-    addr = c.coord.address
-    assert control.supports_hot_scaling(addr)
-    assert not control.supports_hot_scaling("127.0.0.1:1")
-    res = control.scale(addr, workers=2, ps=2)
+    addr, secret = c.coord.address, c.coord.secret
+    assert control.supports_hot_scaling(addr, secret=secret)
+    assert not control.supports_hot_scaling(addr)  # no secret: refused
+    assert not control.supports_hot_scaling("127.0.0.1:1", secret=secret)
+    res = control.scale(addr, workers=2, ps=2, secret=secret)
     assert res["method"] == "hot" and {r["kind"] for r in res["records"]} == {"add_ps", "add_worker"}
-    st = control.status(addr)
+    st = control.status(addr, secret=secret)
     assert len(st["ps"]) == 2 and len(st["workers"]) == 2 and st["hot_scaling"]
     assert c.wait(60) == "done"
 

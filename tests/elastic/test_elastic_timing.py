@@ -53,11 +53,12 @@ def test_frozen_pull_sends_no_parameters():
     from dl2d.elastic import protocol as P
     from dl2d.elastic.model import TrainConfig
     from dl2d.elastic.ps import ParameterServer
-    ps = ParameterServer("127.0.0.1:1")
+    key = bytes(32)
+    ps = ParameterServer("127.0.0.1:1", key)
     ps.server.start()
     ps.cfg = TrainConfig()
     ps.blocks = {0: (P.np.ones(4, P.np.float32), P.np.zeros(4, P.np.float32))}
-    c = P.Client(ps.address)
+    c = P.Client(ps.address, auth=P.Credentials.member(key))
     try:
         h, a = c.call("PULL")
         assert not h["frozen"] and list(a) == ["0"]

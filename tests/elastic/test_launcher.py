@@ -75,8 +75,9 @@ def test_hot_scaling_of_launched_job_via_control(tmp_path):
     try:
         wait_step(tmp_path, 5)
         addr = control.read_coordinator_file(str(tmp_path))
-        assert control.supports_hot_scaling(addr)
-        res = control.scale(addr, workers=2, ps=3)
+        secret = control.read_job_secret(str(tmp_path))
+        assert control.supports_hot_scaling(addr, secret=secret)
+        res = control.scale(addr, workers=2, ps=3, secret=secret)
         assert res["method"] == "hot"
         kinds = sorted(r["kind"] for r in res["records"])
         assert kinds == ["add_ps", "add_ps", "add_worker"]

@@ -1,7 +1,7 @@
 """The frame decoder's bounds and checks (issue #14, item 3, minus authentication): every malformed frame is a
 FrameError (a ProtocolError) that a server logs in one line, closing that connection only; payloads are bounded
 and a declared one pins no memory before its bytes arrive; a frame that stalls midway is dropped; valid frames
-keep their wire format."""
+keep their wire format. (These servers do not authenticate; test_auth.py sends the same frames to ones that do.)"""
 from __future__ import annotations
 
 import json
@@ -13,16 +13,9 @@ import time
 
 import numpy as np
 import pytest
+from testkit.elastic import GOOD_SPEC, MALFORMED, raw_frame
 
 from dl2d.elastic import protocol as P
-
-GOOD_SPEC = {"name": "a", "dtype": "float32", "shape": [2]}
-
-
-def raw_frame(header: bytes | dict, payload: bytes = b"", plen: int | None = None, hlen: int | None = None) -> bytes:
-    hb = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("!4sIQ", P.MAGIC, len(hb) if hlen is None else hlen,
-                       len(payload) if plen is None else plen) + hb + payload
 
 
 def rss_mb() -> float:
@@ -69,38 +62,6 @@ def wait_for_log(caplog, text: str, timeout: float = 5.0) -> logging.LogRecord:
     raise AssertionError(f"no log line with {text!r}: {[r.getMessage() for r in caplog.records]}")
 
 
-MALFORMED = [
-    # (frame bytes, what the log line says); the first eight are the kinds that used to kill the thread
-    (raw_frame({"op": "X", "arrays": ["a"]}), "arrays[0] is not an object"),
-    (raw_frame({"op": "X", "arrays": [{"name": "a", "dtype": "float32"}]}), "must have exactly the keys"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": 4}]}), "arrays[0].shape must be a list"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": ["x"]}]}), "not an integer"),
-    (raw_frame(b'{"op":"X","arrays":[{"name":"a","dtype":"float32","shape":[Infinity]}]}'), "not an integer"),
-    (raw_frame({"op": "X", "arrays": [{"dtype": "float32", "shape": [1], "nam": "a"}]}), "must have exactly the keys"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "name": ["a"]}]}), "arrays[0].name must be a string"),
-    (raw_frame({"op": "X", "arrays": {"name": "a"}}), "header 'arrays' must be a list"),
-    (raw_frame(b'{"op":"X","n":' + b"9" * 5000 + b"}"), "bad header: Exceeds the limit"),
-    (raw_frame(b"[" * 100_000), "nested too deeply"),
-    (raw_frame(b"\xff\xfe"), "not UTF-8"),
-    (raw_frame(b"{not json"), "not JSON"),
-    (raw_frame(b"[1, 2]"), "not a JSON object"),
-    (raw_frame({"arrays": []}), "neither 'op' (a request) nor 'ok' (a reply)"),
-    (raw_frame({"op": 5}), "header 'op' must be a string"),
-    (raw_frame({"op": "X" * 100}), "header 'op' must be a string of 1 to 64"),
-    (raw_frame({"ok": "yes"}), "header 'ok' must be true or false"),
-    (raw_frame({"ok": False, "error": {"x": 1}}), "header 'error' must be a string"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "dtype": "float64"}]}, b"\0" * 8), "unsupported dtype"),
-    (raw_frame({"op": "X", "arrays": [GOOD_SPEC, GOOD_SPEC]}, b"\0" * 16), "is given twice"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": [-1]}]}), "negative dimension"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": [True]}]}), "not an integer"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": [1] * 33}]}), "at most 32 dimensions"),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": [2 ** 40, 2 ** 40]}]}), "not an integer in 0.."),
-    (raw_frame({"op": "X", "arrays": [{**GOOD_SPEC, "shape": [2 ** 20, 2 ** 20]}]}, b"\0" * 8), "payload shorter"),
-    (raw_frame({"op": "X", "arrays": [GOOD_SPEC]}, b"\0" * 12), "payload longer than declared arrays"),
-    (raw_frame({"op": "X"}, plen=P.MAX_PAYLOAD + 1), "frame too large: payload"),
-    (raw_frame({"op": "X"}, hlen=P.MAX_HEADER + 1), "frame too large: header"),
-    (b"XXXX" + b"\0" * 12, "bad magic"),
-]
 
 
 @pytest.mark.parametrize("frame, message", MALFORMED, ids=[m for _, m in MALFORMED])
