@@ -83,16 +83,13 @@ def daemon() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(state_dir: str | None, db_url: str | None, config_path: str, as_json: bool) -> None:
     """Whether the daemon runs, its last slot, jobs by state and pending journal intents."""
-    from dl2d.db.engine import default_url
+    from dl2d.cli.dbconn import load_config, resolve_db_url, state_dir_of
 
-    from dl2d.core.files import TomlFileError, read_toml_file
-
-    try:
-        cfg: dict[str, Any] = read_toml_file(config_path) or {}
-    except TomlFileError as e:
-        raise click.ClickException(f"config: {e}") from None
-    state_dir = state_dir or cfg.get("state_dir") or "/var/lib/dl2d"
-    url = db_url or cfg.get("db_url") or default_url(state_dir)
+    cfg: dict[str, Any] = {} if os.path.exists(config_path) and not os.access(config_path, os.R_OK) \
+        else load_config(config_path)
+    env = {**os.environ, **({"DL2D_STATE_DIR": state_dir} if state_dir else {})}
+    state_dir = state_dir_of(env, cfg)
+    url = resolve_db_url(db_url, env, cfg)  # the same rule as every dl2ctl command
     path = Path(state_dir) / "dl2d.status.json"
     try:
         st = json.loads(path.read_text())

@@ -1,9 +1,10 @@
 """How `dl2ctl`'s job commands find and open the daemon's database, and who is calling.
 
-The database URL is, in order: `--db URL`, the `DL2D_DB_URL` environment variable, the daemon config file
-(`$DL2D_CONFIG` or `/etc/dl2d/dl2d.toml`; its `db_url`, `[db] url` or `[database] url`, else its
-`state_dir`), else the default SQLite file `<state dir>/dl2d.sqlite` where the state dir is
-`$DL2D_STATE_DIR` or `/var/lib/dl2d`. `resolve_db_url` is the pure part of that rule.
+The config file (`$DL2D_CONFIG` or `/etc/dl2d/dl2d.toml`) is read with the daemon's own schema
+(dl2d.daemon.config.client_view: the same keys, types, environment overrides and errors), so a file the daemon
+would refuse is refused here too. The database URL is, in order: `--db URL`, the `DL2D_DB_URL` environment
+variable, the config's `db_url`, else the SQLite file `<state dir>/dl2d.sqlite` where the state dir is
+`$DL2D_STATE_DIR`, the config's `state_dir` or `/var/lib/dl2d`. `resolve_db_url` is the pure part of that rule.
 
 A database without a schema (a new SQLite file, an empty PostgreSQL database) is created at the newest
 migration. An existing schema is left alone: migrating it is the daemon's job (it upgrades at start), and
@@ -51,32 +52,27 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return doc if doc is not None else {}
 
 
-def _section_get(cfg: Mapping[str, Any], *path: str) -> Any:
-    cur: Any = cfg
-    for key in path:
-        if not isinstance(cur, Mapping) or key not in cur:
-            return None
-        cur = cur[key]
-    return cur
+def daemon_view(env: Mapping[str, str], config: Mapping[str, Any]):
+    """The daemon's config (dl2d.daemon.config's schema) from the file's table and the environment: one schema
+    and one rule for the daemon and every dl2ctl command. ConfigError (exit 1) naming the key."""
+    from dl2d.daemon.config import ConfigError as DaemonConfigError
+    from dl2d.daemon.config import client_view
+
+    try:
+        return client_view(config, env)
+    except DaemonConfigError as e:
+        raise ConfigError(str(e).removeprefix("config error: ")) from None
 
 
 def resolve_db_url(flag: str | None, env: Mapping[str, str], config: Mapping[str, Any]) -> str:
-    """The database URL from the flag, the environment, the config file or the default (see module doc)."""
-    from dl2d.db.engine import default_url
+    """The database URL: the flag, else the daemon's (`db_url` of the environment or the file, else the SQLite
+    file in its state dir)."""
+    return flag or daemon_view(env, config).database_url
 
-    if flag:
-        return flag
-    if env.get("DL2D_DB_URL"):
-        return env["DL2D_DB_URL"]
-    for path in (("db_url",), ("db", "url"), ("database", "url"), ("daemon", "db_url")):
-        v = _section_get(config, *path)
-        if v is not None:
-            if not isinstance(v, str) or not v:
-                raise ConfigError(f"config key {'.'.join(path)} must be a non-empty string, got {v!r}")
-            return v
-    state_dir = env.get("DL2D_STATE_DIR") or _section_get(config, "state_dir") \
-        or _section_get(config, "daemon", "state_dir") or DEFAULT_STATE_DIR
-    return default_url(state_dir)
+
+def state_dir_of(env: Mapping[str, str], config: Mapping[str, Any]) -> str:
+    """The daemon's state dir: `$DL2D_STATE_DIR`, the config's `state_dir`, else the default."""
+    return daemon_view(env, config).state_dir
 
 
 #: Where the packaged unit (systemd/dl2d.service, RuntimeDirectory=dl2d) has the daemon listen.
@@ -90,21 +86,14 @@ def resolve_socket(flag_db: str | None, env: Mapping[str, str], config: Mapping[
         return None
     if env.get("DL2D_SOCKET"):
         return env["DL2D_SOCKET"]
-    v = _section_get(config, "control", "socket")
-    if v is not None and v != "":
-        if not isinstance(v, str):
-            raise ConfigError(f"config key control.socket must be a string, got {v!r}")
-        return v
-    state_dir = env.get("DL2D_STATE_DIR") or _section_get(config, "state_dir") \
-        or _section_get(config, "daemon", "state_dir")
-    if isinstance(state_dir, str) and state_dir:
-        return str(Path(state_dir) / "dl2d.sock")
+    cfg = daemon_view(env, config)
+    if cfg.control.socket or env.get("DL2D_STATE_DIR") or "state_dir" in config:
+        return cfg.control_socket
     return PACKAGED_SOCKET if packaged_exists() else str(Path(DEFAULT_STATE_DIR) / "dl2d.sock")
 
 
 def admin_group(config: Mapping[str, Any]) -> str:
-    g = _section_get(config, "admin_group") or _section_get(config, "daemon", "admin_group")
-    return g if isinstance(g, str) and g else DEFAULT_ADMIN_GROUP
+    return daemon_view({}, config).admin_group or DEFAULT_ADMIN_GROUP
 
 
 class Ctx:
@@ -228,12 +217,6 @@ def user_config() -> dict[str, Any]:
     if os.path.exists(path) and not os.access(path, os.R_OK):
         return {}
     return load_config(path)
-
-
-def state_dir_of(env: Mapping[str, str], config: Mapping[str, Any]) -> str:
-    """The daemon's state dir: `$DL2D_STATE_DIR`, the config's `state_dir`, else the default."""
-    v = env.get("DL2D_STATE_DIR") or _section_get(config, "state_dir") or _section_get(config, "daemon", "state_dir")
-    return v if isinstance(v, str) and v else DEFAULT_STATE_DIR
 
 
 def db_command(fn: Callable) -> Callable:

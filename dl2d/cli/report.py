@@ -27,15 +27,16 @@ def _json_default(v: Any) -> Any:
 
 
 @click.command()
-@click.option("--db", "db_url", envvar="DL2D_DB_URL", metavar="URL",
-              help="Database URL (default: the daemon's SQLite file in $DL2D_STATE_DIR or /var/lib/dl2d).")
+@click.option("--db", "db_url", metavar="URL",
+              help="Database URL [default: as dl2ctl queue: $DL2D_DB_URL, else the db_url of $DL2D_CONFIG or "
+                   "/etc/dl2d/dl2d.toml, else <$DL2D_STATE_DIR or /var/lib/dl2d>/dl2d.sqlite].")
 @click.option("--json", "as_json", is_flag=True, help="Print all reports as one JSON object.")
 @click.option("--only", "names", multiple=True, metavar="NAME", help="Only these reports (repeatable).")
 def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
     """Job completion times, GPU utilisation, resizes and policy vs fallback decisions; in advise mode, each job's
     predicted JCT under what ran and under the policy's advice (report `advice`)."""
     from dl2d.db import advice
-    from dl2d.db.engine import default_url, make_engine
+    from dl2d.db.engine import make_engine
     from dl2d.db.report import Query, ReportResult, execute, queries
 
     known = {**queries(), advice.NAME: Query(advice.NAME, advice.DESCRIPTION, "")}
@@ -45,7 +46,9 @@ def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    url = db_url or default_url(os.environ.get("DL2D_STATE_DIR", "/var/lib/dl2d"))
+    from dl2d.cli.dbconn import resolve_db_url, user_config
+
+    url = resolve_db_url(db_url, os.environ, user_config())  # one resolution for every command
     try:
         u = make_url(url)
     except ArgumentError as e:

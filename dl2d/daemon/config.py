@@ -11,6 +11,8 @@ overrides); :func:`load_config` is the thin I/O shell that reads the file. See d
 """
 from __future__ import annotations
 
+import difflib
+
 import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -32,6 +34,9 @@ BACKENDS = ("sim", "slurm")
 
 
 MODES = ("enforce", "advise")
+#: How alike (difflib ratio) an unknown DL2D_* variable and a setting's must be to call it a typo: typos of one
+#: or two letters score 0.96-0.98; the other tools' variables (DL2D_WORKERS, DL2D_SLURM_DIR) at most 0.88.
+TYPO_CUTOFF = 0.9
 
 
 class ConfigError(ValueError):
@@ -193,6 +198,10 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     if p.name in POLICIES:
         for option, msg in registry.problems(p.name, policy_options(cfg)):
             bad.append((f"policy.{option}", f"{msg}; set policy.{option}, or policy.name = \"drf\""))
+        if p.checkpoint and "checkpoint" not in registry.get(p.name).options:
+            users = [n for n, e in registry.entries().items() if "checkpoint" in e.options]
+            bad.append(("policy.checkpoint", f"policy {p.name} reads no checkpoint (it would be ignored): remove "
+                        f"policy.checkpoint, or set policy.name to one that uses it ({', '.join(users)})"))
         if p.online_rl and not registry.get(p.name).online:
             online = [n for n, e in registry.entries().items() if e.online]
             bad.append(("policy.online_rl", f"online RL needs policy.name = one that learns online "
@@ -215,6 +224,13 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
              f"the control socket {cfg.control_socket!r} {problem}: set control.socket to a shorter path"
              if problem else "")
     need(bool(cfg.admin_group), "admin_group", "must not be empty")
+    from dl2d.daemon.slurm.settings import settings_from_section
+
+    try:  # checked whatever the backend: a broken [slurm] table is refused before anything is written
+        settings_from_section(cfg.slurm, cfg.state_dir, cfg.policy.placement)
+    except ValueError as e:
+        key, _, msg = str(e).partition(": ")
+        bad.append((key if key.startswith("slurm") else "slurm", msg or str(e)))
     g = cfg.guardrails
     need(g.starve_slots >= 1, "guardrails.starve_slots", f"must be >= 1, got {g.starve_slots}")
     need(g.min_resize_slots >= 0, "guardrails.min_resize_slots", f"must be >= 0, got {g.min_resize_slots}")
@@ -321,7 +337,13 @@ def _env_overrides(cfg: DaemonConfig, env: Mapping[str, str]) -> DaemonConfig:
                 or var.startswith("DL2D_TEST_"):
             continue
         if var not in known:
-            continue  # other tools' variables share the prefix; unknown ones are ignored, not fatal
+            # other tools' variables share the prefix (dl2ctl's DL2D_SOCKET, the job contract's DL2D_WORKERS, the
+            # test scripts'): ignored; but one a letter or two from a setting is a typo that would be lost silently
+            near = difflib.get_close_matches(var, list(known), 1, TYPO_CUTOFF)
+            if near:
+                raise ConfigError(f"config error: environment variable {var} is not a dl2d setting; did you mean "
+                                  f"{near[0]} ({'.'.join(k for k in known[near[0]][:2] if k)})?")
+            continue
         section, key, t = known[var]
         path = f"{section}.{key}" if key else section
         value = _parse_env_value(raw, t, path, var)
@@ -380,6 +402,15 @@ def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
     file_path = explicit or DEFAULT_CONFIG
     data = read_toml(file_path, required=bool(explicit))
     return build_config(data, env, overrides, source=str(file_path))
+
+
+def client_view(file_data: Mapping[str, Any] | None, env: Mapping[str, str], source: str = "config file") \
+        -> DaemonConfig:
+    """The daemon's config as dl2ctl reads it: the same schema (unknown keys, wrong types and env typos are
+    the same errors) and the same file < environment order, without the daemon's own checks (a user's
+    dl2ctl needs the database, the state dir, the socket and the admin group, not the daemon's checkpoint)."""
+    cfg = _merge(DaemonConfig(), file_data, "", source) if file_data else DaemonConfig()
+    return _env_overrides(cfg, env)
 
 
 def read_agent_file(path: str | Path) -> dict[str, str]:

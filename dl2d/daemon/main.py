@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from dl2d.daemon.config import (
+    DEFAULT_CONFIG,
     PLACEMENTS,
     POLICIES,
     ConfigError,
@@ -314,6 +315,29 @@ def lock_state_dir(state_dir: str):
     return f
 
 
+def check_configuration(config_path: str | None, overrides: dict[str, Any]) -> int:
+    """``dl2d --check-config``: build the config and the policy as a start would (the checkpoint loaded and
+    checked), touching no file; print a summary or the error. Exit status: 0 valid, 2 not."""
+    import os
+
+    path = config_path or os.environ.get("DL2D_CONFIG") or DEFAULT_CONFIG
+    try:
+        cfg = load_config(config_path, overrides=overrides)
+        policy, _learner = make_policy(cfg)
+    except ConfigError as e:
+        click.echo(f"dl2d: {e}", err=True)
+        return 2
+    click.echo(f"config OK: {path if Path(path).exists() else '(no file: defaults)'}")
+    for key, value in (("backend", cfg.backend), ("mode", cfg.mode),
+                       ("policy", getattr(policy, "name", cfg.policy.name) if policy is not None else cfg.policy.name),
+                       ("fallback", cfg.guardrails.fallback), ("slot_seconds", f"{cfg.slot_seconds:g}"),
+                       ("state_dir", cfg.state_dir), ("database", _safe_url(cfg.database_url)),
+                       ("control socket", cfg.control_socket if cfg.control.enabled else "off"),
+                       ("metrics", f"{cfg.metrics.bind}:{cfg.metrics.port}" if cfg.metrics.enabled else "off")):
+        click.echo(f"  {key}: {value}")
+    return 0
+
+
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -385,7 +409,11 @@ def print_report(out: dict[str, Any]) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dl2d", prog_name="dl2d")
 @click.option("--config", "config_path", metavar="FILE", help="TOML config (default $DL2D_CONFIG or /etc/dl2d/dl2d.toml).")
+@click.option("--check-config", "check_config", is_flag=True,
+              help="Check the configuration (the file, DL2D_* variables and flags; the policy is built, so its "
+                   "checkpoint is loaded and checked), print a summary and exit: 0 valid, 2 not. Writes nothing.")
 @click.option("--state-dir", help="Directory for the SQLite DB, status file and simulated cluster.")
 @click.option("--db", "db_url", metavar="URL", help="Database URL (default: SQLite in the state dir).")
 @click.option("--backend", type=click.Choice(["sim", "slurm"]), help="Cluster backend.")
@@ -410,9 +438,9 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--demo-types", metavar="T1,T2", help="Demo, --world dl2: only these job types (default: all 8).")
 @click.option("--compare/--no-compare", default=True, show_default=True,
               help="Demo: also run the bare simulator with the same policy and trace, for reference.")
-def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, placement, checkpoint,
-         online_rl, metrics_port, no_metrics, max_slots, log_level, demo, world, demo_jobs, demo_seed, demo_types,
-         compare) -> None:
+def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, placement,
+         checkpoint, online_rl, metrics_port, no_metrics, max_slots, log_level, demo, world, demo_jobs, demo_seed,
+         demo_types, compare) -> None:
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
     if demo and state_dir is None and not db_url:
         state_dir = tempfile.mkdtemp(prefix="dl2d-demo-")
@@ -427,6 +455,8 @@ def main(config_path, state_dir, db_url, backend, use_sim, cluster, slot_seconds
         overrides["metrics.enabled"] = False
     if demo and demo_jobs < 1:
         raise click.UsageError("--demo-jobs must be >= 1")
+    if check_config:
+        sys.exit(check_configuration(config_path, overrides))
     try:
         cfg = load_config(config_path, overrides=overrides)
         setup_logging(cfg.log_level)

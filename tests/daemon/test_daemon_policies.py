@@ -136,8 +136,6 @@ def test_policy_placement_sets_the_slurm_backends_node_selection(tmp_path, place
 
 
 def test_bad_slurm_placement_is_a_config_error(tmp_path):
-    from dl2d.daemon.main import make_backend
-
-    cfg = build_config({"state_dir": str(tmp_path), "backend": "slurm", "slurm": {"placement": "dltap"}}, {})
+    """Refused by the config check itself, before the backend (or anything on disk) is made."""
     with pytest.raises(ConfigError, match="slurm: placement must be one of slurm, target"):
-        make_backend(cfg)
+        build_config({"state_dir": str(tmp_path), "backend": "slurm", "slurm": {"placement": "dltap"}}, {})

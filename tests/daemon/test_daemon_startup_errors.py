@@ -64,3 +64,44 @@ def test_dl2ctl_report_on_a_bad_url_is_a_clear_error(tmp_path):
                        text=True, timeout=60, env=env())
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "cannot open the database foo://x" in r.stderr
+
+
+@pytest.mark.parametrize("toml, extra_env, message", [
+    ("[slurm]\ntime_limit_min = -5\n", {}, "slurm.time_limit_min: must be >= 0, got -5"),
+    ('[policy]\nname = "drf"\ncheckpoint = "/x.msgpack"\n', {},
+     "policy.checkpoint: policy drf reads no checkpoint (it would be ignored)"),
+    ('[db]\nurl = "sqlite:////x.sqlite"\n', {}, "unknown key 'db'"),
+    ("", {"DL2D_SLOT_SECOND": "5"},
+     "environment variable DL2D_SLOT_SECOND is not a dl2d setting; did you mean DL2D_SLOT_SECONDS (slot_seconds)?"),
+])
+def test_bad_settings_are_refused_naming_the_key_before_anything_is_written(tmp_path, toml, extra_env, message):
+    """Issue #15, item 5: each was accepted (and a bad [slurm] table created and migrated the database first)."""
+    (tmp_path / "dl2d.toml").write_text(toml)
+    state = tmp_path / "state"
+    for check in ([], ["--check-config"]):
+        r = subprocess.run([sys.executable, "-m", "dl2d.daemon.main", "--sim", "--no-metrics", *check, "--config",
+                            str(tmp_path / "dl2d.toml"), "--state-dir", str(state), "--slots", "1"],
+                           capture_output=True, text=True, timeout=120, env=env() | extra_env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("dl2d: config error: ") and message in lines[0], r.stderr
+        assert not state.exists()  # nothing written: no state dir, no database
+
+
+def test_check_config_and_version(tmp_path):
+    (tmp_path / "dl2d.toml").write_text('slot_seconds = 60\nmode = "advise"\n[policy]\nname = "optimus"\n')
+    state = tmp_path / "state"
+    r = subprocess.run([sys.executable, "-m", "dl2d.daemon.main", "--check-config", "--config",
+                        str(tmp_path / "dl2d.toml"), "--state-dir", str(state)], capture_output=True, text=True,
+                       timeout=120, env=env())
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"config OK: {tmp_path / 'dl2d.toml'}"
+    assert "  mode: advise" in lines and "  policy: optimus" in lines and "  slot_seconds: 60" in lines
+    assert f"  control socket: {state / 'dl2d.sock'}" in lines
+    assert not state.exists()
+    r = subprocess.run([sys.executable, "-m", "dl2d.daemon.main", "--version"], capture_output=True, text=True,
+                       timeout=60, env=env())
+    from importlib.metadata import version
+
+    assert r.returncode == 0 and r.stdout.strip() == f"dl2d, version {version('dl2d')}"
