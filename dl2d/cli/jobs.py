@@ -198,6 +198,14 @@ def _submit_flags(f: Any) -> Any:
                      help="Time limit, sbatch syntax: MM, HH:MM:SS, D-HH:MM ... [default none]."),
         click.option("--owner", metavar="USER",
                      help="Submit on behalf of USER (admins only) [default: you]."),
+        click.option("-A", "--account", metavar="NAME", help="Slurm account to charge [default: your default]."),
+        click.option("-q", "--qos", metavar="NAME", help="Slurm QOS [default: your default]."),
+        click.option("-p", "--partition", metavar="NAME",
+                     help="Slurm partition(s), comma-separated [default: dl2d's [slurm] partition, else Slurm's]."),
+        click.option("--export", "export", metavar="NAME=VALUE", multiple=True,
+                     callback=lambda ctx, param, value: value or None,  # not given: None, like the other flags
+                     help="A variable of the job's environment (repeatable; the spec's [env] table). The job sees "
+                          "only these, Slurm's and dl2d's own (docs/jobs.md), never the submitting shell's."),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -29,7 +29,12 @@ A parameter-server job (DL2's model; no `kind` needed for one of its types):
     max_ps = 4                    # optional, default 16
     sync = "sync"                 # optional: "sync" or "async"
     time_limit_min = 1440         # optional
-    owner = "alice"               # optional, default: you
+    owner = "alice"               # optional, default: you; the job runs as this user
+    account = "proj-a"            # optional: Slurm account (default: the owner's default), as sbatch -A
+    qos = "normal"                # optional: Slurm QOS, as sbatch -q
+    partition = "gpu"             # optional: Slurm partition(s), as sbatch -p
+    [env]                         # optional: what the job's environment holds besides dl2d's and Slurm's
+    WANDB_PROJECT = "resnet"      # (never the submitting shell's environment; see docs/jobs.md)
     [worker]
     gpus = 1
     cpus = 2
@@ -132,6 +137,19 @@ def parse_time(value: str) -> int:
     return -(-seconds // 60)
 
 
+def parse_exports(values: Any) -> dict[str, str]:
+    """``--export NAME=VALUE`` (repeatable) -> {NAME: VALUE}; the value may hold anything, ``=`` and commas too.
+    The names are checked with the rest of the submission (dl2d.db.jobs)."""
+    out: dict[str, str] = {}
+    for item in values:
+        name, sep, value = str(item).partition("=")
+        if not sep or not name:
+            raise ValueError(f"NAME=VALUE expected, got {item!r} (one variable per --export; the job's environment "
+                             "is dl2d's base and what you declare, docs/jobs.md)")
+        out[name] = value
+    return out
+
+
 def normalize_job_type(value: Any) -> Any:
     """Map case variants and the paper's aliases (resnet50, vgg16, ctc) to the canonical type name."""
     if not isinstance(value, str):
@@ -163,6 +181,10 @@ FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
     "epoch_seconds": (("epoch_seconds",), None),
     "launch": (("launch",), None),
     "label": (("label",), None),
+    "account": (("account",), None),
+    "qos": (("qos",), None),
+    "partition": (("partition",), None),
+    "export": (("env",), parse_exports),
 }
 
 # the flag each field is set by, for messages
@@ -172,7 +194,8 @@ FLAG_NAMES = {
     "mem_per_worker": "--mem-per-worker", "cpus_per_ps": "--cpus-per-ps", "mem_per_ps": "--mem-per-ps",
     "max_workers": "--max-workers", "max_ps": "--max-ps", "sync_mode": "--sync-mode", "time": "--time",
     "owner": "--owner", "arch": "--arch", "batch_size": "--batch-size", "workers": "--workers",
-    "epoch_seconds": "--epoch-seconds", "launch": "--launch", "label": "--label",
+    "epoch_seconds": "--epoch-seconds", "launch": "--launch", "label": "--label", "account": "--account",
+    "qos": "--qos", "partition": "--partition", "export": "--export",
 }
 
 
@@ -202,6 +225,8 @@ def merge_submission(spec: Mapping[str, Any], flags: Mapping[str, Any], user: st
             if not isinstance(target.get(key), dict):
                 target[key] = {}
             target = target[key]
+        if isinstance(value, dict) and isinstance(target.get(path[-1]), dict):
+            value = {**target[path[-1]], **value}  # --export adds to the spec's [env], name by name
         target[path[-1]] = value
     out.setdefault("owner", user)
     if "job_type" in out:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -31,6 +32,11 @@ class JobKind(str, enum.Enum):
 #: dl2d's own ``srun`` (each learns its rank from Slurm: the all-reduce jobs' default); ``once``, the command
 #: runs once on the first node and starts its own processes (dl2-run, torchrun, the PS jobs' default).
 LAUNCHES = ("srun", "once")
+#: A variable a job declares for its environment (a spec's ``env`` table, docs/jobs.md): a shell variable name,
+#: not one of the prefixes dl2d and Slurm set for the job (DL2D_*, SLURM_*) or that sbatch reads as its own
+#: options (SBATCH_*).
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIXES = ("DL2D_", "SLURM_", "SBATCH_")
 
 
 @dataclass(frozen=True)

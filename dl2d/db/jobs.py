@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
-from dl2d.core.jobs import LAUNCHES, TaskDemand
+from dl2d.core.jobs import ENV_NAME_RE, LAUNCHES, RESERVED_ENV_PREFIXES, TaskDemand
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.db.errors import (
     DBError,
@@ -55,6 +55,12 @@ SYNC_MODES = ("sync", "async")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # used with fullmatch: no trailing newline
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 MAX_COMMAND_CHARS = 65_536  # a training command, not a payload
+#: A Slurm account, QOS or partition name (a partition may be a comma-separated list of them, as sbatch -p takes).
+_SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+#: A job's declared environment (``env``): a handful of settings, not a payload.
+MAX_ENV_VARS = 64
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_CHARS = 32_768  # names and values together
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,11 +88,16 @@ class JobSubmission:
     epoch_seconds: float | None = None  # one-GPU seconds per epoch of a model dl2d does not know (a hint)
     launch: str | None = None  # "srun" (one process per worker, by dl2d) or "once"; None: the kind's default
     label: str | None = None  # the job's class for dl2ctl calibrate (None: its model)
+    account: str | None = None  # Slurm account to charge (None: the owner's default)
+    qos: str | None = None  # Slurm QOS (None: the owner's default)
+    partition: str | None = None  # Slurm partition(s) (None: the daemon's [slurm] partition, else Slurm's default)
+    env: dict[str, str] | None = None  # what the job's environment holds beyond dl2d's base (docs/jobs.md)
 
     def spec(self) -> dict[str, Any]:
         """The JSON stored in `jobs.spec` (the optional fields only where given)."""
         optional = {"batch_size": self.batch_size, "workers": self.workers, "epoch_seconds": self.epoch_seconds,
-                    "launch": self.launch, "label": self.label}
+                    "launch": self.launch, "label": self.label, "account": self.account, "qos": self.qos,
+                    "partition": self.partition, "env": dict(self.env) if self.env else None}
         return {
             "kind": self.kind,
             "command": self.command,
@@ -103,7 +114,7 @@ class JobSubmission:
 _SUBMISSION_KEYS = {
     "name", "owner", "job_type", "total_epochs", "command", "script",
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
-    "kind", "batch_size", "workers", "epoch_seconds", "launch", "label",
+    "kind", "batch_size", "workers", "epoch_seconds", "launch", "label", "account", "qos", "partition", "env",
 }
 
 
@@ -197,6 +208,52 @@ def _allreduce_fields(errors: list[str], data: Mapping[str, Any], kind: str, mod
     return batch, hint
 
 
+def _slurm_name(errors: list[str], key: str, value: Any, *, several: bool = False) -> str | None:
+    """An account, QOS or partition (``several``: a comma-separated list, as sbatch -p) as Slurm names them."""
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) and several else [value]
+    if not all(isinstance(n, str) and _SLURM_NAME_RE.fullmatch(n) for n in names):
+        what = "names" if several else "a name"
+        errors.append(f"{key} must be {what} of 1-64 letters, digits, '.', '_', '-' (not starting with '.' or '-')"
+                      f"{', separated by commas' if several else ''}, got {value!r}")
+        return None
+    return value
+
+
+def _environment(errors: list[str], env: Any) -> dict[str, str] | None:
+    """The variables a job declares for its environment: text values under shell variable names, a bounded
+    handful, none that dl2d or Slurm set for the job (DL2D_*, SLURM_*) or that sbatch reads as options
+    (SBATCH_*)."""
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        errors.append(f"env must be a table of NAME = \"value\" (dl2ctl submit --export NAME=VALUE), "
+                      f"got {type(env).__name__}")
+        return None
+    if len(env) > MAX_ENV_VARS:
+        errors.append(f"env may declare at most {MAX_ENV_VARS} variables, got {len(env)}")
+        return None
+    bad = len(errors)
+    total = 0
+    for name, value in env.items():
+        if not isinstance(name, str) or len(name) > MAX_ENV_NAME_CHARS or not ENV_NAME_RE.fullmatch(name):
+            errors.append(f"env: {str(name)[:MAX_ENV_NAME_CHARS]!r} is not a variable name (letters, digits and "
+                          f"'_', not starting with a digit, at most {MAX_ENV_NAME_CHARS} characters)")
+        elif name.startswith(RESERVED_ENV_PREFIXES):
+            errors.append(f"env.{name}: names starting with {', '.join(RESERVED_ENV_PREFIXES)} are dl2d's and "
+                          "Slurm's (set for the job, or read by sbatch as its options); choose another name")
+        elif not isinstance(value, str):
+            errors.append(f"env.{name} must be a string (quote it: {name} = \"{value}\"), got {value!r}")
+        elif "\x00" in value:
+            errors.append(f"env.{name} must not contain NUL characters")
+        else:
+            total += len(name) + len(value)
+    if total > MAX_ENV_CHARS:
+        errors.append(f"env holds {total} characters; at most {MAX_ENV_CHARS}")
+    return dict(env) if len(errors) == bad else None
+
+
 def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -> JobSubmission:
     """Check a submission (parsed JSON/YAML) and return it typed, or raise SubmissionError listing all problems.
 
@@ -204,7 +261,9 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     ps {cpus, mem_gb}, and optionally kind ("ps"|"allreduce"), max_workers, max_ps, sync ("sync"|"async"),
     time_limit_min, workers (asked for), and for all-reduce jobs batch_size (required for a measured model),
     epoch_seconds (a hint for a model dl2d does not know) and launch ("srun": dl2d starts one process per
-    worker, the default; "once": the command starts its own); label (the job's class for dl2ctl calibrate). ``known_types``: the models of PS jobs.
+    worker, the default; "once": the command starts its own); label (the job's class for dl2ctl calibrate);
+    account, qos, partition (Slurm's, for the owner's job) and env (a table of variables the job's environment
+    holds, docs/jobs.md). ``known_types``: the models of PS jobs.
 
     An all-reduce job has no parameter servers: its [ps] table, if any, must ask for nothing, and max_ps is 0.
     """
@@ -275,12 +334,18 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
         time_limit = _number(errors, "time_limit_min", time_limit, 0, MAX_TIME_LIMIT_MIN, lo_open=True,
                              integer=True)
 
+    account = _slurm_name(errors, "account", data.get("account"))
+    qos = _slurm_name(errors, "qos", data.get("qos"))
+    partition = _slurm_name(errors, "partition", data.get("partition"), several=True)
+    env = _environment(errors, data.get("env"))
+
     if errors:
         raise SubmissionError(errors)
     return JobSubmission(
         name=name, owner=owner, job_type=job_type, total_epochs=epochs, command=command.strip(),
         worker=worker, ps=ps, max_workers=max_workers, max_ps=max_ps, sync=sync, time_limit_min=time_limit,
         kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds, launch=launch, label=label,
+        account=account, qos=qos, partition=partition, env=env or None,
     )
 
 

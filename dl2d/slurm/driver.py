@@ -11,6 +11,8 @@ place (``scontrol update NumNodes``); growing is checkpoint + requeue at the new
 
 from __future__ import annotations
 
+import os
+import pwd
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
@@ -42,6 +44,76 @@ class SlurmUnavailable(SlurmError):
     backoff (see :mod:`dl2d.slurm.backoff`). Other :class:`SlurmError` s are not worth retrying."""
 
 
+class UnknownUserError(SlurmError):
+    """A job's user has no account (passwd entry) on this host: it cannot run as that user, now or later."""
+
+
+@dataclass(frozen=True)
+class UnixUser:
+    """A unix account a job runs as: what the job's environment and the switch to that user need."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    shell: str
+    groups: tuple[int, ...] = ()  # supplementary groups (initgroups' list, the primary group included)
+
+
+def lookup_user(name: str) -> UnixUser:
+    """The passwd entry of ``name`` and its groups; :class:`UnknownUserError` (naming the user) when there is
+    none. Looked up at each submission, so an account added or removed later counts."""
+    try:
+        pw = pwd.getpwnam(name)
+    except (KeyError, ValueError):  # ValueError: a name with a NUL byte
+        raise UnknownUserError(f"user {name!r} has no account on this host (no passwd entry): "
+                               "a job cannot run as that user") from None
+    try:
+        groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
+    except OSError:
+        groups = (pw.pw_gid,)
+    return UnixUser(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir or "/", pw.pw_shell or "/bin/sh", groups)
+
+
+def process_user() -> UnixUser:
+    """The account this process runs as (its effective uid); a uid without a passwd entry (a container's
+    arbitrary uid) is named by its number, with ``/`` as its home."""
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return UnixUser(str(uid), uid, gid, "/", "/bin/sh", (gid,))
+    return UnixUser(pw.pw_name, uid, gid, pw.pw_dir or "/", pw.pw_shell or "/bin/sh", tuple(os.getgroups()))
+
+
+#: PATH of a job: the system's directories, in Debian's order (what a login shell of a plain user gets); a job
+#: that needs more declares its own PATH (``JobSpec.env``).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The locale of a job that declares none.
+DEFAULT_LANG = "C.UTF-8"
+
+
+def job_environment(user: UnixUser, declared: Mapping[str, str] | None = None, *,
+                    slurm_conf: str | None = None) -> dict[str, str]:
+    """The whole environment a job is submitted with (Slurm's ``--export=ALL`` of it; Slurm adds its
+    ``SLURM_*``): a fixed PATH and locale, the account's HOME/USER/LOGNAME/SHELL, ``SLURM_CONF`` when the
+    cluster's configuration is not in the default place, then what the job declares (``declared`` wins).
+    Never anything of the submitting process's own environment: a daemon's database URL or token must not
+    reach every job. Pure; ValueError for what no environment can hold: an empty name, one with ``=``, a NUL
+    byte (which names a job may declare is the submission's rule: dl2d.db.jobs)."""
+    env = {"PATH": DEFAULT_PATH, "LANG": DEFAULT_LANG, "HOME": user.home, "USER": user.name,
+           "LOGNAME": user.name, "SHELL": user.shell}
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    for name, value in (declared or {}).items():
+        if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
+            raise ValueError(f"not an environment variable name: {name!r}")
+        if not isinstance(value, str) or "\x00" in value:
+            raise ValueError(f"environment variable {name}: the value must be text without NUL bytes")
+        env[name] = value
+    return env
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What to submit for one dl2d job. Exactly one of ``command`` (run by ``/bin/sh`` as the
@@ -60,6 +132,7 @@ class JobSpec:
     cpus_per_node: int | None = None
     mem_mb_per_node: int | None = None
     time_limit_min: int | None = None
+    #: What the job's environment holds beyond :func:`job_environment`'s base (its declared variables)
     env: Mapping[str, str] = field(default_factory=dict)
     output: str | None = None
     workdir: str | None = None
@@ -73,6 +146,12 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     #: dl2d job id; stored as the Slurm job comment ``dl2d:<id>`` so jobs can be matched back.
     dl2d_job_id: str | None = None
+    #: The unix user the job runs as (and is accounted to: sacct, fairshare, QOS limits); None: the user the
+    #: driver runs as. Another user than the driver's needs the driver to run as root.
+    user: str | None = None
+    #: Slurm account and QOS to charge (``--account``, ``--qos``); None: the user's defaults.
+    account: str | None = None
+    qos: str | None = None
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.script is None):
@@ -115,6 +194,7 @@ class SlurmJob:
     #: unix seconds. For a job that has ended, when it ended (Slurm's EndTime); for an active job
     #: Slurm reports its expected end (start + time limit), which says nothing.
     end_time: int | None = None
+    user: str = ""  # the user the job runs as (Slurm's UserId, by name); "": not reported
 
     @property
     def dl2d_job_id(self) -> str | None:

@@ -13,6 +13,8 @@ the rest:
 * a requeued job keeps showing its old node count until it runs again, at the requeued count (as
   22.05 does after ``scontrol update NumNodes``);
 * ``down = True`` makes every call but :meth:`ping` raise :class:`SlurmUnavailable`;
+* a job runs as ``JobSpec.user`` (``SlurmJob.user``; "" for the driver's own user); its account, QOS and
+  environment are kept in ``specs``, as submitted;
 * every call that changes something is appended to ``calls`` (``("submit", id, nodes, gpus)``,
   ``("shrink", id, n)``, ``("signal", id, sig)``, ``("requeue", id, n)``, ``("cancel", id)``,
   ``("drain", node, reason)``, ``("resume", node)``), so tests can check what reached "Slurm".
@@ -88,7 +90,8 @@ class InMemorySlurm:
                                         cpus_per_node=spec.cpus_per_node or 1,
                                         mem_mb_per_node=spec.mem_mb_per_node or 0,
                                         time_limit_min=spec.time_limit_min,
-                                        comment=spec.comment or "", submit_time=int(self.clock()))
+                                        comment=spec.comment or "", submit_time=int(self.clock()),
+                                        user=spec.user or "")
         return jid
 
     def jobs(self) -> list[SlurmJob]:

@@ -194,6 +194,7 @@ def parse_job(j: dict) -> SlurmJob:
         cpus_per_node=number(j.get("minimum_cpus_per_node")) or 0,
         mem_mb_per_node=number(j.get("memory_per_node")) or 0,
         end_time=number(j.get("end_time")) or None,
+        user=text(j.get("user_name")),
     )
 
 
@@ -312,6 +313,7 @@ def job_from_scontrol(rec: dict[str, str]) -> SlurmJob:
         cpus_per_node=int(rec["MinCPUsNode"]) if rec.get("MinCPUsNode", "").isdigit() else 0,
         mem_mb_per_node=parse_mem_mb(rec.get("MinMemoryNode", "")),
         end_time=parse_local_time(rec.get("EndTime", "")),
+        user=rec.get("UserId", "").split("(")[0],  # UserId=nobody(65534)
     )
 
 

@@ -15,7 +15,8 @@ between releases.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import os
+from typing import Any, Mapping
 
 from dl2d.slurm.driver import (
     JobSpec,
@@ -23,6 +24,10 @@ from dl2d.slurm.driver import (
     SlurmJob,
     SlurmNode,
     SlurmUnavailable,
+    UnixUser,
+    job_environment,
+    lookup_user,
+    process_user,
     wait_for_state,
 )
 from dl2d.slurm.parsing import expand_hostlist, gpu_count, is_unavailable_message, state_list
@@ -66,17 +71,27 @@ def _first(obj: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def submit_description_kwargs(spec: JobSpec) -> dict[str, Any]:
-    """``JobSubmitDescription`` keyword arguments for a :class:`JobSpec` (pure, testable)."""
+def submit_description_kwargs(spec: JobSpec, user: UnixUser | None = None,
+                              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``JobSubmitDescription`` keyword arguments for a :class:`JobSpec` (pure, testable). ``env``: the job's
+    whole environment (pyslurm adds this process's ``SLURM_*`` and nothing else of it; default: the base
+    environment of ``user`` with the spec's variables); ``user``: the account the job runs as, given as its
+    user and group ids when it is another user than this process's (pyslurm's ``--uid``/``--gid``; root only)."""
     script = spec.script if spec.script is not None else f"#!/bin/sh\n{spec.command}\n"
+    if env is None:
+        env = job_environment(user or process_user(), spec.env)
     kw: dict[str, Any] = {
         "name": spec.name,
         "nodes": spec.nodes,
         "script": script,
         "is_requeueable": spec.requeue,
-        # Like sbatch --export=ALL plus the spec's variables.
-        "environment": {"ALL": True, **spec.env} if spec.env else "ALL",
+        # A dict: exactly these variables (never "ALL": this process's environment, the daemon's secrets).
+        "environment": dict(env),
     }
+    if user is not None:
+        kw.update(user_id=user.uid, group_id=user.gid)
+        if not spec.workdir:  # pyslurm's default is this process's working directory
+            kw["working_directory"] = user.home
     optional = {
         "ntasks_per_node": spec.ntasks_per_node,
         "gres_per_node": f"gpu:{spec.gpus_per_node}" if spec.gpus_per_node else None,
@@ -87,6 +102,8 @@ def submit_description_kwargs(spec: JobSpec) -> dict[str, Any]:
         "standard_output": spec.output,
         "working_directory": spec.workdir,
         "partitions": spec.partition,
+        "account": spec.account,
+        "qos": spec.qos,
         "signal": (f"B:{spec.checkpoint_signal}@{spec.checkpoint_signal_secs}"
                    if spec.checkpoint_signal else None),
         "required_nodes": ",".join(spec.nodelist) or None,
@@ -118,6 +135,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         cpus_per_node=_int(_first(job, "min_cpus_per_node")),
         mem_mb_per_node=_int(_first(job, "memory_per_node")),
         end_time=_int(_first(job, "end_time_raw", "end_time")) or None,
+        user=str(_first(job, "user_name", default="") or ""),
     )
 
 
@@ -168,7 +186,19 @@ class PyslurmDriver:
                       stderr=msg) from e
 
     def submit(self, spec: JobSpec) -> str:
-        desc = self.ps.JobSubmitDescription(**submit_description_kwargs(spec))
+        me = process_user()
+        user = lookup_user(spec.user) if spec.user is not None else me
+        if user.uid != me.uid and os.geteuid() != 0:
+            raise SlurmError(f"cannot submit a job as user {user.name}: only root may submit for another user "
+                             f"(this process is uid {os.geteuid()}); run dl2d as root, or set [slurm] "
+                             'run_jobs_as = "daemon" on a single-user cluster', command="pyslurm submit")
+        slurm_conf = os.environ.get("SLURM_CONF")
+        try:
+            env = job_environment(user, spec.env, slurm_conf=slurm_conf)
+        except ValueError as e:
+            raise SlurmError(f"job {spec.name}: {e}", command="pyslurm submit") from None
+        kwargs = submit_description_kwargs(spec, user if user.uid != me.uid else None, env)
+        desc = self.ps.JobSubmitDescription(**kwargs)
         return str(self._call("submit", desc.submit))
 
     def jobs(self) -> list[SlurmJob]:

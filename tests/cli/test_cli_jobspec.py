@@ -1,6 +1,8 @@
 """Pure helpers of the job commands: sbatch value parsing, spec merge, DB URL resolution, formatting."""
 from __future__ import annotations
 
+import json
+
 from datetime import datetime, timezone
 
 import click
@@ -11,6 +13,7 @@ from dl2d.cli.jobs import format_age, parse_states, resize_records
 from dl2d.cli.jobspec import (
     merge_submission,
     normalize_job_type,
+    parse_exports,
     parse_mem,
     parse_spec_text,
     parse_time,
@@ -64,6 +67,19 @@ def test_merge_flags_win_and_owner_defaults():
     assert [e.split(":")[0] for e in errors] == ["--time", "--mem-per-ps"]
 
 
+def test_exports_merge_into_the_specs_environment():
+    out, errors = merge_submission({"env": {"A": "spec", "B": "b"}}, {"export": ("A=flag", "C=x=y,z")}, "alice")
+    assert errors == [] and out["env"] == {"A": "flag", "B": "b", "C": "x=y,z"}
+    out, _ = merge_submission({}, {"export": ("A=1",), "account": "p", "qos": "q", "partition": "gpu"}, "alice")
+    assert (out["env"], out["account"], out["qos"], out["partition"]) == ({"A": "1"}, "p", "q", "gpu")
+    assert parse_exports(["EMPTY="]) == {"EMPTY": ""}
+    for bad in ("NOVALUE", "=x"):
+        with pytest.raises(ValueError, match=f"NAME=VALUE expected, got '{bad}'"):
+            parse_exports([bad])
+    _, errors = merge_submission({"env": {"A": "1"}}, {"export": ("oops",)}, "alice")
+    assert errors[0].startswith("--export: NAME=VALUE expected")
+
+
 def test_parse_spec_text_sniffs_json():
     assert parse_spec_text('  {"a": 1}') == {"a": 1}
     assert parse_spec_text("a = 1\n[worker]\ncpus = 2\n") == {"a": 1, "worker": {"cpus": 2}}
@@ -75,13 +91,17 @@ def test_resolve_db_url_order(tmp_path):
         "sqlite:////flag.sqlite"
     assert resolve_db_url(None, {"DL2D_DB_URL": "sqlite:////env.sqlite"}, cfg) == "sqlite:////env.sqlite"
     assert resolve_db_url(None, {}, cfg) == "sqlite:////cfg.sqlite"
-    assert resolve_db_url(None, {}, {"db": {"url": "postgresql+psycopg://u@h/d"}}) == "postgresql+psycopg://u@h/d"
-    assert resolve_db_url(None, {}, {"database": {"url": "sqlite:////d.sqlite"}}) == "sqlite:////d.sqlite"
+    # one schema, the daemon's: a table it does not know is refused by dl2ctl too (it was read, and the daemon
+    # refused it: a submission could land where no daemon reads)
+    with pytest.raises(ConfigError, match="unknown key 'db'"):
+        resolve_db_url(None, {}, {"db": {"url": "postgresql+psycopg://u@h/d"}})
+    with pytest.raises(ConfigError, match="did you mean DL2D_SLOT_SECONDS"):
+        resolve_db_url(None, {"DL2D_SLOT_SECOND": "5"}, {})
     assert resolve_db_url(None, {}, {"state_dir": str(tmp_path)}) == f"sqlite:///{tmp_path}/dl2d.sqlite"
     assert resolve_db_url(None, {"DL2D_STATE_DIR": str(tmp_path / "s")}, {"state_dir": "/x"}) == \
         f"sqlite:///{tmp_path}/s/dl2d.sqlite"
     assert resolve_db_url(None, {}, {}) == "sqlite:////var/lib/dl2d/dl2d.sqlite"
-    with pytest.raises(ConfigError, match="config key db_url must be a non-empty string, got 3"):
+    with pytest.raises(ConfigError, match=r"db_url \(from config file\): must be a string, got int 3"):
         resolve_db_url(None, {}, {"db_url": 3})
 
 
@@ -104,14 +124,24 @@ def test_config_file_is_used_by_the_commands(tmp_path, monkeypatch, as_user):
     from dl2d.cli.main import cli
 
     cfg = tmp_path / "dl2d.toml"
-    cfg.write_text(f'[db]\nurl = "sqlite:///{tmp_path}/from-config.sqlite"\n')
+    cfg.write_text(f'db_url = "sqlite:///{tmp_path}/from-config.sqlite"\n')
     monkeypatch.setenv("DL2D_CONFIG", str(cfg))
-    r = CliRunner().invoke(cli, ["queue"])
-    assert r.exit_code == 0, r.output
-    assert (tmp_path / "from-config.sqlite").exists()
+    for command in (["queue"], ["report", "--only", "jct_daily"]):  # report used to ignore DL2D_CONFIG
+        (tmp_path / "from-config.sqlite").unlink(missing_ok=True)
+        if command[0] == "report":
+            CliRunner().invoke(cli, ["queue"])  # report reads an existing database only
+        r = CliRunner().invoke(cli, command)
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / "from-config.sqlite").exists()
+    r = CliRunner().invoke(cli, ["daemon", "status", "--json"])  # the config's database, not the default one
+    assert "error" not in json.loads(r.output)["database"], r.output
     monkeypatch.setenv("DL2D_DB_URL", f"sqlite:///{tmp_path}/from-env.sqlite")
     assert CliRunner().invoke(cli, ["queue"]).exit_code == 0
     assert (tmp_path / "from-env.sqlite").exists()
+    # the daemon's schema: a table the daemon would refuse is refused here too, naming the key
+    cfg.write_text(f'[db]\nurl = "sqlite:///{tmp_path}/x.sqlite"\n')
+    r = CliRunner().invoke(cli, ["queue"])
+    assert r.exit_code == 1 and "unknown key 'db'" in r.output
 
 
 def test_format_age():

@@ -257,3 +257,38 @@ def test_bad_all_reduce_submissions_name_the_field_and_write_nothing(dl2ctl, tmp
     assert r.exit_code == 1, r.output
     assert "invalid job submission (1 problem)" in r.output and message in r.output, r.output
     assert not (tmp_path / "dl2d.sqlite").exists()
+
+
+def test_submit_names_its_slurm_account_qos_partition_and_environment(dl2ctl, db_url, tmp_path):
+    """Issue #14 item 1: what the job runs with comes from its submission, never the submitting shell."""
+    f = tmp_path / "job.toml"
+    f.write_text('account = "proj-a"\n' + TOML_SPEC + '\n[env]\nWANDB_PROJECT = "resnet"\nA = "from the spec"\n')
+    r = dl2ctl("submit", str(f), "-q", "high", "-p", "gpu,cpu", "--export", "A=1,2=3", "--export", "B=")
+    assert r.exit_code == 0, r.output
+    [(*_, spec)] = jobs_in(db_url)
+    assert (spec["account"], spec["qos"], spec["partition"]) == ("proj-a", "high", "gpu,cpu")
+    assert spec["env"] == {"WANDB_PROJECT": "resnet", "A": "1,2=3", "B": ""}  # --export adds, name by name
+    plain = tmp_path / "plain.toml"
+    plain.write_text(TOML_SPEC)
+    r = dl2ctl("submit", str(plain))
+    assert r.exit_code == 0 and not {"account", "qos", "partition", "env"} & set(jobs_in(db_url)[-1][-1])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--export", "DL2D_DB_URL=postgresql://x"), "env.DL2D_DB_URL: names starting with DL2D_, SLURM_, SBATCH_ are "
+                                                  "dl2d's and Slurm's"),
+    (("--export", "SLURM_CONF=/tmp/evil.conf"), "env.SLURM_CONF: names starting with"),
+    (("--export", "SBATCH_HOLD=1"), "env.SBATCH_HOLD: names starting with"),
+    (("--export", "1X=1"), "env: '1X' is not a variable name"),
+    (("--export", "ALL"), "--export: NAME=VALUE expected, got 'ALL'"),
+    (("--account", "-x"), "account must be a name of 1-64 letters"),
+    (("--qos", "a b"), "qos must be a name of 1-64 letters"),
+    (("--partition", "gpu,"), "partition must be names of 1-64 letters"),
+])
+def test_bad_slurm_names_and_environments_name_the_field_and_write_nothing(dl2ctl, tmp_path, flags, message):
+    f = tmp_path / "job.toml"
+    f.write_text(TOML_SPEC)
+    r = dl2ctl("submit", str(f), *flags)
+    assert r.exit_code == 1, r.output
+    assert "invalid job submission (1 problem)" in r.output and message in r.output, r.output
+    assert not (tmp_path / "dl2d.sqlite").exists()

@@ -41,12 +41,17 @@ def test_the_unit_verifies_with_the_installed_program(tmp_path, unit, program):
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
 
 
+#: systemd-analyze security's figure of each unit as shipped (docs/daemon.md): the daemon's rose from 1.5 to 2.6
+#: when it became root to run jobs as their owners (User=, PrivateUsers=, the five capabilities, @privileged).
+EXPOSURE = {"dl2d.service": 2.6, "dl2-agent.service": 2.8}
+
+
 @pytest.mark.parametrize("unit", ["dl2d.service", "dl2-agent.service"])
 def test_exposure_is_five_or_better(unit):
     r = analyze("security", "--offline=true", "--no-pager", str(UNITS / unit))
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout)
     assert m, r.stdout + r.stderr
-    assert float(m.group(1)) <= 5.0, r.stdout
+    assert float(m.group(1)) <= min(5.0, EXPOSURE[unit]), r.stdout
 
 
 @pytest.mark.parametrize("unit, condition", [("dl2d.service", "/etc/dl2d/dl2d.toml"),
@@ -57,8 +62,17 @@ def test_the_unit_waits_for_its_config_and_reads_an_environment_file(unit, condi
     assert any(v.startswith("-/etc/default/") for v in d["EnvironmentFile"])  # optional: "-"
 
 
-def test_the_daemon_keeps_no_capability_and_the_agent_only_what_it_needs():
-    assert directives("dl2d.service")["CapabilityBoundingSet"] == [""]
+def test_the_daemon_and_the_agent_keep_only_the_capabilities_they_need():
+    """The daemon runs as root to run each job as its owner (issue #14, item 1): it switches to the job's user to
+    submit it, gives the job its directory and reads what the job wrote there; nothing more. Without PrivateUsers
+    (a namespace mapping root alone could do none of that) and with @setuid/@chown, but no other privileged
+    system call."""
+    d = directives("dl2d.service")
+    assert "User" not in d and "PrivateUsers" not in d
+    assert d["CapabilityBoundingSet"] == ["CAP_SETUID CAP_SETGID CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER"]
+    assert d["SystemCallFilter"] == ["@system-service",
+                                     "~@clock @cpu-emulation @debug @module @mount @obsolete @raw-io @reboot @swap"]
+    assert d["NoNewPrivileges"] == ["yes"] and d["StateDirectoryMode"] == ["0711"]  # jobs pass through, never list
     assert directives("dl2-agent.service")["CapabilityBoundingSet"] == ["CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"]
     # the daemon's policy is compiled by JAX at run time: writable executable memory must stay allowed
     assert "MemoryDenyWriteExecute" not in directives("dl2d.service")

@@ -64,6 +64,18 @@ MALFORMED = [
     (submission(epochs=3), "unknown keys ['epochs']"),
     (submission(max_workers=True), "max_workers must be an integer"),
     ([1, 2, 3], "a submission must be a mapping"),
+    (submission(account="a,b"), "account must be a name of 1-64"),
+    (submission(qos=""), "qos must be a name of 1-64"),
+    (submission(partition=["gpu"]), "partition must be names of 1-64"),
+    (submission(env="A=1"), "env must be a table of NAME = \"value\""),
+    (submission(env={"DL2D_DB_URL": "x"}), "env.DL2D_DB_URL: names starting with DL2D_, SLURM_, SBATCH_"),
+    (submission(env={"A": 1}), 'env.A must be a string (quote it: A = "1"), got 1'),
+    (submission(env={"A B": "1"}), "env: 'A B' is not a variable name"),
+    (submission(env={"X" * 129: "1"}), "is not a variable name (letters, digits and '_', not starting with a digit, "
+                                       "at most 128 characters)"),
+    (submission(env={"A": "a\x00b"}), "env.A must not contain NUL characters"),
+    (submission(env={f"V{i}": "1" for i in range(65)}), "env may declare at most 64 variables, got 65"),
+    (submission(env={"BIG": "x" * 40_000}), "env holds 40003 characters; at most 32768"),
 ]
 
 
@@ -78,6 +90,15 @@ def test_validate_rejects_with_clear_message(data, message):
     with pytest.raises(SubmissionError) as e:
         validate_submission(data)
     assert any(message in err for err in e.value.errors), e.value.errors
+
+
+def test_validate_keeps_the_slurm_names_and_environment_the_job_declares():
+    sub = validate_submission(submission(account="proj-a", qos="high", partition="gpu,cpu",
+                                         env={"WANDB_PROJECT": "x", "PATH": "/opt/venv/bin:/usr/bin", "E": ""}))
+    spec = sub.spec()
+    assert (spec["account"], spec["qos"], spec["partition"]) == ("proj-a", "high", "gpu,cpu")
+    assert spec["env"] == {"WANDB_PROJECT": "x", "PATH": "/opt/venv/bin:/usr/bin", "E": ""}
+    assert not {"account", "qos", "partition", "env"} & set(validate_submission(submission(env={})).spec())
 
 
 def test_validate_collects_all_errors_and_custom_types():

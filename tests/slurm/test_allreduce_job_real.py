@@ -55,7 +55,7 @@ def reference_params(tmp_path: Path) -> dict[str, np.ndarray]:
 
 def progress(b: SlurmBackend, job_id: int) -> dict:
     try:
-        return json.loads((b.job_dir(job_id) / "progress.json").read_text())
+        return json.loads((b.job_dir(job_id) / "job" / "progress.json").read_text())
     except (FileNotFoundError, ValueError):
         return {}
 
@@ -63,6 +63,7 @@ def progress(b: SlurmBackend, job_id: int) -> dict:
 def test_a_jax_job_is_started_at_2_shrunk_to_1_and_grown_to_3_losing_no_step(slurm, wait_for, tmp_path):
     ref = reference_params(tmp_path)
     b = SlurmBackend(slurm.driver(), SlurmBackendConfig(state_dir=tmp_path / "state", workdir=str(REPO),
+                                                        run_jobs_as="daemon",  # the test's (root's) jobs
                                                         checkpoint_timeout_s=60))
     job = allreduce_request(401, example_command())
 
@@ -93,12 +94,12 @@ def test_a_jax_job_is_started_at_2_shrunk_to_1_and_grown_to_3_losing_no_step(slu
     assert b.observe()[401].epochs_done == pytest.approx(1.0)
 
     # every global step ran exactly once, in order, at the sizes dl2d gave
-    log = [tuple(map(int, line.split())) for line in (b.job_dir(401) / "steps.log").read_text().splitlines()]
+    log = [tuple(map(int, line.split())) for line in (b.job_dir(401) / "job" / "steps.log").read_text().splitlines()]
     assert [s for _, s in log] == list(range(1, STEPS + 1))
     sizes = [w for w, _ in log]
     assert [w for i, w in enumerate(sizes) if i == 0 or sizes[i - 1] != w] == [2, 1, 3]
 
-    with np.load(b.job_dir(401) / "params.npz") as z:
+    with np.load(b.job_dir(401) / "job" / "params.npz") as z:
         got = {k: z[k] for k in z.files}
     assert got.keys() == ref.keys()
     for k in ref:
@@ -112,6 +113,7 @@ def test_a_job_that_ignores_the_signal_is_killed_after_the_deadline_and_its_lost
     reported is lost work, in its progress and in what the backend reports to the daemon. (With periodic saves
     the lost steps could be 0 by timing: a kill landing right after a save, as one CI run saw.)"""
     b = SlurmBackend(slurm.driver(), SlurmBackendConfig(state_dir=tmp_path / "state", workdir=str(REPO),
+                                                        run_jobs_as="daemon",  # the test's (root's) jobs
                                                         checkpoint_timeout_s=8))
     steps = 2000  # it trains on through the 8 s deadline
     command = (f"{sys.executable} {EXAMPLE} --steps {steps} --checkpoint-every 0 --step-seconds 0.05"

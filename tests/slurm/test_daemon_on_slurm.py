@@ -72,6 +72,7 @@ workdir = "{REPO}"
 job_name_prefix = "{prefix}"
 checkpoint_timeout_s = 20
 time_limit_min = 10
+run_jobs_as = "daemon"
 {slurm_extra}
 """)
         self.engine = make_engine(self.db)
@@ -179,7 +180,7 @@ time_limit_min = 10
 
     def progress(self, job_id: int) -> dict:
         try:
-            return json.loads((self.job_dir(job_id) / "progress.json").read_text())
+            return json.loads((self.job_dir(job_id) / "job" / "progress.json").read_text())
         except (OSError, ValueError):
             return {}
 
@@ -239,7 +240,7 @@ def wait_alive(h: Harness, p: subprocess.Popen, wait_for, pred, timeout: float, 
 
 
 def out_files(h: Harness, job_id: int) -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(h.job_dir(job_id).glob("slurm-*.out"))}
+    return {p.name: p.read_text() for p in sorted((h.job_dir(job_id) / "job").glob("slurm-*.out"))}
 
 
 def test_daemon_resizes_relaunches_from_checkpoint_and_reports_jct(harness, wait_for):
@@ -469,11 +470,11 @@ def test_daemon_starts_and_resizes_a_real_jax_job_by_checkpoint_restart(harness,
     wait_alive(h, daemon, wait_for, lambda: h.all_completed(3), 240, "all 3 jobs COMPLETED")
     assert h.stop_daemon(daemon) == 0
 
-    log = [tuple(map(int, line.split())) for line in (h.job_dir(a) / "steps.log").read_text().splitlines()]
+    log = [tuple(map(int, line.split())) for line in (h.job_dir(a) / "job" / "steps.log").read_text().splitlines()]
     assert [s for _, s in log] == list(range(1, steps + 1))  # none repeated, none skipped
     sizes = [w for i, (w, _) in enumerate(log) if i == 0 or log[i - 1][0] != w]
     assert len(sizes) >= 3 and min(sizes[1:-1]) < sizes[0] and sizes[-1] > min(sizes), sizes
-    with np.load(ref_out) as want, np.load(h.job_dir(a) / "params.npz") as got:
+    with np.load(ref_out) as want, np.load(h.job_dir(a) / "job" / "params.npz") as got:
         for k in want.files:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
     p = h.progress(a)

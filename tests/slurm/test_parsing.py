@@ -36,7 +36,7 @@ def test_squeue_22_05_fixture():
     assert running.nodes == ("node1", "node2", "node3") and running.node_list == "node[1-3]"
     assert running.gpus_per_node == 2
     assert running.dl2d_job_id == "job-1" and running.active
-    assert running.time_limit_min == 10 and running.batch_host == "node1"
+    assert running.time_limit_min == 10 and running.batch_host == "node1" and running.user == "root"
     pending = jobs["4"]
     assert pending.state == "PENDING" and pending.nodes == () and pending.num_nodes == 4
     assert pending.gpus_per_node == 4 and pending.reason == "Resources"
@@ -70,6 +70,7 @@ def test_scontrol_show_job_fixture():
     assert rec["JobId"] == "3" and rec["Comment"] == "dl2d:job-1" and rec["NodeList"] == "node[1-3]"
     job = job_from_scontrol(rec)
     assert (job.state, job.num_nodes, job.gpus_per_node, job.time_limit_min) == ("RUNNING", 3, 2, 10)
+    assert job.user == "root"  # UserId=root(0)
     pending = job_from_scontrol(parse_scontrol_record(lines[1]))
     assert pending.num_nodes == 4 and pending.nodes == () and pending.dl2d_job_id == "job-2"
 

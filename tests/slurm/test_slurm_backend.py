@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 
 import pytest
 
@@ -36,6 +37,10 @@ from dl2d.slurm.memory import InMemorySlurm
 DEMANDS = {"worker": {"gpus": 1, "cpus": 1, "mem_gb": 0}, "ps": {"cpus": 1, "mem_gb": 0}}
 
 
+#: The owner of the jobs below: the user running the tests.
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
 def make_backend(tmp_path, fake, **cfg) -> SlurmBackend:
     config = SlurmBackendConfig(state_dir=tmp_path / "state", checkpoint_timeout_s=1.0,
                                 poll_interval_s=0.01,
@@ -48,13 +53,14 @@ def req(job_id=1, **spec) -> JobRequest:
     """A resnet-50 job whose spec states :data:`DEMANDS` (a ``worker``/``ps`` table given here wins key by
     key) and runs the demo job unless it says otherwise."""
     spec.setdefault("command", "exec python -m dl2d.slurm.demo_job --epochs 5")
+    spec.setdefault("owner", ME)  # runs as its owner: this test's own user (no switch, nothing changes hands)
     for role, demand in DEMANDS.items():
         spec[role] = {**demand, **spec.get(role, {})}
     return JobRequest(job_id=job_id, job_type="resnet-50", total_epochs=5, spec=spec)
 
 
 def write_progress(backend, job_id, **progress):
-    p = backend.job_dir(job_id) / "progress.json"
+    p = backend.job_dir(job_id) / "job" / "progress.json"  # in the job's own directory
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(progress))
 
@@ -164,11 +170,29 @@ def test_pending_job_at_another_size_is_replaced(tmp_path):
     assert b.observe()[1].backend_ref == "102"
 
 
+def test_submit_makes_the_job_secret_before_sbatch_and_keeps_it_across_restarts(tmp_path):
+    """The elastic runtime's secret (docs/elastic.md): written 0600 in the job's directory before the job is
+    submitted, its path exported by the batch script, the same file (and secret) for every run of the job."""
+    fake = InMemorySlurm()
+    b = make_backend(tmp_path, fake)
+    secrets_at_submit = []
+    submit = fake.submit
+    path = b.job_dir(1) / "job" / "job.secret"  # in the directory the job owns
+    fake.submit = lambda spec: (secrets_at_submit.append(path.read_text()), submit(spec))[1]
+    b.apply(req(), Target(2, 1))
+    assert path.stat().st_mode & 0o777 == 0o600 and len(secrets_at_submit[0].strip()) == 64
+    assert f"export DL2D_JOB_SECRET_FILE={path}" in fake.specs["101"].script
+    fake.run()
+    b.apply(req(), Target(3, 1))  # a restart at a new size: the same secret
+    assert len(secrets_at_submit) == 2 and secrets_at_submit[1] == secrets_at_submit[0] == path.read_text()
+
+
 def test_hot_scaling_through_the_coordinator_and_fallback_to_restart(tmp_path):
     fake = InMemorySlurm()
     calls = []
 
-    def scaler(addr, workers, ps, timeout):
+    def scaler(addr, workers, ps, timeout, secret):
+        assert secret == (b.job_dir(1) / "job" / "job.secret").read_text().strip()  # the job's own, made at submit
         calls.append((addr, workers, ps))
         if (workers, ps) == (3, 2):
             raise ConnectionRefusedError("coordinator gone")
@@ -181,7 +205,7 @@ def test_hot_scaling_through_the_coordinator_and_fallback_to_restart(tmp_path):
                       "--checkpoint-dir $DL2D_CHECKPOINT_DIR", worker={"gpus": 1})
     b.apply(job, Target(3, 1))  # 1 node x 3 GPUs
     fake.run()
-    (b.job_dir(1) / "checkpoint" / "coordinator.json").write_text(
+    (b.job_dir(1) / "job" / "checkpoint" / "coordinator.json").write_text(
         json.dumps({"address": "node1:4000"}))
     assert b.observe()[1].hot_scaling
     assert b.apply(job, Target(2, 2)).method == HOT
@@ -214,7 +238,7 @@ def elastic_job() -> JobRequest:
 
 def publish_coordinator(backend, job_id, address, written=None):
     """What dl2-run does when it starts: its coordinator's address in the checkpoint directory."""
-    path = backend.job_dir(job_id) / "checkpoint" / "coordinator.json"
+    path = backend.job_dir(job_id) / "job" / "checkpoint" / "coordinator.json"
     path.write_text(json.dumps({"address": address}))
     if written is not None:
         os.utime(path, (written, written))
@@ -226,7 +250,7 @@ def test_a_grow_that_the_held_nodes_host_is_hot(tmp_path):
     fake = InMemorySlurm()
     calls = []
     b = SlurmBackend(fake, SlurmBackendConfig(state_dir=tmp_path / "state"),
-                     scaler=lambda addr, w, p, t: calls.append((addr, w, p)) or {})
+                     scaler=lambda addr, w, p, t, secret: calls.append((addr, w, p)) or {})
     assert b.apply(elastic_job(), Target(5, 1)).method == START
     assert fake.calls[-1] == ("submit", "101", 2, 3)
     fake.run()
@@ -246,7 +270,7 @@ def test_a_runtime_that_cannot_scale_hot_now_is_restarted_without_trying(tmp_pat
     calls = []
     b = SlurmBackend(fake, SlurmBackendConfig(state_dir=tmp_path / "state", checkpoint_timeout_s=1.0,
                                               poll_interval_s=0.01),
-                     scaler=lambda addr, w, p, t: calls.append((addr, w, p)) or {})
+                     scaler=lambda addr, w, p, t, secret: calls.append((addr, w, p)) or {})
     b.apply(elastic_job(), Target(2, 1))  # 1 node x 2 GPUs
     fake.run()
     started = fake.slurm_jobs["101"].start_time
@@ -271,7 +295,7 @@ def test_jobs_are_sized_by_their_spec_and_their_types_defaults(tmp_path):
     the backend's own."""
     fake = InMemorySlurm()
     b = make_backend(tmp_path, fake)
-    job = JobRequest(1, "resnet-50", 5, {"command": "true", "worker": {"gpus": 2}})
+    job = JobRequest(1, "resnet-50", 5, {"command": "true", "worker": {"gpus": 2}, "owner": ME})
     assert b.apply(job, Target(2, 1)).method == START
     assert fake.calls[-1] == ("submit", "101", 2, 2)  # 8 + 8 GB exceed a 15.6 GB node: one worker each
 
@@ -283,11 +307,11 @@ def test_elastic_shrink_scales_down_before_releasing_nodes(tmp_path):
     fake.shrink = lambda jid, n: (order.append("shrink"), fake_shrink(jid, n))
     config = SlurmBackendConfig(state_dir=tmp_path / "state")
     b = SlurmBackend(fake, config,
-                     scaler=lambda addr, w, p, t: order.append(("scale", w, p)) or {})
+                     scaler=lambda addr, w, p, t, secret: order.append(("scale", w, p)) or {})
     job = req(command="dl2-run --checkpoint-dir $DL2D_CHECKPOINT_DIR")
     b.apply(job, Target(8, 2))
     fake.run()
-    (b.job_dir(1) / "checkpoint" / "coordinator.json").write_text('{"address": "node1:1"}')
+    (b.job_dir(1) / "job" / "checkpoint" / "coordinator.json").write_text('{"address": "node1:1"}')
     assert b.apply(job, Target(2, 1)).method == SHRINK
     assert order == [("scale", 2, 1), "shrink"]
 

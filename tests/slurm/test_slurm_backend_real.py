@@ -47,7 +47,9 @@ def demo_request(job_id: int, epochs: int, seconds_per_epoch: float = 0.5) -> Jo
 
 
 def backend(slurm, state_dir: Path, **kw) -> SlurmBackend:
-    config = SlurmBackendConfig(state_dir=state_dir, workdir=str(REPO),
+    # run_jobs_as = "daemon": these jobs are the test's (root's); tests/slurm/test_jobs_run_as_owner.py runs one
+    # as its owner
+    config = SlurmBackendConfig(state_dir=state_dir, workdir=str(REPO), run_jobs_as="daemon",
                                 checkpoint_timeout_s=20, **kw)
     return SlurmBackend(slurm.driver(), config)
 
@@ -68,7 +70,7 @@ def status_when(b: SlurmBackend, job_id: int, wait_for, timeout: float, what: st
 
 def progress(b: SlurmBackend, job_id: int) -> dict:
     try:
-        return json.loads((b.job_dir(job_id) / "progress.json").read_text())
+        return json.loads((b.job_dir(job_id) / "job" / "progress.json").read_text())
     except (FileNotFoundError, ValueError):
         return {}
 
@@ -105,7 +107,7 @@ def test_lifecycle_start_shrink_grow_stop_start_and_daemon_restart(slurm, wait_f
     r2 = b.apply(job, Target(8, 1))
     t_apply = time.monotonic() - t0
     assert r2.method == RESTART and r2.backend_ref != r.backend_ref
-    saved = json.loads((b.job_dir(301) / "checkpoint" / "ckpt.json").read_text())["epoch"]
+    saved = json.loads((b.job_dir(301) / "job" / "checkpoint" / "ckpt.json").read_text())["epoch"]
     assert saved >= 1
     st = status_when(b, 301, wait_for, 30, "the relaunched job running", state=RUNNING,
                      backend_ref=r2.backend_ref)
@@ -122,7 +124,7 @@ def test_lifecycle_start_shrink_grow_stop_start_and_daemon_restart(slurm, wait_f
     assert b.apply(job, Target(0, 0)).method == STOP
     st = b.observe()[301]
     assert (st.state, st.workers, st.ps) == (PENDING, 0, 0) and "stopped" in st.message
-    stopped_at = json.loads((b.job_dir(301) / "checkpoint" / "ckpt.json").read_text())["epoch"]
+    stopped_at = json.loads((b.job_dir(301) / "job" / "checkpoint" / "ckpt.json").read_text())["epoch"]
     assert stopped_at > saved and st.epochs_done == stopped_at
     assert not any(j.active for j in slurm.driver().jobs() if j.comment == "dl2d:301")
     assert b2.apply(job, Target(0, 0)).method == NOOP
@@ -151,7 +153,7 @@ def test_grow_by_requeue_resumes_from_the_checkpoint(slurm, wait_for, tmp_path):
     t0 = time.monotonic()
     r2 = b.apply(job, Target(8, 1))  # 2 nodes x 4 GPUs: same GPUs per node, so requeue
     assert (r2.method, r2.backend_ref) == (RESTART, r.backend_ref)
-    saved = json.loads((b.job_dir(302) / "checkpoint" / "ckpt.json").read_text())["epoch"]
+    saved = json.loads((b.job_dir(302) / "job" / "checkpoint" / "ckpt.json").read_text())["epoch"]
     assert b.observe()[302].state == PENDING
     assert b.apply(job, Target(8, 1)).method == NOOP  # pending at the new size
     # Slurm holds a requeued job for cred_expire (10 s in the local Slurm).
@@ -176,7 +178,7 @@ def test_finished_and_failed_jobs(slurm, wait_for, tmp_path):
     assert st.epochs_done == 2.0
     st = status_when(b, 304, wait_for, 30, "the bad job failed", state=FAILED)
     assert st.epochs_done == 1.0 and "FAILED" in st.message, st
-    out = (b.job_dir(304) / f"slurm-{st.backend_ref}.out").read_text()
+    out = (b.job_dir(304) / "job" / f"slurm-{st.backend_ref}.out").read_text()
     assert "training diverged" in out
     with pytest.raises(BackendError, match="failed") as e:
         b.apply(bad, Target(1, 1))

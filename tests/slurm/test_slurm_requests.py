@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pwd
 
 from dl2d.daemon.backend import FINISHED, SHRINK, START, JobRequest, Target
 from dl2d.daemon.slurm.backend import SlurmBackend, backend_from_section
@@ -25,7 +27,7 @@ from dl2d.slurm.rights import (
 
 #: The issue's job: --cpus-per-worker 2 --mem-per-worker 1G --cpus-per-ps 1 --mem-per-ps 512M, 1 GPU a worker.
 SPEC = {"command": "true", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 1.0}, "ps": {"cpus": 1, "mem_gb": 0.5},
-        "time_limit_min": None}
+        "time_limit_min": None, "owner": pwd.getpwuid(os.geteuid()).pw_name}  # run as the tests' own user
 
 
 def backend(tmp_path, fake, **cfg) -> SlurmBackend:
@@ -87,7 +89,7 @@ def test_the_finish_time_is_slurms_end_time_and_stays_recorded(tmp_path):
     b.apply(job(), Target(1, 1))
     fake.run()
     now[0] += 30
-    progress = b.job_dir(1) / "progress.json"
+    progress = b.job_dir(1) / "job" / "progress.json"
     progress.write_text(json.dumps({"epoch": 5, "status": "done"}))
     fake.end("101")  # EndTime = 1_000_030
     now[0] += 1200  # observed a slot later
@@ -127,7 +129,7 @@ def test_the_backend_checks_its_rights_at_start_with_one_line(tmp_path, monkeypa
     monkeypatch.setattr("dl2d.slurm.rights.current_user", lambda: (999, "dl2d"))
     monkeypatch.setattr("dl2d.slurm.driver.make_driver", lambda kind, **options: fake)
     with caplog.at_level(logging.WARNING, logger="dl2d.daemon.slurm.backend"):
-        b = backend_from_section(SlurmSection(state_dir=str(tmp_path / "s")), tmp_path)
+        b = backend_from_section(SlurmSection(state_dir=str(tmp_path / "s"), run_jobs_as="daemon"), tmp_path)
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors == [f"Slurm rights: {b.rights_problem}"] and "user dl2d (uid 999)" in errors[0]
     caplog.clear()

@@ -30,6 +30,11 @@ def _preload() -> None:
     import dl2d.db.engine
     import dl2d.db.jobs  # noqa: F401
 
+    import dl2d.daemon.config
+    from dl2d.policy import registry
+
+    registry.entries()  # every policy module (the config's checks name them), and what they import
+    dl2d.daemon.config.client_view({}, {})
     engine = dl2d.db.engine.make_engine("sqlite://")
     with engine.connect() as conn:  # loads the dialect and the inspector
         conn.execute(text("select 1"))

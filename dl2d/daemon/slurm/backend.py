@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from dl2d.core.files import SecretFileError
 from dl2d.daemon.backend import (
     FAILED,
     FINISHED,
@@ -64,6 +66,7 @@ from dl2d.daemon.slurm.planning import (
 from dl2d.daemon.slurm.settings import (
     SlurmBackendConfig,
     SlurmSection,
+    run_jobs_as_problem,
     settings_from_section,
 )
 from dl2d.slurm.backoff import RetryingDriver
@@ -75,18 +78,23 @@ from dl2d.slurm.driver import (
     SlurmJob,
     SlurmNode,
     SlurmUnavailable,
+    UnixUser,
+    UnknownUserError,
+    lookup_user,
+    process_user,
 )
 from dl2d.slurm.rights import check_at_start
 
 log = logging.getLogger(__name__)
 
-#: ``scaler(coordinator_address, workers, ps, timeout) -> dict``; dl2d.elastic.control.scale.
-Scaler = Callable[[str, int, int, float], dict]
+#: ``scaler(coordinator_address, workers, ps, timeout, secret) -> dict``; dl2d.elastic.control.scale, which
+#: authenticates with the job's secret (``JobDir.secret()``; None for a job submitted before there were any).
+Scaler = Callable[[str, int, int, float, str | None], dict]
 
 
-def _default_scaler(addr: str, workers: int, ps: int, timeout: float) -> dict:
+def _default_scaler(addr: str, workers: int, ps: int, timeout: float, secret: str | None) -> dict:
     from dl2d.elastic.control import scale
-    return scale(addr, workers=workers, ps=ps, method="hot", timeout=timeout)
+    return scale(addr, workers=workers, ps=ps, method="hot", timeout=timeout, secret=secret)
 
 
 class SlurmBackend:
@@ -115,7 +123,12 @@ class SlurmBackend:
         self.driver = RetryingDriver(driver, config.backoff, sleep=self._pause) if retry else driver
         self._cache: dict[str, tuple[float, Any]] = {}
         self.rights_problem: str | None = None  # what check_rights() found missing to drain nodes
-        (config.state_dir / "jobs").mkdir(parents=True, exist_ok=True)
+        jobs = config.state_dir / "jobs"
+        made = [d for d in (config.state_dir, jobs) if not d.exists()]
+        jobs.mkdir(parents=True, exist_ok=True)
+        for d in {*made, jobs}:
+            if d.stat().st_uid == os.geteuid():
+                d.chmod(0o711)  # whatever the umask: a job's user reaches its own directory, lists no other
 
     # -- files ------------------------------------------------------------------------------
     def job_dir(self, job_id: int) -> Path:
@@ -183,9 +196,10 @@ class SlurmBackend:
             return latest, latest
         name = f"{self.config.job_name_prefix}{job_id}"
         known = set(map(str, record.get("slurm_job_ids") or []))
+        user = record.get("user")  # who it was submitted as: anyone can name a job and comment it so
         # Known ids that are still active are earlier runs being replaced: not adopted.
         orphans = [j for j in jobs if j.active and j.comment == f"{COMMENT_PREFIX}{job_id}"
-                   and j.name == name and j.job_id not in known]
+                   and j.name == name and j.job_id not in known and (not user or not j.user or j.user == user)]
         if orphans and not record.get("cancelled"):
             adopted = max(orphans, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
             return adopted, adopted
@@ -352,6 +366,17 @@ class SlurmBackend:
         self.rights_problem = check_at_start(self.raw_driver, log)
         return self.rights_problem
 
+    def check_state_dir(self) -> str | None:
+        """At start, with ``run_jobs_as = "owner"``: can a job's user reach its directory under the state dir?
+        Every directory above ``jobs/`` must let others through (the x bit); logs one line naming the first
+        that does not (the daemon goes on: its own work is unaffected, the jobs would fail at start)."""
+        if self.config.run_jobs_as != "owner":
+            return None
+        problem = closed_directory(self.config.state_dir / "jobs")
+        if problem:
+            log.error("Slurm state_dir: %s", problem)
+        return problem
+
     def end_slot(self, seconds: float) -> None:
         return None  # real time passes by itself
 
@@ -412,13 +437,17 @@ class SlurmBackend:
                 needed: SlurmAllocation) -> ApplyResult:
         spec = dict(job.spec or {})
         jd = self._dir(job.job_id)
-        jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         command = spec.get("command")
-        script_path = None
-        if command is None:
-            if not spec.get("script"):
-                raise BackendError(f"job {job.job_id}: its spec has no command or script")
-            script_path = jd.write_user_script(str(spec["script"]))
+        if command is None and not spec.get("script"):
+            raise BackendError(f"job {job.job_id}: its spec has no command or script")
+        user = self._job_user(job, record)
+        try:  # the job's directory is its user's: what it did there is one job's problem, never the daemon's
+            jd.write_secret()  # $DL2D_JOB_SECRET_FILE: the elastic runtime's secret (made once, kept)
+            # after anything the daemon writes for the job alone: prepare() hands the job's directory over with it
+            jd.prepare(*((user.uid, user.gid) if user is not None else ()))
+        except (OSError, SecretFileError) as e:
+            raise BackendError(f"job {job.job_id}: cannot prepare its directory {jd.owned_dir}: {e}") from e
+        script_path = jd.write_user_script(str(spec["script"])) if command is None else None
         self._write_target(job.job_id, target)
         selection = self._selection(target)  # checked by apply()
         js = JobSpec(
@@ -430,17 +459,21 @@ class SlurmBackend:
             cpus_per_node=needed.cpus_per_node or None,
             mem_mb_per_node=needed.mem_mb_per_node or None,
             time_limit_min=time_limit(spec, self.config.time_limit_min),
-            output=str(jd.path / "slurm-%j.out"),
+            output=str(jd.output_pattern),
             workdir=self.config.workdir,
-            partition=spec.get("partition", self.config.partition),
+            partition=spec.get("partition") or self.config.partition,
             checkpoint_signal=self.config.checkpoint_signal,
             requeue=True,
             nodelist=selection.nodelist if selection is not None else (),
             dl2d_job_id=str(job.job_id),
+            user=user.name if user is not None else None,
+            account=spec.get("account") or None,
+            qos=spec.get("qos") or None,
+            env=dict(spec.get("env") or {}),
         )
         # Record the intent first: if the daemon dies after sbatch, the next backend adopts
-        # the Slurm job by its comment instead of submitting it twice.
-        record = {**record, "submitting": True}
+        # the Slurm job by its comment (and user) instead of submitting it twice.
+        record = {**record, "submitting": True, "user": (user or process_user()).name}
         self._save(job.job_id, record)
         with self._slurm(f"submitting job {job.job_id}"):
             slurm_id = self.driver.submit(js)
@@ -451,6 +484,25 @@ class SlurmBackend:
                       nodelist=list(js.nodelist))
         self._save(job.job_id, record)
         return ApplyResult(job.job_id, START, slurm_id)
+
+    def _job_user(self, job: JobRequest, record: dict[str, Any]) -> UnixUser | None:
+        """The account the job runs as: its owner's (``run_jobs_as = "owner"``), or None for the daemon's own.
+        An owner without an account on this host fails the job for good (FAILED, with the reason, in the
+        record and so in the database): a non-retryable BackendError; the daemon goes on with the others."""
+        if self.config.run_jobs_as == "daemon":
+            return None
+        owner = (job.spec or {}).get("owner")
+        try:
+            if not isinstance(owner, str) or not owner:
+                raise UnknownUserError("its request names no owner to run as (the daemon's always does; "
+                                       'run_jobs_as = "daemon" runs jobs as the daemon\'s user)')
+            return lookup_user(owner)
+        except UnknownUserError as e:
+            message = f"cannot run as its owner: {e}"
+            self._save(job.job_id, {**record, "job_id": job.job_id, "final": FAILED, "message": message,
+                                    "finished_at": time.time(), "submitting": False})
+            log.error("job %s failed: %s", job.job_id, message)
+            raise BackendError(f"job {job.job_id}: {message}", retryable=False) from None
 
     def _contract_env(self, job: JobRequest) -> dict[str, str]:
         """What the batch script tells the job beyond its paths and size (docs/jobs.md): the checkpoint
@@ -468,11 +520,12 @@ class SlurmBackend:
     def _hot_scale(self, job_id: int, target: Target) -> bool:
         """Scale an elastic job through its coordinator; False when that is not possible."""
         try:
-            coordinator, _ = self._dir(job_id).coordinator()
+            jd = self._dir(job_id)
+            coordinator, _ = jd.coordinator()
             if not coordinator or not coordinator.get("address"):
                 raise FileNotFoundError("no coordinator.json in the job's checkpoint directory")
             self.scaler(str(coordinator["address"]), target.workers, target.ps,
-                        self.config.hot_scale_timeout_s)
+                        self.config.hot_scale_timeout_s, jd.secret())
             return True
         except Exception as e:  # noqa: BLE001 - any failure means "relaunch instead"
             log.warning("job %s: hot scaling to %s/%s failed (%s); relaunching from checkpoint",
@@ -529,6 +582,21 @@ class SlurmBackend:
             raise BackendError(f"Slurm job {live.job_id} did not end after scancel", retryable=True)
 
 
+def closed_directory(path: Path) -> str | None:
+    """The first directory from ``/`` down to ``path`` that other users cannot pass through (no x bit for
+    others), as one line naming it and the fix; None when every one lets them."""
+    for d in [*reversed(path.parents), path]:
+        try:
+            mode = d.stat().st_mode
+        except OSError as e:
+            return f"cannot check {d}: {e.strerror or e}"
+        if not mode & 0o001:
+            return (f"{d} (mode {mode & 0o7777:04o}) does not let other users through: jobs run as their owners "
+                    f"and cannot reach their directories under {path}; chmod o+x {d} (or choose a state_dir that "
+                    "they can reach)")
+    return None
+
+
 def backend_from_section(section: SlurmSection, default_state_dir: str | Path,
                          policy_placement: str = "balance") -> SlurmBackend:
     """The daemon's SlurmBackend from the ``[slurm]`` section of its config
@@ -536,6 +604,10 @@ def backend_from_section(section: SlurmSection, default_state_dir: str | Path,
     from dl2d.slurm.driver import make_driver
 
     kind, options, config = settings_from_section(section, default_state_dir, policy_placement)
+    problem = run_jobs_as_problem(config.run_jobs_as, os.geteuid())
+    if problem:
+        raise ValueError(problem)
     backend = SlurmBackend(make_driver(kind, **options), config)
     backend.check_rights()  # one clear line at start instead of "Invalid user id" at the first drain
+    backend.check_state_dir()
     return backend

@@ -23,6 +23,9 @@ RESTART_METHODS = ("resubmit", "requeue")
 #: SlurmBackendConfig.placement: slurm = Slurm picks the nodes (the target's placement is ignored);
 #: target = the target's placement (e.g. DLTAP's) is the job's --nodelist (mapping.target_selection).
 PLACEMENTS = ("slurm", "target")
+#: SlurmBackendConfig.run_jobs_as: owner = every job runs as the user who submitted it (the daemon must be root);
+#: daemon = every job runs as the daemon's own user (a single-user cluster, where that user is the only submitter).
+RUN_JOBS_AS = ("owner", "daemon")
 
 
 @dataclass
@@ -39,6 +42,8 @@ class SlurmBackendConfig:
       and how long to wait for it to end before cancelling it (scancel: SIGTERM, then SIGKILL).
     node_shape: size allocations by this node instead of the smallest usable node from sinfo.
     job_name_prefix: Slurm job names are ``<prefix><dl2d id>``.
+    run_jobs_as: ``"owner"`` (default: a job runs as, and is accounted to, the user who submitted it; needs a
+      daemon running as root) or ``"daemon"`` (every job runs as the daemon's user: single-user setups only).
     """
 
     state_dir: Path
@@ -58,11 +63,15 @@ class SlurmBackendConfig:
     backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(max_attempts=4, cap=5.0))
     #: "slurm" (Slurm picks the nodes) or "target" (the target's placement as --nodelist, see PLACEMENTS)
     placement: str = "slurm"
+    #: "owner" or "daemon", see RUN_JOBS_AS
+    run_jobs_as: str = "owner"
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.run_jobs_as not in RUN_JOBS_AS:
+            raise ValueError(f"run_jobs_as must be one of {', '.join(RUN_JOBS_AS)}, got {self.run_jobs_as!r}")
         if self.restart_method not in RESTART_METHODS:
             raise ValueError(f"restart_method must be one of {', '.join(RESTART_METHODS)}, "
                              f"got {self.restart_method!r}")
@@ -93,6 +102,7 @@ class SlurmSection:
     node_shape: dict[str, Any] = field(default_factory=dict)  # {gpus, cpus, mem_gb}; {}: sinfo's smallest node
     backoff: dict[str, Any] = field(default_factory=dict)  # BackoffPolicy fields; {}: the backend's default
     placement: str = ""  # "": "target" when policy.placement = "dltap", else "slurm"
+    run_jobs_as: str = SlurmBackendConfig.run_jobs_as  # "owner" (the daemon runs as root) | "daemon" (single user)
 
 
 _BACKOFF_KEYS = ("base", "factor", "cap", "jitter", "max_attempts", "max_elapsed")
@@ -156,6 +166,7 @@ def settings_from_section(section: SlurmSection, default_state_dir: str | Path,
         time_limit_min=s.time_limit_min or None, workdir=s.workdir or None,
         hot_scale_timeout_s=s.hot_scale_timeout_s, cache_ttl_s=s.cache_ttl_s,
         placement=s.placement or ("target" if policy_placement == "dltap" else "slurm"),
+        run_jobs_as=s.run_jobs_as,
     )
     if s.node_shape:
         kw["node_shape"] = _node_shape(s.node_shape)
@@ -166,3 +177,12 @@ def settings_from_section(section: SlurmSection, default_state_dir: str | Path,
     except ValueError as e:
         raise ValueError(f"slurm: {e}") from None
     return s.driver, options, config
+
+
+def run_jobs_as_problem(run_jobs_as: str, euid: int) -> str | None:
+    """Why a daemon of effective uid ``euid`` cannot run jobs as ``run_jobs_as`` says (None: it can). Pure."""
+    if run_jobs_as == "owner" and euid != 0:
+        return (f'slurm.run_jobs_as = "owner": jobs run as the users who submit them, which needs the daemon to run '
+                f'as root (it runs as uid {euid}); run it as root (systemd/dl2d.service), or set run_jobs_as = '
+                '"daemon" on a single-user cluster, where every job may run as the daemon\'s user')
+    return None
