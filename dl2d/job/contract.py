@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from dl2d.core.signals import checkpoint_signal
+
 #: The first port dl2d's coordinator ports are counted from (:func:`coordinator_port`).
 COORDINATOR_PORT_BASE = 29500
 #: How many ports above the base they spread over.
@@ -82,13 +84,12 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
 
 
 def parse_signal(raw: str) -> signal.Signals:
-    """``USR1``, ``SIGUSR1`` or ``10`` -> the signal; JobContractError for anything else."""
-    text = raw.strip().upper()
+    """``USR1``, ``SIGUSR1`` or ``10`` -> the signal (dl2d.core.jobs.checkpoint_signal, the daemon's rule too);
+    JobContractError for anything else."""
     try:
-        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[
-            text if text.startswith("SIG") else f"SIG{text}"]
-    except (KeyError, ValueError):
-        raise JobContractError(f"DL2D_CHECKPOINT_SIGNAL={raw!r} is not a signal name or number") from None
+        return checkpoint_signal(raw)
+    except ValueError as e:
+        raise JobContractError(f"DL2D_CHECKPOINT_SIGNAL={e}") from None
 
 
 def coordinator_port(slurm_job_id: int, restart_count: int) -> int:

@@ -92,6 +92,8 @@ def test_unknown_keys_and_wrong_types_are_config_errors_when_the_config_is_read(
     ({"backoff": {"retries": 3}}, "slurm.backoff.retries: unknown key"),
     ({"backoff": {"factor": 0.5}}, "slurm.backoff: invalid backoff"),
     ({"command_timeout_s": -1}, "slurm.command_timeout_s: must be > 0"),
+    ({"checkpoint_signal": "USR9"}, "checkpoint_signal: 'USR9' is not a signal name or number"),
+    ({"checkpoint_signal": "SIGKILL"}, "checkpoint_signal: 'SIGKILL' cannot be caught by a job"),
 ])
 def test_bad_slurm_values_are_config_errors_when_the_config_is_read(tmp_path, table, match):
     """Refused by the config check (issue #15, item 5), not when the backend is built after the database was

@@ -48,6 +48,7 @@ def test_a_script_run_by_hand_is_a_world_of_one_with_the_directory_it_names(tmp_
     ({"DL2D_COORDINATOR": "nohost"}, "DL2D_COORDINATOR='nohost' is not host:port"),
     ({"DL2D_COORDINATOR": "h:70000"}, "DL2D_COORDINATOR='h:70000' is not host:port"),
     ({"DL2D_CHECKPOINT_SIGNAL": "USR9"}, "DL2D_CHECKPOINT_SIGNAL='USR9' is not a signal"),
+    ({"DL2D_CHECKPOINT_SIGNAL": "9"}, "DL2D_CHECKPOINT_SIGNAL='9' cannot be caught by a job"),
     ({"DL2D_CHECKPOINT_DEADLINE_S": "-1"}, "DL2D_CHECKPOINT_DEADLINE_S='-1' must be a positive"),
     ({"DL2D_CHECKPOINT_DEADLINE_S": "nan"}, "DL2D_CHECKPOINT_DEADLINE_S='nan' must be a positive"),
     ({"SLURM_LAUNCH_NODE_IPADDR": ""}, "a world of 3 processes needs DL2D_COORDINATOR"),

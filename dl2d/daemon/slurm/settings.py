@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dl2d.core.signals import checkpoint_signal
 from dl2d.slurm.backoff import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ class SlurmBackendConfig:
                              f"got {self.restart_method!r}")
         if self.checkpoint_timeout_s <= 0:
             raise ValueError("checkpoint_timeout_s must be > 0")
+        try:
+            checkpoint_signal(self.checkpoint_signal)
+        except ValueError as e:
+            raise ValueError(f"checkpoint_signal: {e}") from None
 
 
 @dataclass(frozen=True)
