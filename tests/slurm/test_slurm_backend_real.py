@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -230,6 +231,37 @@ def test_elastic_job_is_scaled_hot_inside_its_allocation(slurm, wait_for, tmp_pa
     assert resize.get("method") == "hot", resize
     print(f"hot {resize.get('kind')}: suspension {resize.get('suspension_s')} s, total {resize.get('t_total')} s")
     assert b.apply(job, Target(1, 2)).method == NOOP
+    strangers_are_refused_and_the_job_trains_on(b, 305, wait_for, tmp_path)
+
+
+def strangers_are_refused_and_the_job_trains_on(b: SlurmBackend, job_id: int, wait_for, tmp_path: Path) -> None:
+    """Issue #14, acceptance: strangers at a running job's coordinator (its address is in the job's directory)
+    are refused, and the job trains on at its size. Another unix user (nobody, through bash's /dev/tcp: no
+    Python of ours) sends SHUTDOWN and SCALE frames; root without the job's secret, and with a wrong one, asks
+    for a SCALE through dl2d's own client."""
+    from dl2d.elastic import control
+    from dl2d.elastic import protocol as P
+    from dl2d.elastic.auth import AuthError
+
+    coordinator, _ = b._dir(job_id).coordinator()
+    host, port = coordinator["address"].rsplit(":", 1)
+    frames = b"".join(bytes(x) for h in ({"op": "SHUTDOWN"}, {"op": "SCALE", "workers": 64, "ps": 8, "method": "hot",
+                                                               "timeout": 5}) for x in P.encode(h))
+    r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "bash", "-c",
+                        f"exec 3<>/dev/tcp/{host}/{port}; cat >&3; timeout 10 head -c 4000 <&3"],
+                       input=frames, capture_output=True, timeout=30, cwd="/")
+    reply = r.stdout.decode("utf-8", "replace")
+    assert "AUTH_CHALLENGE" in reply and re.search(r'"ok":\s*false', reply), (reply, r.stderr)
+    assert not re.search(r'"ok":\s*true', reply), reply
+    for secret in (None, "w" * 64):
+        with pytest.raises((AuthError, ConnectionError)):
+            control.scale(coordinator["address"], workers=1, ps=1, method="hot", timeout=5, secret=secret)
+    before = progress(b, job_id).get("step", 0)
+    wait_for(lambda: (p := progress(b, job_id)).get("step", 0) > before + 5 and p.get("state") == "running", 30,
+             "the job training on after the strangers")
+    p = progress(b, job_id)
+    st = b.observe()[job_id]
+    assert (p.get("workers"), p.get("ps"), st.state, st.workers, st.ps) == (1, 2, RUNNING, 1, 2), (p, st)
 
 
 def test_a_dltap_placement_runs_on_exactly_its_nodes(slurm, wait_for, tmp_path):
