@@ -30,15 +30,37 @@ def _json_default(v: Any) -> Any:
 @click.option("--db", "db_url", metavar="URL",
               help="Database URL [default: as dl2ctl queue: $DL2D_DB_URL, else the db_url of $DL2D_CONFIG or "
                    "/etc/dl2d/dl2d.toml, else <$DL2D_STATE_DIR or /var/lib/dl2d>/dl2d.sqlite].")
-@click.option("--json", "as_json", is_flag=True, help="Print all reports as one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print all reports as one JSON object (with -S/-E, also "window": {"start": ..., "end": ...}).')
 @click.option("--only", "names", multiple=True, metavar="NAME", help="Only these reports (repeatable).")
-def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
+@click.option("-S", "--start", metavar="TIME",
+              help="Only what happened at or after TIME (UTC): YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS], now, now-7days, "
+                   "now-12hours [default: no bound].")
+@click.option("-E", "--end", metavar="TIME", help="Only what happened before TIME (same forms) [default: no bound].")
+def report(db_url: str | None, as_json: bool, names: tuple[str, ...], start: str | None, end: str | None) -> None:
     """Job completion times, GPU utilisation, resizes and policy vs fallback decisions; in advise mode, each job's
-    predicted JCT under what ran and under the policy's advice (report `advice`)."""
+    predicted JCT under what ran and under the policy's advice (report `advice`).
+
+    With -S/-E (like sreport's) each report counts what happened in the window [start, end): the JCT and
+    advice reports the jobs that finished in it, gpu_util_hourly the node samples, job_speed the slots that
+    started in it, the resize reports the events and the decision reports the decisions."""
+    from datetime import datetime, timezone
+
     from dl2d.db import advice
     from dl2d.db.engine import make_engine
-    from dl2d.db.report import Query, ReportResult, execute, queries
+    from dl2d.db.report import Query, ReportResult, Window, execute, parse_time, queries
 
+    now = datetime.now(timezone.utc)  # one `now` for both bounds
+    bounds = {}
+    for key, hint, value in (("start", "-S/--start", start), ("end", "-E/--end", end)):
+        try:
+            bounds[key] = None if value is None else parse_time(value, now)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint=hint) from None
+    try:
+        window = Window(**bounds)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="-S/--start and -E/--end") from None
     known = {**queries(), advice.NAME: Query(advice.NAME, advice.DESCRIPTION, "")}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -63,10 +85,10 @@ def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
         from sqlalchemy.orm import Session
 
         with engine.connect() as conn:
-            results = [execute(conn, n) for n in (names or known) if n != advice.NAME]
+            results = [execute(conn, n, window) for n in (names or known) if n != advice.NAME]
         if advice.NAME in (names or known):
             with Session(engine) as s:
-                rows = advice.advice_report(s)
+                rows = advice.advice_report(s, window.start, window.end)
             if rows or advice.NAME in names:  # shown by default only where the daemon ran in advise mode
                 results.append(ReportResult(known[advice.NAME], advice.COLUMNS, rows))
     except DBAPIError as e:
@@ -75,12 +97,16 @@ def report(db_url: str | None, as_json: bool, names: tuple[str, ...]) -> None:
         engine.dispose()
 
     if as_json:
-        click.echo(json.dumps({r.query.name: r.rows for r in results}, indent=2, default=_json_default))
+        out = {"window": window.as_json()} if window.bounded else {}  # the window only when one is given
+        out.update({r.query.name: r.rows for r in results})
+        click.echo(json.dumps(out, indent=2, default=_json_default))
         return
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
+    if window.bounded:
+        console.print(window.describe(), markup=False, highlight=False)
     for r in results:
         table = Table(title=f"{r.query.name}: {r.query.description}", title_justify="left")
         for c in r.columns:

@@ -97,8 +97,10 @@ def compare_advice(slots: Sequence[AdvisedSlot], jobs: Iterable[JobLife]) -> lis
     return rows
 
 
-def advice_report(session: Session) -> list[dict[str, Any]]:
-    """:func:`compare_advice` over every closed slot with advice in the database."""
+def advice_report(session: Session, start: datetime | None = None, end: datetime | None = None
+                  ) -> list[dict[str, Any]]:
+    """:func:`compare_advice` over every closed slot with advice in the database; with a window [start, end)
+    (either bound None: none), only the jobs that finished in it."""
     from dl2d.db.models import Allocation
 
     q = (select(Slot.id, Slot.started_at, Slot.ended_at, Decision.advice).join(Decision, Decision.slot_id == Slot.id)
@@ -120,8 +122,10 @@ def advice_report(session: Session) -> list[dict[str, Any]]:
     q = (select(Allocation.job_id).distinct().join(Decision, Decision.slot_id == Allocation.slot_id)
          .where(Decision.advice.is_(None), Allocation.workers > 0))
     ran_before = set(session.scalars(q))
+    finished = ([Job.finished_at >= start] if start is not None else []) + \
+        ([Job.finished_at < end] if end is not None else [])
     lives = [JobLife(j.id, j.name, j.owner, j.submitted_at, float(j.total_epochs), j.finished_at, ran.get(j.id, {}),
                      j.id in ran_before)
              for k in range(0, len(job_ids), 500)  # ids per IN (...), well within every backend's limit
-             for j in session.scalars(select(Job).where(Job.id.in_(job_ids[k:k + 500])).order_by(Job.id))]
+             for j in session.scalars(select(Job).where(Job.id.in_(job_ids[k:k + 500]), *finished).order_by(Job.id))]
     return compare_advice(slots, lives)
