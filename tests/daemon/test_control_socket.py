@@ -31,6 +31,7 @@ from dl2d.daemon.control import (
 )
 from dl2d.db.engine import make_engine, session_scope, upgrade
 from dl2d.db.models import Event, Job, JobState
+from testkit.as_user import dl2ctl
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = {"name": "r1", "job_type": "resnet-50", "total_epochs": 5000, "command": "python t.py",
@@ -196,10 +197,7 @@ def _as_nobody_available() -> None:
 
 
 def _dl2ctl(*args: str, user: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = [sys.executable, "-m", "testkit.as_user", user, "--"] if user else [sys.executable, "-m", "dl2d.cli.main"]
-    full = {**{k: v for k, v in os.environ.items() if not k.startswith("DL2D_")}, **(env or {}),
-            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
-    return subprocess.run([*base, *args], capture_output=True, text=True, env=full, cwd="/", timeout=120)
+    return dl2ctl(*args, user=user, env=env)
 
 
 @pytest.fixture

@@ -19,10 +19,12 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from test_daemon_on_slurm import Harness, clean_env, wait_alive
+from testkit.as_user import dl2ctl
 
 from dl2d.daemon.backend import RUNNING, START, JobRequest, Target
 from dl2d.daemon.slurm.backend import SlurmBackend
@@ -80,7 +82,7 @@ name = "drf"
 [metrics]
 enabled = false
 [control]
-enabled = false
+socket = "{shared_dir / 'dl2d.sock'}"
 [slurm]
 slurm_conf = "{slurm.conf}"
 state_dir = "{shared_dir / 'slurm'}"
@@ -106,6 +108,7 @@ time_limit_min = 5
         ghost = submit("ghost", "nosuchuserdl2d")
         wait_alive(h, daemon, wait_for, lambda: h.jobs()[mine].state == JobState.COMPLETED
                    and h.jobs()[ghost].state == JobState.FAILED, 90, "nobody's job COMPLETED, the ghost's FAILED")
+        another_user_cannot_cancel_a_running_job(h, daemon, submit, shared_dir, wait_for)
         assert h.stop_daemon(daemon) == 0
 
         jobs = shared_dir / "slurm" / "jobs"
@@ -148,6 +151,28 @@ time_limit_min = 5
     finally:
         h.close()
         print(f"--- dl2d logs (tail) ---\n{h.logs()[-6000:]}")
+
+
+def another_user_cannot_cancel_a_running_job(h: Harness, daemon, submit, shared_dir: Path, wait_for) -> None:
+    """Issue #14, acceptance, on the real Slurm: nobody's job runs; the user `daemon`, with a dl2ctl config of its
+    own that names its group the admin group and the daemon's socket, cannot cancel it (the daemon decides, from
+    the caller's uid); the job keeps running in Slurm; root can."""
+    sleeper = submit("sleeper", "nobody", "--wrap", "sleep 300")
+    wait_alive(h, daemon, wait_for, lambda: h.jobs()[sleeper].state == JobState.RUNNING, 60, "nobody's sleeper RUNNING")
+    own = shared_dir / "intruder.toml"
+    own.write_text(f'admin_group = "daemon"\n[control]\nsocket = "{shared_dir / "dl2d.sock"}"\n')
+    own.chmod(0o644)
+    r = dl2ctl("cancel", str(sleeper), user="daemon", env={"DL2D_CONFIG": str(own)})
+    assert r.returncode == 1 and (f"user 'daemon' may not cancel job {sleeper}: it belongs to 'nobody'"
+                                  in r.stderr), (r.stdout, r.stderr)
+    time.sleep(2 * 2)  # two slots: a cancel would have been carried out by now
+    record = json.loads((shared_dir / "slurm" / "jobs" / str(sleeper) / "record.json").read_text())
+    assert h.jobs()[sleeper].state == JobState.RUNNING and not record.get("cancelled")
+    assert h.slurm.driver().job(record["slurm_job_id"]).active
+    r = dl2ctl("cancel", str(sleeper), env={"DL2D_CONFIG": str(h.config)})  # root, the daemon's own config
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    wait_alive(h, daemon, wait_for, lambda: h.jobs()[sleeper].state == JobState.CANCELLED, 60,
+               "the sleeper CANCELLED by root")
 
 
 def test_the_backend_hands_sbatch_the_owner_account_and_qos(slurm, shared_dir, wait_for, monkeypatch):

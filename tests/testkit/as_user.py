@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 import sys
+from pathlib import Path
 
 
 def _preload() -> None:
@@ -55,6 +57,16 @@ def main(argv: list[str]) -> int:
     os.environ.update(HOME=pw.pw_dir, USER=user, LOGNAME=user)
     cli.main(args=args, prog_name="dl2ctl")  # exits, as dl2ctl does
     return 0
+
+
+def dl2ctl(*args: str, user: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run dl2ctl as ``user`` (through this module) or as this process's user, with ``env`` on top of this
+    process's environment less its DL2D_* variables, from ``/``."""
+    repo = Path(__file__).resolve().parents[2]
+    base = [sys.executable, "-m", "testkit.as_user", user, "--"] if user else [sys.executable, "-m", "dl2d.cli.main"]
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("DL2D_")}, **(env or {}),
+            "PYTHONPATH": os.pathsep.join([str(repo / "tests"), str(repo)])}
+    return subprocess.run([*base, *args], capture_output=True, text=True, env=full, cwd="/", timeout=120)
 
 
 if __name__ == "__main__":
