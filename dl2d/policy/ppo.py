@@ -15,16 +15,18 @@ Supervised warm-up (:func:`sl_step`): cross-entropy towards the elastic heuristi
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dl2d.policy import target as T
 from dl2d.sim import jaxenv as X
-from dl2d.workload.catalog import NUM_DL2_TYPES
+from dl2d.workload.catalog import NUM_DL2_TYPES, speed_estimate
 
 
 @dataclass(frozen=True)
@@ -44,20 +46,36 @@ class PPOConfig:
 
 # ------------------------------------------------------------------------------------------ the environment's side
 
+@functools.lru_cache(maxsize=16)
+def _ps_estimate(max_ps: int, max_workers: int) -> np.ndarray:
+    """[8, max_ps + 1, max_workers + 1] what a scheduler believes of each DL2 type's speed in epochs/s
+    (dl2d.workload.catalog.speed_estimate: the parametric table, not the environment's measured truth)."""
+    return speed_estimate(np.arange(NUM_DL2_TYPES), np.zeros(NUM_DL2_TYPES), max_ps, max_workers, 1.0)
+
+
 def curves(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> jnp.ndarray:
-    """[J, L] the scheduler's speed estimate (epochs/s) at each level: a PS job with k workers and k PS (its
-    type's table), an all-reduce job packed on the fewest servers; no interference, no noise."""
+    """[J, L] the scheduler's speed estimate (epochs/s) at each level, as a SlotView's ``est_speed`` gives it:
+    a PS job with k workers and k PS (the parametric table), an all-reduce job packed on the fewest servers;
+    no interference, no noise."""
     jobs = state.jobs
     lv = jnp.asarray(tcfg.levels, jnp.int32)
-    n = params.speed_table.shape[1] - 1
+    est = jnp.asarray(_ps_estimate(params.max_ps, params.max_workers), params.speed_table.dtype)
     t = jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)
-    ps_speed = params.speed_table[t[:, None], jnp.clip(jnp.minimum(lv, params.max_ps), 0, n)[None, :],
-                                  jnp.clip(lv, 0, n)[None, :]] / params.batches_per_epoch[t][:, None]
+    ps_speed = est[t[:, None], jnp.minimum(lv, params.max_ps)[None, :], jnp.minimum(lv, params.max_workers)[None, :]]
     if not params.has_allreduce:
         return ps_speed
     ar = jax.vmap(lambda k: X._allreduce_rates(params, jobs, jnp.full(jobs.type_idx.shape, k), None)[0],
                   out_axes=1)(lv)
     return jnp.where(jobs.allreduce[:, None], ar, ps_speed)
+
+
+def ps_curves(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> jnp.ndarray:
+    """[J, Lp] the speed estimate with one worker and each PS level (PS jobs; the caller puts all-reduce jobs'
+    one-worker speed there)."""
+    est = jnp.asarray(_ps_estimate(params.max_ps, params.max_workers), params.speed_table.dtype)
+    t = jnp.minimum(state.jobs.type_idx, NUM_DL2_TYPES - 1)
+    psl = jnp.minimum(jnp.asarray(tcfg.ps_levels, jnp.int32), params.max_ps)
+    return est[t[:, None], psl[None, :], jnp.minimum(1, params.max_workers)]
 
 
 def env_obs(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> dict:
@@ -71,7 +89,8 @@ def env_obs(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> dic
             "slots_run": state.slots_run.astype(f), "age": jnp.maximum(state.slot - jobs.arrival_slot, 0).astype(f),
             "prev_workers": state.workers.astype(f),
             "worker_gpus": bundle[:, 0] / jnp.maximum(params.server_capacity[0], 1.0), "allreduce": jobs.allreduce,
-            "curves": c, "slot_seconds": params.slot_seconds,
+            "curves": c, "ps_curves": jnp.where(jobs.allreduce[:, None], c[:, 1:2], ps_curves(tcfg, params, state)),
+            "slot_seconds": params.slot_seconds,
             "capacity_gpus": params.server_capacity[0] * params.num_servers, "bundle": bundle,
             "worker_demand": jobs.worker_demand, "ps_demand": jobs.ps_demand,
             "capacity": params.server_capacity * params.num_servers}
@@ -79,9 +98,9 @@ def env_obs(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> dic
 
 def allocate(tcfg: T.TargetConfig, obs: dict, action) -> tuple[jnp.ndarray, jnp.ndarray]:
     """(workers, ps) [J] of the chosen actions after the fill (shortest remaining work at one worker first)."""
-    target, ratio = T.sizes(tcfg, action, obs["allreduce"], obs["bundle"].dtype)
+    target_w, target_p = T.sizes(tcfg, action, obs["allreduce"], obs["bundle"].dtype)
     one = jnp.maximum(obs["curves"][:, 1], 1e-12)
-    w, p = T.fill(tcfg, target, ratio, obs["active"], obs["worker_demand"], obs["ps_demand"], obs["capacity"],
+    w, p = T.fill(tcfg, target_w, target_p, obs["active"], obs["worker_demand"], obs["ps_demand"], obs["capacity"],
                   obs["remaining_epochs"] / one)
     return w.astype(jnp.int32), p.astype(jnp.int32)
 

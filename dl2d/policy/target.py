@@ -3,16 +3,18 @@
 Why a second action structure beside DL2's: DL2 hands out one task per inference, so a slot of a 64-GPU cluster
 is hundreds of inferences, and its probability a product of hundreds of terms that all share one reward. Here a
 slot is one decision per job (issue #16): the network reads every job at once (a job's own features with the
-cluster's, pooled over the jobs: the same weights for any number of jobs) and picks each job's target size
-among a few ``levels`` (0 keeps it waiting); a slot's log-probability is the sum over the active jobs, a few
-dozen terms. What is not learned is the fill: jobs in shortest-remaining-work order (as the elastic heuristic)
-take their target or what still fits, in bundles (a worker, and a PS for a PS job).
+cluster's, pooled over the jobs: the same weights for any number of jobs) and picks each job's workers among a
+few ``levels`` (0 keeps it waiting) and, for a PS job, its PS among ``ps_levels``: one categorical over the
+pairs. A slot's log-probability is the sum over the active jobs, a few dozen terms. What is not learned is the
+fill: jobs in shortest-remaining-work order (as the elastic heuristic) take their targets or the most that
+still fits.
 
 Everything the network sees comes from :func:`job_features`, a pure function of arrays that the simulator's
 JAX environment provides (training, dl2d.policy.ppo) and a :class:`~dl2d.core.contract.SlotView` holds too (the
-daemon's and the NumPy simulator's side; not wired yet: the policy is not registered): the remaining work at
-one worker, age, last size, demand, and the job's estimated speed-up at each level (the speed model the
-scheduler believes, never the truth).
+NumPy simulator's and the daemon's side: :func:`view_obs`, :class:`TargetPolicy`; the policy is not registered
+yet, as no checkpoint ships): the remaining work at
+one worker, age, last size, demand, and the job's estimated speed-up at each level and PS level (the speed
+model the scheduler believes, never the truth).
 :func:`teacher_actions` is the elastic heuristic's efficient size on the same arrays, the warm-up's target.
 """
 from __future__ import annotations
@@ -23,11 +25,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-#: Candidate sizes (workers; a PS job's PS follow from its PS ratio), cut at the cluster's max_workers.
+#: Candidate sizes: workers, cut at the cluster's max_workers; a PS job's PS are chosen beside them among the
+#: same sizes from 1, cut at max_ps (PS cost no GPU: Optimus often gives one worker many PS).
 BASE_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: PS per worker a PS job may choose (ps = ceil(ratio x workers), at least 1, at most max_ps); an all-reduce job
-#: has none (only the first ratio is open to it).
-PS_RATIOS = (1.0, 0.5, 0.25)
 #: The elastic heuristic's efficiency threshold (dl2d.policy.elastic.EFFICIENCY): the teacher's rule.
 TEACHER_EFFICIENCY = 0.6
 
@@ -57,13 +57,17 @@ class TargetConfig:
         return len(self.levels)
 
     @property
+    def ps_levels(self) -> tuple[int, ...]:
+        return levels_for(self.max_ps)[1:]
+
+    @property
     def num_actions(self) -> int:
-        """Per job: a level and a PS ratio, one categorical over the pairs (level-major)."""
-        return self.num_levels * len(PS_RATIOS)
+        """Per job: workers and PS, one categorical over the pairs (worker-major)."""
+        return self.num_levels * len(self.ps_levels)
 
     @property
     def feature_dim(self) -> int:
-        return 9 + 2 * self.num_levels
+        return 9 + 2 * self.num_levels + len(self.ps_levels)
 
 
 # ------------------------------------------------------------------------------------------ features (pure)
@@ -73,7 +77,9 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
 
     ``active`` [J] bool, ``remaining_epochs`` [J], ``slots_run`` [J], ``age`` [J] slots since arrival,
     ``prev_workers`` [J], ``worker_gpus`` [J] a bundle's GPUs over a server's, ``allreduce`` [J] bool,
-    ``curves`` [J, L] estimated epochs/s at each level, ``slot_seconds`` [], ``capacity_gpus`` [] the cluster's.
+    ``curves`` [J, L] estimated epochs/s at each level (as many PS as workers for a PS job), ``ps_curves``
+    [J, Lp] with one worker and each PS level (PS jobs; all-reduce jobs: their one-worker speed),
+    ``slot_seconds`` [], ``capacity_gpus`` [] the cluster's.
     """
     act = obs["active"]
     c = jnp.maximum(obs["curves"], 0.0)
@@ -92,7 +98,8 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
             obs["prev_workers"] / cfg.max_workers, obs["worker_gpus"], obs["allreduce"].astype(c.dtype),
             rank / n_act, jnp.broadcast_to(jnp.log1p(n_act.astype(c.dtype)), act.shape),
             jnp.broadcast_to(jnp.log1p(demand), act.shape)]
-    x = jnp.concatenate([jnp.stack(cols, axis=1), eff, speedup], axis=1)
+    ps_gain = jnp.log1p(jnp.maximum(obs["ps_curves"], 0.0) / one[:, None])
+    x = jnp.concatenate([jnp.stack(cols, axis=1), eff, speedup, ps_gain], axis=1)
     return jnp.where(act[:, None], jnp.nan_to_num(x, posinf=50.0), 0.0)
 
 
@@ -107,10 +114,13 @@ def teacher_sizes(cfg: TargetConfig, curves: jnp.ndarray) -> jnp.ndarray:
 
 
 def teacher_actions(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
-    """[J] the teacher's action: its size's level, with one PS per worker (the elastic heuristic's bundles)."""
+    """[J] the teacher's action: its size's level, with as many PS (the elastic heuristic's bundles: the
+    smallest PS level at least min(size, max_ps))."""
     size = teacher_sizes(cfg, jnp.maximum(obs["curves"], 0.0))
     level = jnp.argmax(jnp.asarray(cfg.levels, size.dtype)[None, :] == size[:, None], axis=1)
-    return level * len(PS_RATIOS)
+    psl = jnp.asarray(cfg.ps_levels, size.dtype)
+    ps = jnp.argmax(psl[None, :] >= jnp.minimum(size, cfg.max_ps)[:, None], axis=1)
+    return level * len(cfg.ps_levels) + jnp.where(obs["allreduce"], 0, ps)
 
 
 # ------------------------------------------------------------------------------------------ the network
@@ -139,39 +149,121 @@ def init_params(cfg: TargetConfig, key, jobs: int = 4) -> dict:
 
 
 def apply(cfg: TargetConfig, params, x, active, allreduce):
-    """(logits [J, L x R], value []) of one slot; an all-reduce job's pairs with a PS ratio other than the first
-    are closed (it has no PS)."""
+    """(logits [J, L x Lp], value []) of one slot; an all-reduce job's pairs other than the first PS level are
+    closed (it has no PS: the pair means workers only)."""
     logits, value = TargetNet(cfg).apply({"params": params}, x, active)
-    ratio = jnp.arange(cfg.num_actions) % len(PS_RATIOS)
-    return jnp.where(allreduce[:, None] & (ratio[None, :] > 0), -1e9, logits), value
+    ps_index = jnp.arange(cfg.num_actions) % len(cfg.ps_levels)
+    return jnp.where(allreduce[:, None] & (ps_index[None, :] > 0), -1e9, logits), value
 
 
 def sizes(cfg: TargetConfig, action, allreduce, dtype=jnp.float32):
-    """(workers target [J], PS per worker [J]) of the chosen pairs."""
-    level, ratio = action // len(PS_RATIOS), action % len(PS_RATIOS)
+    """(workers [J], PS [J]) the chosen pairs ask for (no PS for an all-reduce job)."""
+    level, ps = action // len(cfg.ps_levels), action % len(cfg.ps_levels)
     return (jnp.asarray(cfg.levels, dtype)[level],
-            jnp.where(allreduce, 0.0, jnp.asarray(PS_RATIOS, dtype)[ratio]))
+            jnp.where(allreduce, 0.0, jnp.asarray(cfg.ps_levels, dtype)[ps]))
 
 
 # ------------------------------------------------------------------------------------------ the fill (pure)
 
-def fill(cfg: TargetConfig, target, ratio, active, worker_demand, ps_demand, capacity, order_key):
-    """(workers [J], PS [J]) granted: jobs in ``order_key`` order (smallest first; inactive last) take their
-    ``target`` workers with ``ceil(ratio x workers)`` PS (at least one for a PS job: ``ratio`` > 0), or the
-    most workers that still fit the aggregate ``capacity`` [3] with their PS. Pure; never over capacity, never
-    more than the target, nothing for an inactive job."""
+def fill(cfg: TargetConfig, workers, ps, active, worker_demand, ps_demand, capacity, order_key):
+    """(workers [J], PS [J]) granted: jobs in ``order_key`` order (smallest first; inactive last) take the most
+    workers up to their target ``workers`` that still fit the aggregate ``capacity`` [3], with the most PS up
+    to their target ``ps`` beside them (at least one for a PS job: ``ps`` > 0; nothing when even one worker
+    and one PS do not fit). Pure; never over capacity, never more than a target, nothing for an inactive job."""
     order = jnp.argsort(jnp.where(active, order_key, jnp.inf))
     k = jnp.arange(cfg.max_workers + 1, dtype=worker_demand.dtype)
+    q = jnp.arange(cfg.max_ps + 1, dtype=worker_demand.dtype)
 
     def body(free, j):
-        ps = jnp.where(ratio[j] > 0, jnp.clip(jnp.ceil(k * ratio[j]), 1, cfg.max_ps), 0.0)
-        ps = jnp.where(k > 0, ps, 0.0)
-        need = k[:, None] * worker_demand[j][None, :] + ps[:, None] * ps_demand[j][None, :]
-        ok = jnp.all(need <= free[None, :] + 1e-6, axis=1) & (k <= target[j]) & active[j]
-        w = jnp.max(jnp.where(ok, k, 0.0))
-        i = w.astype(jnp.int32)
-        return free - need[i], (j, w, ps[i])
+        need = (k[:, None, None] * worker_demand[j][None, None, :] + q[None, :, None] * ps_demand[j][None, None, :])
+        pair = jnp.where(ps[j] > 0, (k[:, None] == 0) == (q[None, :] == 0), q[None, :] == 0)  # PS with workers
+        ok = (jnp.all(need <= free[None, None, :] + 1e-6, axis=2) & (k[:, None] <= workers[j])
+              & (q[None, :] <= ps[j]) & pair & active[j])
+        score = jnp.where(ok, k[:, None] * (cfg.max_ps + 1) + q[None, :], -1.0)
+        best = jnp.argmax(score.ravel())
+        w, p = jnp.where(score.ravel()[best] >= 0, jnp.array([best // (cfg.max_ps + 1), best % (cfg.max_ps + 1)]), 0)
+        w, p = w.astype(worker_demand.dtype), p.astype(worker_demand.dtype)
+        return free - w * worker_demand[j] - p * ps_demand[j], (j, w, p)
 
-    _, (idx, w, ps) = jax.lax.scan(body, jnp.asarray(capacity, worker_demand.dtype), order)
-    zero = jnp.zeros(target.shape, worker_demand.dtype)
-    return zero.at[idx].set(w), zero.at[idx].set(ps)
+    _, (idx, w, p) = jax.lax.scan(body, jnp.asarray(capacity, worker_demand.dtype), order)
+    zero = jnp.zeros(workers.shape, worker_demand.dtype)
+    return zero.at[idx].set(w), zero.at[idx].set(p)
+
+
+# ------------------------------------------------------------------------------------------ on a SlotView
+
+def view_obs(cfg: TargetConfig, view) -> dict:
+    """:func:`job_features`' arrays from a :class:`~dl2d.core.contract.SlotView` (NumPy): the same quantities
+    the JAX environment gives training, from what the daemon and the NumPy simulator know."""
+    import numpy as np
+
+    from dl2d.policy.elastic import size_curves
+
+    lv = np.array(cfg.levels)
+    if view.max_workers < lv[-1] or view.max_ps < cfg.max_ps:
+        raise ValueError(f"the policy was trained for up to {lv[-1]} workers and {cfg.max_ps} PS per job; this "
+                         f"cluster allows {view.max_workers} and {view.max_ps}")
+    curves = size_curves(view)[:, lv] if len(view) else np.zeros((0, len(lv)))
+    psl = np.array(cfg.ps_levels)
+    one_worker = view.est_speed[:, :, 1] if len(view) else np.zeros((0, view.max_ps + 1))
+    ps_curves = np.where(view.allreduce[:, None], one_worker[:, :1], one_worker[:, psl]) if len(view) \
+        else np.zeros((0, len(psl)))
+    server_gpus = max(float(np.max(view.capacity[:, 0])), 1.0) if len(view.capacity) else 1.0
+    bundle = view.worker_demand + np.where(view.allreduce[:, None], 0.0, view.ps_demand)  # one worker, one PS
+    return {"active": np.ones(len(view), bool), "remaining_epochs": np.asarray(view.remaining_epochs, np.float32),
+            "slots_run": np.asarray(view.slots_run, np.float32),
+            "age": np.maximum(view.slot - np.asarray(view.arrival_slot), 0).astype(np.float32),
+            "prev_workers": np.asarray(view.prev_workers, np.float32),
+            "worker_gpus": (bundle[:, 0] / server_gpus).astype(np.float32), "allreduce": np.asarray(view.allreduce),
+            "curves": curves.astype(np.float32), "ps_curves": ps_curves.astype(np.float32),
+            "slot_seconds": np.float32(view.slot_seconds),
+            "capacity_gpus": np.float32(np.sum(view.capacity[:, 0]))}
+
+
+class TargetPolicy:
+    """The target-size policy on a view: the greedy action of every job, then the fill task by task on the
+    servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order: each job's PS, then
+    its workers, while its targets and the servers allow (a PS job none of whose workers fit holds no PS). Jobs are padded to a power of two for the jitted network
+    (at most log2(J) compilations)."""
+
+    def __init__(self, cfg: TargetConfig, params, name: str = "target"):
+        self.cfg, self.params, self.name = cfg, params, name
+        self._decide = jax.jit(lambda p, o: jnp.argmax(apply(cfg, p, job_features(cfg, o), o["active"],
+                                                             o["allreduce"])[0], axis=1))
+
+    def actions(self, view):
+        import numpy as np
+
+        obs = view_obs(self.cfg, view)
+        n = len(view)
+        size = 1 << max(n - 1, 0).bit_length()
+        padded = {k: (np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]) if np.ndim(v) else v)
+                  for k, v in obs.items()}
+        return np.asarray(self._decide(self.params, padded))[:n], obs
+
+    def __call__(self, view):
+        import numpy as np
+
+        from dl2d.policy.heuristics import AllocationBuilder
+
+        b = AllocationBuilder(view)
+        if not len(view):
+            return b.allocation()
+        action, obs = self.actions(view)
+        target_w, target_p = (np.asarray(a).astype(int) for a in sizes(self.cfg, action, obs["allreduce"]))
+        one = np.maximum(obs["curves"][:, 1], 1e-12)
+        for j in np.lexsort((view.arrival_slot, obs["remaining_epochs"] / one)):
+            while b.ps(j) < target_p[j] and b.add(j, "ps"):
+                pass
+            while b.workers(j) < target_w[j] and (b.ps(j) or target_p[j] == 0) and b.add(j, "worker"):
+                pass
+            if b.workers(j) == 0 and b.ps(j):  # its PS fit, no worker did: it waits, nothing held
+                while b.ps(j):
+                    b.placer.remove(b.ps_servers[j].pop(), view.ps_demand[j])
+        return b.allocation()
+
+    def applied(self, view, allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass

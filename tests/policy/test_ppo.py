@@ -21,32 +21,32 @@ from dl2d.sim.worlds import world
 CFG = T.TargetConfig(max_workers=8, max_ps=8, hidden=32)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), jobs=st.integers(1, 6))
 def test_the_fill_never_exceeds_capacity_or_a_target_and_serves_the_shortest_first(data, jobs):
     f = st.floats(0, 4, allow_nan=False, width=32)
     wd = np.array(data.draw(st.lists(st.tuples(f, f, f), min_size=jobs, max_size=jobs)), np.float32)
     pd = np.array(data.draw(st.lists(st.tuples(st.just(0.0), f, f), min_size=jobs, max_size=jobs)), np.float32)
-    target = np.array(data.draw(st.lists(st.sampled_from(CFG.levels), min_size=jobs, max_size=jobs)), np.float32)
-    ratio = np.array(data.draw(st.lists(st.sampled_from((0.0,) + T.PS_RATIOS), min_size=jobs, max_size=jobs)),
-                     np.float32)
+    target_w = np.array(data.draw(st.lists(st.sampled_from(CFG.levels), min_size=jobs, max_size=jobs)), np.float32)
+    target_p = np.array(data.draw(st.lists(st.sampled_from((0,) + CFG.ps_levels), min_size=jobs, max_size=jobs)),
+                        np.float32)  # 0: an all-reduce job
     active = np.array(data.draw(st.lists(st.booleans(), min_size=jobs, max_size=jobs)))
     cap = np.array(data.draw(st.tuples(f, f, f)), np.float32) * 4
     key = np.array(data.draw(st.lists(st.floats(0, 100, width=32), min_size=jobs, max_size=jobs)), np.float32)
-    w, p = map(np.asarray, T.fill(CFG, jnp.asarray(target), jnp.asarray(ratio), jnp.asarray(active),
+    w, p = map(np.asarray, T.fill(CFG, jnp.asarray(target_w), jnp.asarray(target_p), jnp.asarray(active),
                                   jnp.asarray(wd), jnp.asarray(pd), jnp.asarray(cap), jnp.asarray(key)))
     used = (w[:, None] * wd + p[:, None] * pd).sum(axis=0)
     assert np.all(used <= cap + 1e-4), (used, cap)
-    assert np.all(w <= target) and np.all(w[~active] == 0) and np.all(p[~active] == 0)
-    assert np.all(p[(w > 0) & (ratio > 0)] >= 1) and np.all(p[ratio == 0] == 0)
-    assert np.all(p[w > 0] == np.clip(np.ceil(w[w > 0] * ratio[w > 0]), ratio[w > 0] > 0, CFG.max_ps))
-    # the first job in order gets its target whenever the target alone fits the empty cluster
+    assert np.all(w <= target_w) and np.all(p <= target_p) and np.all(w[~active] == 0) and np.all(p[~active] == 0)
+    ps_job = target_p > 0
+    assert np.all((w[ps_job] == 0) == (p[ps_job] == 0)) and np.all(p[~ps_job] == 0)  # PS only beside workers
+    # the first job in order gets its targets whenever they fit the empty cluster
     order = [j for j in np.argsort(np.where(active, key, np.inf), kind="stable") if active[j]]
     if order:
         j = order[0]
-        ps_t = np.clip(np.ceil(target[j] * ratio[j]), 1 if ratio[j] > 0 else 0, CFG.max_ps) if target[j] else 0
-        if np.all(target[j] * wd[j] + ps_t * pd[j] <= cap + 1e-6) and np.sum(key[active] == key[j]) == 1:
-            assert w[j] == target[j]
+        fits = np.all(target_w[j] * wd[j] + target_p[j] * pd[j] <= cap + 1e-6)
+        if fits and np.sum(key[active] == key[j]) == 1 and (target_w[j] > 0 or not ps_job[j]):
+            assert (w[j], p[j]) == (target_w[j], target_p[j])
 
 
 def test_gae_matches_a_plain_reference():
@@ -77,14 +77,15 @@ def test_a_slots_log_probability_sums_the_active_jobs_and_allreduce_jobs_choose_
     logits, value = T.apply(CFG, net, x, active, allreduce)
     assert logits.shape == (5, CFG.num_actions) and value.shape == ()
     probs = jax.nn.softmax(logits)
-    ratio = np.arange(CFG.num_actions) % len(T.PS_RATIOS)
-    assert float(jnp.sum(probs[0][ratio > 0])) < 1e-6 and float(jnp.sum(probs[1][ratio > 0])) > 1e-3
+    ps_index = np.arange(CFG.num_actions) % len(CFG.ps_levels)
+    assert float(jnp.sum(probs[0][ps_index > 0])) < 1e-6 and float(jnp.sum(probs[1][ps_index > 0])) > 1e-3
     a = jnp.array([3, 4, 5, 6, 7])
     lp = jax.nn.log_softmax(logits)
     assert float(P.log_prob(logits, a, active)) == pytest.approx(float(lp[0, 3] + lp[1, 4] + lp[3, 6]), rel=1e-6)
-    w, r = T.sizes(CFG, jnp.array([0, 4, 5, 20, 3]), allreduce)
-    assert np.asarray(w).tolist() == [CFG.levels[0], CFG.levels[1], CFG.levels[1], CFG.levels[6], CFG.levels[1]]
-    assert np.asarray(r).tolist() == [0.0, T.PS_RATIOS[1], T.PS_RATIOS[2], T.PS_RATIOS[2], 0.0]
+    n_ps = len(CFG.ps_levels)
+    w, p = T.sizes(CFG, jnp.array([0, n_ps + 1, 2 * n_ps + 2, 6 * n_ps + n_ps - 1, n_ps]), allreduce)
+    assert np.asarray(w).tolist() == [CFG.levels[0], CFG.levels[1], CFG.levels[2], CFG.levels[6], CFG.levels[1]]
+    assert np.asarray(p).tolist() == [0, CFG.ps_levels[1], CFG.ps_levels[2], CFG.ps_levels[-1], 0]
 
 
 def test_the_teacher_is_the_elastic_heuristics_efficient_size_on_the_levels():
@@ -107,33 +108,36 @@ def test_the_teacher_is_the_elastic_heuristics_efficient_size_on_the_levels():
 
 
 def _tiny(clusters: int):
-    """One ResNet-50 PS job alone on the DL2 testbed (13 servers): the best constant action is found by brute force."""
+    """One ResNet-50 PS job alone on the DL2 testbed (13 servers), up to 4 workers and 4 PS: the best constant
+    action is found by brute force."""
     cfg = world("dl2").sim_config("testbed")
     trace = TR.Trace(arrival_slot=np.array([0]), type_idx=np.array([0]), true_epochs=np.array([3.0]),
                      est_epochs=np.array([3.0]), speed_factor=np.array([1.0]))
     env, states = X.from_traces([trace] * clusters, cfg, 1, placement=False)
-    tc = T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps, hidden=32)
-    return env, states, tc
+    return env, states, T.TargetConfig(max_workers=4, max_ps=4, hidden=32)
 
 
-def _constant_jct(env, states, tc, action):
-    def body(s, _):
-        obs = P.env_obs(tc, env, s)
-        w, p = P.allocate(tc, obs, jnp.full(obs["active"].shape, action))
-        return X.step(env, s, w, p)[0], None
+def _constant_jcts(env, states, tc) -> np.ndarray:
+    """[actions] the JCT of the tiny job when every slot takes the same action."""
 
-    fin = jax.lax.scan(body, X.unstack(states, 0), None, length=60)[0]
-    return float(jnp.nanmean(X.jct(fin)))
+    @jax.jit
+    def run(action):
+        def body(s, _):
+            obs = P.env_obs(tc, env, s)
+            w, p = P.allocate(tc, obs, jnp.full(obs["active"].shape, action))
+            return X.step(env, s, w, p)[0], None
+
+        return jnp.nanmean(X.jct(jax.lax.scan(body, X.unstack(states, 0), None, length=60)[0]))
+
+    return np.asarray(jax.vmap(run)(jnp.arange(tc.num_actions)))
 
 
 def test_ppo_iterations_are_finite_and_learn_a_tiny_case_as_well_as_its_best_constant_allocation():
-    """The best constant action (brute force over every action) is the bar; a random start is far from it (1.43
-    slots against 0.91 when written), 40 iterations reach it (0.83: a policy may also change size between
-    slots)."""
+    """The best constant action (brute force over every action) is the bar; a random start is far from it, 40
+    iterations reach it (a policy may also change size between slots, and do better)."""
     env, states, tc = _tiny(16)
-    jcts = {a: _constant_jct(env, states, tc, a) for a in range(tc.num_actions)}
-    finite = {a: j for a, j in jcts.items() if np.isfinite(j)}
-    best = min(finite.values())
+    jcts = _constant_jcts(env, states, tc)
+    best = float(np.nanmin(jcts))  # NaN: an action that never finishes the job (no worker)
     pc = P.PPOConfig(clusters=16, slots=16, lr=3e-3, ent_coef=0.0, minibatches=2)
     runner = P.init_runner(tc, pc, states, jax.random.PRNGKey(0))
     greedy = lambda net: float(jnp.nanmean(jax.vmap(X.jct)(P.evaluate(tc, env, net, states, 60))))  # noqa: E731
@@ -143,7 +147,7 @@ def test_ppo_iterations_are_finite_and_learn_a_tiny_case_as_well_as_its_best_con
         assert all(np.isfinite(float(v)) for v in stats.values()), stats
     assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree_util.tree_leaves(runner[0]))
     end = greedy(runner[0])
-    assert end <= best * 1.05 and (start > best * 1.05 or start == pytest.approx(end)), (start, end, best)
+    assert start > best * 1.2 and end <= best * 1.05, (start, end, best)
 
 
 def test_vmapped_greedy_evaluation_equals_single_runs():
@@ -157,3 +161,44 @@ def test_vmapped_greedy_evaluation_equals_single_runs():
         one = jax.tree_util.tree_map(lambda a: a[None], X.unstack(batch, i))
         np.testing.assert_allclose(np.asarray(X.jct(X.unstack(P.evaluate(tc, env, net, one, 300), 0))),
                                    together[i], rtol=1e-6)
+
+
+@pytest.mark.parametrize("world_name, cluster", [("dl2", "testbed"), ("today", "t4-16")])
+def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name, cluster):
+    """One contract: the features the NumPy simulator's view gives the policy (what the daemon gives it too) are
+    the ones training saw in the JAX environment, for the same state (a trace's first slots, both sides run
+    with the same allocations, noise off)."""
+    from dl2d.sim import engine as E
+
+    from dl2d.workload import philly
+
+    cfg = world(world_name).sim_config(cluster, slot_noise=0.0)
+    trace = (TR.generate(TR.TraceConfig(num_jobs=8), seed=3) if world_name == "dl2" else
+             TR.from_workload(philly.generate(8, load=1.0, cluster_gpus=int(cfg.cluster.capacity[0]), seed=3), 60.0,
+                              seed=3))
+    slots = 3 if world_name == "dl2" else 1  # all-reduce speeds depend on placement, which the two sides do apart
+    tc = T.TargetConfig(max_workers=min(cfg.max_workers, 16), max_ps=min(cfg.max_ps, 16), hidden=32)
+    net = T.init_params(tc, jax.random.PRNGKey(7))
+    policy = T.TargetPolicy(tc, net)
+    env, state = X.from_trace(trace, cfg, len(trace), placement=False)
+    checked = 0
+
+    def scheduler(view):
+        nonlocal state, checked
+        if checked < slots:
+            obs = P.env_obs(tc, env, state)
+            act = np.asarray(obs["active"])
+            rows = np.flatnonzero(act)
+            np.testing.assert_array_equal(np.asarray(view.job_ids), rows)
+            mine = np.asarray(T.job_features(tc, {k: np.asarray(v) for k, v in T.view_obs(tc, view).items()}))
+            theirs = np.asarray(T.job_features(tc, obs))[rows]
+            np.testing.assert_allclose(mine, theirs, rtol=2e-3, atol=2e-3)
+            checked += 1
+        alloc = policy(view)
+        full_w, full_p = np.zeros(len(trace), int), np.zeros(len(trace), int)
+        full_w[np.asarray(view.job_ids)], full_p[np.asarray(view.job_ids)] = alloc.workers, alloc.ps
+        state = X.step(env, state, full_w, full_p, noise=np.zeros(len(trace)))[0]
+        return alloc
+
+    E.run(trace, scheduler, cfg, seed=0)
+    assert checked == slots
