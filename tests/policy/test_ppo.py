@@ -19,11 +19,13 @@ from dl2d.sim import trace as TR
 from dl2d.sim.worlds import world
 
 CFG = T.TargetConfig(max_workers=8, max_ps=8, hidden=32)
+FILL = jax.jit(T.fill, static_argnums=0)
 
 
-@settings(max_examples=40, deadline=None)
-@given(data=st.data(), jobs=st.integers(1, 6))
-def test_the_fill_never_exceeds_capacity_or_a_target_and_serves_the_shortest_first(data, jobs):
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_fill_never_exceeds_capacity_or_a_target_and_serves_the_shortest_first(data):
+    jobs = 5  # one shape, one compilation; inactive rows make fewer jobs
     f = st.floats(0, 4, allow_nan=False, width=32)
     wd = np.array(data.draw(st.lists(st.tuples(f, f, f), min_size=jobs, max_size=jobs)), np.float32)
     pd = np.array(data.draw(st.lists(st.tuples(st.just(0.0), f, f), min_size=jobs, max_size=jobs)), np.float32)
@@ -33,7 +35,7 @@ def test_the_fill_never_exceeds_capacity_or_a_target_and_serves_the_shortest_fir
     active = np.array(data.draw(st.lists(st.booleans(), min_size=jobs, max_size=jobs)))
     cap = np.array(data.draw(st.tuples(f, f, f)), np.float32) * 4
     key = np.array(data.draw(st.lists(st.floats(0, 100, width=32), min_size=jobs, max_size=jobs)), np.float32)
-    w, p = map(np.asarray, T.fill(CFG, jnp.asarray(target_w), jnp.asarray(target_p), jnp.asarray(active),
+    w, p = map(np.asarray, FILL(CFG, jnp.asarray(target_w), jnp.asarray(target_p), jnp.asarray(active),
                                   jnp.asarray(wd), jnp.asarray(pd), jnp.asarray(cap), jnp.asarray(key)))
     used = (w[:, None] * wd + p[:, None] * pd).sum(axis=0)
     assert np.all(used <= cap + 1e-4), (used, cap)
@@ -198,7 +200,14 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
         full_w, full_p = np.zeros(len(trace), int), np.zeros(len(trace), int)
         full_w[np.asarray(view.job_ids)], full_p[np.asarray(view.job_ids)] = alloc.workers, alloc.ps
         state = X.step(env, state, full_w, full_p, noise=np.zeros(len(trace)))[0]
+        if checked == slots:
+            raise Checked  # the rest of the trace would only cost time
         return alloc
 
-    E.run(trace, scheduler, cfg, seed=0)
+    with pytest.raises(Checked):
+        E.run(trace, scheduler, cfg, seed=0)
     assert checked == slots
+
+
+class Checked(Exception):
+    """Every slot the test compares has been compared."""
