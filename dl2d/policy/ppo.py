@@ -128,7 +128,7 @@ def entropy(logits, active):
 
 # ------------------------------------------------------------------------------------------ rollout
 
-def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, key, greedy: bool = False):
+def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, key):
     """``pcfg.slots`` slots of every cluster (``states``: a batch): (final states, transitions [T, N, ...])."""
 
     def one_slot(carry, _):
@@ -139,13 +139,11 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
             obs = env_obs(tcfg, env, state)
             x = T.job_features(tcfg, obs)
             logits, value = T.apply(tcfg, net, x, obs["active"], obs["allreduce"])
-            idx = jnp.argmax(logits, axis=1) if greedy else jax.random.categorical(key_, logits)
+            idx = jax.random.categorical(key_, logits)
             w, p = allocate(tcfg, obs, idx)
             nxt, _, done, _ = X.step(env, state, w, p)
-            r = jct_reward(state, nxt, env.max_jobs)
-            episode_jct = jnp.where(done, jnp.nanmean(X.jct(nxt)), jnp.nan)
-            fresh = X.reset(env, nxt.jobs, jax.random.split(nxt.key)[1])  # auto-reset, as jaxenv.step_autoreset
-            nxt = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), fresh, nxt)
+            r = jct_reward(state, nxt, env.max_jobs)  # from the finished episode's state, before the reset
+            nxt, episode_jct = X.autoreset(env, nxt, done)
             return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": log_prob(logits, idx, obs["active"]),
                          "value": value, "reward": r, "done": done, "episode_jct": episode_jct,
                          "allreduce": obs["allreduce"], "teacher": T.teacher_actions(tcfg, obs)}
@@ -193,27 +191,42 @@ def make_optimizer(pcfg: PPOConfig):
     return optax.chain(optax.clip_by_global_norm(pcfg.max_grad_norm), optax.adam(pcfg.lr, eps=1e-5))
 
 
-def update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, batch, key):
-    """``pcfg.epochs`` passes of clipped PPO over ``batch`` (leading axis: samples) in shuffled minibatches."""
+def minibatch_epochs(pcfg: PPOConfig, loss_fn, net, opt_state, batch, key):
+    """``pcfg.epochs`` passes over ``batch`` (leading axis: samples) in ``pcfg.minibatches`` shuffled
+    minibatches, one optimizer step on ``loss_fn(net, minibatch) -> (loss, aux)`` each; (net, opt_state, the
+    (loss, aux) of every step, [epochs, minibatches])."""
     opt = make_optimizer(pcfg)
     n = batch["idx"].shape[0]
     size = n // pcfg.minibatches
 
     def epoch(carry, k):
-        net, opt_state = carry
         perm = jax.random.permutation(k, n)[: size * pcfg.minibatches].reshape(pcfg.minibatches, size)
 
         def minibatch(carry, idx):
             net, opt_state = carry
-            mb = jax.tree_util.tree_map(lambda a: a[idx], batch)
-            (loss, aux), grads = jax.value_and_grad(ppo_loss, argnums=2, has_aux=True)(tcfg, pcfg, net, mb)
+            out, grads = jax.value_and_grad(loss_fn, has_aux=True)(net, jax.tree_util.tree_map(lambda a: a[idx],
+                                                                                                 batch))
             upd, opt_state = opt.update(grads, opt_state, net)
-            return (optax.apply_updates(net, upd), opt_state), {"loss": loss, **aux}
+            return (optax.apply_updates(net, upd), opt_state), out
 
-        return jax.lax.scan(minibatch, (net, opt_state), perm)
+        return jax.lax.scan(minibatch, carry, perm)
 
-    (net, opt_state), stats = jax.lax.scan(epoch, (net, opt_state), jax.random.split(key, pcfg.epochs))
-    return net, opt_state, jax.tree_util.tree_map(jnp.mean, stats)
+    (net, opt_state), outs = jax.lax.scan(epoch, (net, opt_state), jax.random.split(key, pcfg.epochs))
+    return net, opt_state, outs
+
+
+def update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, batch, key):
+    """``pcfg.epochs`` passes of clipped PPO over ``batch`` (leading axis: samples) in shuffled minibatches."""
+    net, opt_state, (loss, aux) = minibatch_epochs(pcfg, lambda n, mb: ppo_loss(tcfg, pcfg, n, mb), net,
+                                                   opt_state, batch, key)
+    return net, opt_state, jax.tree_util.tree_map(jnp.mean, {"loss": loss, **aux})
+
+
+def _episode_stats(traj) -> dict:
+    """How many episodes the rollout finished and their mean average JCT (0 when none)."""
+    jcts = traj["episode_jct"]
+    done = ~jnp.isnan(jcts)
+    return {"episodes": done.sum(), "episode_jct": jnp.sum(jnp.where(done, jcts, 0.0)) / jnp.maximum(done.sum(), 1)}
 
 
 def _flatten(traj):
@@ -230,11 +243,7 @@ def train_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     adv, ret = gae(pcfg, traj["reward"], traj["value"], traj["done"], last_value)
     flat = _flatten({**traj, "adv": (adv - adv.mean()) / (adv.std() + 1e-8), "ret": ret})
     net, opt_state, stats = update(tcfg, pcfg, net, opt_state, flat, k_upd)
-    jcts = traj["episode_jct"]
-    done = ~jnp.isnan(jcts)
-    stats = {**stats, "reward": traj["reward"].mean(), "episodes": done.sum(),
-             "episode_jct": jnp.sum(jnp.where(done, jcts, 0.0)) / jnp.maximum(done.sum(), 1)}
-    return (net, opt_state, states, key), stats
+    return (net, opt_state, states, key), {**stats, "reward": traj["reward"].mean(), **_episode_stats(traj)}
 
 
 def _features(tcfg, env, state):
@@ -260,29 +269,9 @@ def sl_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     net, opt_state, states, key = runner
     key, k_roll, k_upd = jax.random.split(key, 3)
     states, traj = rollout(tcfg, pcfg, env, net, states, k_roll)
-    flat = _flatten(traj)
-    opt = make_optimizer(pcfg)
-    n = flat["idx"].shape[0]
-    size = n // pcfg.minibatches
-
-    def epoch(carry, k):
-        perm = jax.random.permutation(k, n)[: size * pcfg.minibatches].reshape(pcfg.minibatches, size)
-
-        def mb(carry, idx):
-            net, opt_state = carry
-            (loss, acc), g = jax.value_and_grad(sl_loss, argnums=1, has_aux=True)(
-                tcfg, net, jax.tree_util.tree_map(lambda a: a[idx], flat))
-            upd, opt_state = opt.update(g, opt_state, net)
-            return (optax.apply_updates(net, upd), opt_state), (loss, acc)
-
-        return jax.lax.scan(mb, carry, perm)
-
-    (net, opt_state), (loss, acc) = jax.lax.scan(epoch, (net, opt_state), jax.random.split(k_upd, pcfg.epochs))
-    jcts = traj["episode_jct"]
-    done = ~jnp.isnan(jcts)
-    return (net, opt_state, states, key), {"sl_loss": loss.mean(), "sl_acc": acc[-1].mean(),
-                                           "episodes": done.sum(), "episode_jct": jnp.sum(
-                                               jnp.where(done, jcts, 0.0)) / jnp.maximum(done.sum(), 1)}
+    net, opt_state, (loss, acc) = minibatch_epochs(pcfg, lambda n, mb: sl_loss(tcfg, n, mb), net, opt_state,
+                                                   _flatten(traj), k_upd)
+    return (net, opt_state, states, key), {"sl_loss": loss.mean(), "sl_acc": acc[-1].mean(), **_episode_stats(traj)}
 
 
 def init_runner(tcfg: T.TargetConfig, pcfg: PPOConfig, states, key, net=None):
@@ -292,26 +281,27 @@ def init_runner(tcfg: T.TargetConfig, pcfg: PPOConfig, states, key, net=None):
     return net, make_optimizer(pcfg).init(net), states, key
 
 
+def _episodes(tcfg: T.TargetConfig, env: X.EnvParams, states, slots: int, choose):
+    """Every cluster of ``states`` run ``slots`` slots without auto-reset (jaxenv.rollout) with the actions
+    ``choose(obs)`` picks, through the fill: the final states."""
+    def rule(params, s):
+        obs = env_obs(tcfg, params, s)
+        return (*allocate(tcfg, obs, choose(obs)), None)
+
+    return jax.vmap(lambda s: X.rollout(env, s, rule, slots, autoreset=False)[0])(states)
+
+
 @partial(jax.jit, static_argnames=("tcfg", "slots"))
 def evaluate(tcfg: T.TargetConfig, env: X.EnvParams, net, states, slots: int):
     """Greedy (argmax) episodes without auto-reset: the final states (their JCTs: jaxenv.jct)."""
-
-    def body(s, _):
-        obs = env_obs(tcfg, env, s)
+    def greedy(obs):
         logits, _ = T.apply(tcfg, net, T.job_features(tcfg, obs), obs["active"], obs["allreduce"])
-        w, p = allocate(tcfg, obs, jnp.argmax(logits, axis=1))
-        return X.step(env, s, w, p)[0], None
+        return jnp.argmax(logits, axis=1)
 
-    return jax.vmap(lambda s: jax.lax.scan(body, s, None, length=slots)[0])(states)
+    return _episodes(tcfg, env, states, slots, greedy)
 
 
 @partial(jax.jit, static_argnames=("tcfg", "slots"))
 def evaluate_teacher(tcfg: T.TargetConfig, env: X.EnvParams, states, slots: int):
     """The teacher's sizes through the same fill: the heuristic's episodes in the same environment."""
-
-    def body(s, _):
-        obs = env_obs(tcfg, env, s)
-        w, p = allocate(tcfg, obs, T.teacher_actions(tcfg, obs))
-        return X.step(env, s, w, p)[0], None
-
-    return jax.vmap(lambda s: jax.lax.scan(body, s, None, length=slots)[0])(states)
+    return _episodes(tcfg, env, states, slots, lambda obs: T.teacher_actions(tcfg, obs))

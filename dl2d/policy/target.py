@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 #: Candidate sizes: workers, cut at the cluster's max_workers; a PS job's PS are chosen beside them among the
 #: same sizes from 1, cut at max_ps (PS cost no GPU: Optimus often gives one worker many PS).
@@ -195,8 +196,6 @@ def fill(cfg: TargetConfig, workers, ps, active, worker_demand, ps_demand, capac
 def view_obs(cfg: TargetConfig, view) -> dict:
     """:func:`job_features`' arrays from a :class:`~dl2d.core.contract.SlotView` (NumPy): the same quantities
     the JAX environment gives training, from what the daemon and the NumPy simulator know."""
-    import numpy as np
-
     from dl2d.policy.elastic import size_curves
 
     lv = np.array(cfg.levels)
@@ -232,8 +231,6 @@ class TargetPolicy:
                                                              o["allreduce"])[0], axis=1))
 
     def actions(self, view):
-        import numpy as np
-
         obs = view_obs(self.cfg, view)
         n = len(view)
         size = 1 << max(n - 1, 0).bit_length()
@@ -242,8 +239,6 @@ class TargetPolicy:
         return np.asarray(self._decide(self.params, padded))[:n], obs
 
     def __call__(self, view):
-        import numpy as np
-
         from dl2d.policy.heuristics import AllocationBuilder
 
         b = AllocationBuilder(view)

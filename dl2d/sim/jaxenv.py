@@ -396,14 +396,20 @@ def jct(state: EnvState) -> jnp.ndarray:
     return jnp.where(state.jobs.valid, state.finish_time - state.jobs.arrival_slot, jnp.nan)
 
 
-def step_autoreset(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
-    """`step`, then a fresh episode of the same trace (a new noise key) where every job finished: a batch of
-    clusters keeps stepping useful slots (gymnax's auto-reset). ``info['episode_jct']`` is the finished
-    episode's average JCT in slots (NaN in other slots)."""
-    nxt, reward, done, info = step(params, state, workers, ps, placement, noise)
+def autoreset(params: EnvParams, nxt: EnvState, done) -> tuple[EnvState, jnp.ndarray]:
+    """``nxt``, or a fresh episode of the same trace (a new noise key) when ``done``; and the finished
+    episode's average JCT in slots (NaN when not done)."""
     fresh = reset(params, nxt.jobs, jax.random.split(nxt.key)[1])
-    out = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), fresh, nxt)  # not done: exactly `step`
-    return out, reward, done, {**info, "episode_jct": jnp.where(done, jnp.nanmean(jct(nxt)), jnp.nan)}
+    out = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), fresh, nxt)  # not done: exactly `nxt`
+    return out, jnp.where(done, jnp.nanmean(jct(nxt)), jnp.nan)
+
+
+def step_autoreset(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+    """`step`, then :func:`autoreset`: a batch of clusters keeps stepping useful slots (gymnax's auto-reset).
+    ``info['episode_jct']`` is the finished episode's average JCT in slots (NaN in other slots)."""
+    nxt, reward, done, info = step(params, state, workers, ps, placement, noise)
+    out, episode_jct = autoreset(params, nxt, done)
+    return out, reward, done, {**info, "episode_jct": episode_jct}
 
 
 # ------------------------------------------------------------------------------------------ many slots
