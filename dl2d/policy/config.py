@@ -117,5 +117,6 @@ class PolicyConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown policy config key(s): {', '.join(sorted(unknown))}")
+            # repr: a key read from a file may hold a newline or not be text; the message stays one line
+            raise ValueError(f"unknown policy config key(s): {', '.join(sorted(map(repr, unknown)))}")
         return cls(**d)

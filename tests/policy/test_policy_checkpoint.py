@@ -263,3 +263,14 @@ def test_mutated_real_checkpoints_end_in_a_clean_error_or_a_valid_policy(tmp_pat
     if what == "none":
         assert outcome == "valid"
     event(f"{what}: {outcome}")
+
+
+def test_an_unknown_config_key_with_a_newline_is_named_on_one_line(tmp_path, ckpt):
+    """Found by the fuzz test above (a flipped byte made 'poo\\n_ratio' of a key): the key is shown escaped."""
+    doc = _doc(ckpt)
+    doc["config"] = {**doc["config"], "poo\n_ratio": 1}
+    path = tmp_path / "n.ckpt"
+    path.write_bytes(serialization.msgpack_serialize(doc))
+    with pytest.raises(C.CheckpointError) as e:
+        C.load(path)
+    assert "\n" not in str(e.value) and "'poo\\n_ratio'" in str(e.value)
