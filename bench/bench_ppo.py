@@ -17,15 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import dl2d
 from dl2d.policy import ppo as P
 from dl2d.policy import registry
 from dl2d.policy import target as T
+from dl2d.policy.checkpoint import TargetCheckpoint, save_target
 from dl2d.sim import engine as E
 from dl2d.sim import jaxenv as X
 from dl2d.sim import trace as TR
@@ -45,12 +48,16 @@ def main():
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--eval-traces", type=int, default=5)
     ap.add_argument("--eval-slots", type=int, default=2000)
+    ap.add_argument("--credit", choices=("job", "slot"), default="job")
+    ap.add_argument("--out", default="", help="write the final policy here (a dl2d-target-policy checkpoint whose "
+                    "meta records how it was made and its held-out JCT in the NumPy simulator)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heuristics", default="optimus,elastic,drf")
     args = ap.parse_args()
 
     cfg = world("dl2").sim_config(args.cluster)
-    pc = P.PPOConfig(clusters=args.clusters, slots=args.slots, lr=args.lr, ent_coef=args.ent_coef)
+    pc = P.PPOConfig(clusters=args.clusters, slots=args.slots, lr=args.lr, ent_coef=args.ent_coef,
+                     credit=args.credit)
     tc = T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps)
     train = [TR.generate(TR.TraceConfig(num_jobs=args.jobs), seed=1000 + s) for s in range(args.clusters)]
     held = [TR.generate(TR.TraceConfig(num_jobs=args.jobs), seed=s) for s in range(args.eval_traces)]
@@ -101,9 +108,15 @@ def main():
     policy = T.TargetPolicy(tc, jax.device_get(runner[0]))  # the same parameters, in the NumPy simulator
     runs = [E.run(t, policy, cfg, seed=s) for s, t in enumerate(held)]
     learned_numpy = [round(float(r.jct_slots.mean()), 3) for r in runs]
+    if args.out:
+        save_target(args.out, TargetCheckpoint(tc, jax.device_get(runner[0]), meta={
+            "world": "dl2", "cluster": args.cluster, "jobs": args.jobs, "train_seeds": [1000, 1000 + args.clusters - 1],
+            "held_out_seeds": list(range(args.eval_traces)), "held_out_jct_numpy": learned_numpy,
+            "held_out_jct_numpy_mean": round(float(np.mean(learned_numpy)), 3),
+            "command": "python bench/bench_ppo.py " + " ".join(sys.argv[1:]), "dl2d_version": dl2d.__version__}))
     print(json.dumps({
         "summary": True, "cluster": args.cluster, "J": args.jobs, "clusters": pc.clusters, "slots": pc.slots,
-        "sl_iters": args.sl_iters, "rl_iters": args.iters, "train_cluster_slots_per_s": round(timed / t_train),
+        "sl_iters": args.sl_iters, "rl_iters": args.iters, "credit": args.credit, "lr": args.lr, "train_cluster_slots_per_s": round(timed / t_train),
         "learned": learned, "learned_mean": round(float(np.mean(learned)), 3), "learned_numpy_engine": learned_numpy,
         "learned_numpy_engine_mean": round(float(np.mean(learned_numpy)), 3),
         "learned_decision_ms": round(float(np.mean([r.decision_ms for r in runs])), 2), "teacher_same_env": teacher,

@@ -1,6 +1,8 @@
 """Policy checkpoints: parameters, optimiser state and config in one msgpack file, written atomically.
 
-Layout: {"format": "dl2d-policy", "version": 1, "config": {...}, "params": ..., "opt_state": ..., "meta": {...}}.
+Layout: {"format": "dl2d-policy", "version": 1, "config": {...}, "params": ..., "opt_state": ..., "meta": {...}}
+for DL2's per-inference policy; {"format": "dl2d-target-policy", "version": 1, "config": {...}, "params": ...,
+"meta": {...}} for the target-size policy (dl2d.policy.target), the shipped pretrained ones among them.
 Loading checks the config's bounds first (PolicyConfig), then rebuilds the parameter tree from it and checks
 every array's shape, dtype and finiteness, so a truncated file, a file of another kind, a newer format, a
 config asking for an absurd network, a config/parameter mismatch or NaN parameters each fail with a clear
@@ -51,8 +53,8 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
     write_atomic(path, serialization.msgpack_serialize(doc))
 
 
-def load(path: str | Path, lr: float | None = None) -> Checkpoint:
-    path = Path(path)
+def _read(path: Path, fmt: str, version: int) -> dict:
+    """The checkpoint's document, its format, version and config table checked; CheckpointError otherwise."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -60,13 +62,22 @@ def load(path: str | Path, lr: float | None = None) -> Checkpoint:
     try:
         doc = serialization.msgpack_restore(raw)
     except Exception as e:  # msgpack raises several types on garbage
-        raise CheckpointError(f"{path}: not a dl2d policy checkpoint (unreadable: {type(e).__name__})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a dl2d policy checkpoint")
-    if doc.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {doc.get('version')} not supported (this dl2d reads {VERSION})")
+        raise CheckpointError(f"{path}: not a {fmt} checkpoint (unreadable: {type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        what = f" (it is a {found!r} checkpoint)" if isinstance(found, str) and found.startswith("dl2d") else ""
+        raise CheckpointError(f"{path}: not a {fmt} checkpoint{what}")
+    if doc.get("version") != version:
+        raise CheckpointError(f"{path}: checkpoint version {doc.get('version')!r} not supported (this dl2d reads "
+                              f"{version})")
     if not isinstance(doc.get("config"), dict):
         raise CheckpointError(f"{path}: bad policy config: not a table")
+    return doc
+
+
+def load(path: str | Path, lr: float | None = None) -> Checkpoint:
+    path = Path(path)
+    doc = _read(path, FORMAT, VERSION)
     try:
         cfg = PolicyConfig.from_dict(doc["config"])
     except (TypeError, ValueError, KeyError) as e:
@@ -78,6 +89,43 @@ def load(path: str | Path, lr: float | None = None) -> Checkpoint:
         opt_template = make_optimizer(lr or cfg.rl_lr).init(template)
         opt_state = _restore(path, opt_template, doc["opt_state"], "optimiser state")
     return Checkpoint(cfg, params, opt_state, doc.get("meta") or {})
+
+
+# ------------------------------------------------------------------------------------------ target-size policy
+
+TARGET_FORMAT = "dl2d-target-policy"
+TARGET_VERSION = 1
+
+
+@dataclass
+class TargetCheckpoint:
+    config: object  # dl2d.policy.target.TargetConfig
+    params: dict
+    meta: dict = field(default_factory=dict)
+
+
+def save_target(path: str | Path, ckpt: TargetCheckpoint) -> None:
+    doc = {"format": TARGET_FORMAT, "version": TARGET_VERSION, "config": ckpt.config.to_dict(),
+           "params": serialization.to_state_dict(jax.device_get(ckpt.params)), "meta": ckpt.meta}
+    write_atomic(Path(path), serialization.msgpack_serialize(doc))
+
+
+def load_target(path: str | Path) -> TargetCheckpoint:
+    """A target-size policy's checkpoint: its config's bounds checked first, then every array against the
+    network that config builds (shape, dtype, finite); CheckpointError naming what is wrong otherwise."""
+    from dl2d.policy.target import TargetConfig, init_params as target_params
+
+    path = Path(path)
+    doc = _read(path, TARGET_FORMAT, TARGET_VERSION)
+    try:
+        cfg = TargetConfig.from_dict(doc["config"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: bad policy config: {e}") from None
+    params = _restore(path, target_params(cfg, jax.random.PRNGKey(0)), doc.get("params"), "params")
+    meta = doc.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: meta is not a table")
+    return TargetCheckpoint(cfg, params, meta)
 
 
 def _restore(path, template, state, what):

@@ -10,8 +10,8 @@ fraction of the slot it needed), over ``max_jobs``. Summed over an episode it is
 over J, so maximising it minimises the average JCT (DL2's eq. 1 rewards epochs trained, which a policy can
 raise by favouring fast jobs without finishing any).
 
-Supervised warm-up (:func:`sl_step`): cross-entropy towards the elastic heuristic's efficient size
-(:func:`dl2d.policy.target.teacher_actions`) on the states the current policy visits.
+Supervised warm-up (:func:`sl_step`): cross-entropy towards the best heuristic's allocation (Optimus's,
+:func:`dl2d.policy.target.teacher_actions`) on the states the current policy visits, the value fitted beside.
 """
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ class PPOConfig:
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
+    #: "job": each job's action is credited with its own reward (its slots spent active) against its own value
+    #: (independent per-job advantages: low variance, blind to what a job's size does to the others'); "slot":
+    #: the whole slot's allocation is one action, its log-probability the sum over the jobs, one advantage
+    credit: str = "job"
+
+    def __post_init__(self):
+        if self.credit not in ("job", "slot"):
+            raise ValueError(f"credit must be 'job' or 'slot', got {self.credit!r}")
 
 
 # ------------------------------------------------------------------------------------------ the environment's side
@@ -53,47 +61,45 @@ def _ps_estimate(max_ps: int, max_workers: int) -> np.ndarray:
     return speed_estimate(np.arange(NUM_DL2_TYPES), np.zeros(NUM_DL2_TYPES), max_ps, max_workers, 1.0)
 
 
-def curves(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> jnp.ndarray:
-    """[J, L] the scheduler's speed estimate (epochs/s) at each level, as a SlotView's ``est_speed`` gives it:
-    a PS job with k workers and k PS (the parametric table), an all-reduce job packed on the fewest servers;
-    no interference, no noise."""
+def speed_belief(params: X.EnvParams, state: X.EnvState) -> jnp.ndarray:
+    """[J, P + 1, W + 1] what the scheduler believes of every job's speed (epochs/s), as a SlotView's
+    ``est_speed``: the parametric table for a PS job, the packed placement's rate in row 0 for an all-reduce job."""
     jobs = state.jobs
-    lv = jnp.asarray(tcfg.levels, jnp.int32)
     est = jnp.asarray(_ps_estimate(params.max_ps, params.max_workers), params.speed_table.dtype)
-    t = jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)
-    ps_speed = est[t[:, None], jnp.minimum(lv, params.max_ps)[None, :], jnp.minimum(lv, params.max_workers)[None, :]]
+    speed = est[jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)]
     if not params.has_allreduce:
-        return ps_speed
-    ar = jax.vmap(lambda k: X._allreduce_rates(params, jobs, jnp.full(jobs.type_idx.shape, k), None)[0],
-                  out_axes=1)(lv)
-    return jnp.where(jobs.allreduce[:, None], ar, ps_speed)
-
-
-def ps_curves(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> jnp.ndarray:
-    """[J, Lp] the speed estimate with one worker and each PS level (PS jobs; the caller puts all-reduce jobs'
-    one-worker speed there)."""
-    est = jnp.asarray(_ps_estimate(params.max_ps, params.max_workers), params.speed_table.dtype)
-    t = jnp.minimum(state.jobs.type_idx, NUM_DL2_TYPES - 1)
-    psl = jnp.minimum(jnp.asarray(tcfg.ps_levels, jnp.int32), params.max_ps)
-    return est[t[:, None], psl[None, :], jnp.minimum(1, params.max_workers)]
+        return speed
+    k = jnp.arange(params.max_workers + 1, dtype=jnp.int32)
+    ar = jax.vmap(lambda n: X._allreduce_rates(params, jobs, jnp.full(jobs.type_idx.shape, n), None)[0],
+                  out_axes=1)(k)
+    row0 = jnp.where(jobs.allreduce[:, None], ar, speed[:, 0, :])
+    speed = jnp.where(jobs.allreduce[:, None, None], 0.0, speed)
+    return speed.at[:, 0, :].set(row0)
 
 
 def env_obs(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> dict:
-    """:func:`dl2d.policy.target.job_features`'s arrays from an environment state, and the fill's."""
+    """:func:`dl2d.policy.target.job_features`'s arrays from an environment state, and the fill's. The speeds
+    are what the scheduler believes (:func:`speed_belief`: a PS job with k workers and k PS at level k, an
+    all-reduce job packed on the fewest servers; no interference, no noise), never the environment's truth."""
     jobs = state.jobs
-    act = X.active(state)
     bundle = jobs.worker_demand + jnp.where(jobs.allreduce[:, None], 0.0, jobs.ps_demand)  # one worker, one PS
-    c = curves(tcfg, params, state)
-    f = c.dtype
-    return {"active": act, "remaining_epochs": jnp.maximum(jobs.est_epochs - state.epochs_done, 0.0),
-            "slots_run": state.slots_run.astype(f), "age": jnp.maximum(state.slot - jobs.arrival_slot, 0).astype(f),
-            "prev_workers": state.workers.astype(f),
-            "worker_gpus": bundle[:, 0] / jnp.maximum(params.server_capacity[0], 1.0), "allreduce": jobs.allreduce,
-            "curves": c, "ps_curves": jnp.where(jobs.allreduce[:, None], c[:, 1:2], ps_curves(tcfg, params, state)),
-            "slot_seconds": params.slot_seconds,
-            "capacity_gpus": params.server_capacity[0] * params.num_servers, "bundle": bundle,
-            "worker_demand": jobs.worker_demand, "ps_demand": jobs.ps_demand,
-            "capacity": params.server_capacity * params.num_servers}
+    speed = speed_belief(params, state)
+    lv = jnp.asarray(tcfg.levels, jnp.int32)
+    curves = speed[:, jnp.minimum(lv, params.max_ps), jnp.minimum(lv, params.max_workers)]
+    curves = jnp.where(jobs.allreduce[:, None], speed[:, 0, jnp.minimum(lv, params.max_workers)], curves)
+    ps_curves = speed[:, jnp.minimum(jnp.asarray(tcfg.ps_levels, jnp.int32), params.max_ps),
+                      jnp.minimum(1, params.max_workers)]
+    f = curves.dtype
+    obs = {"active": X.active(state), "remaining_epochs": jnp.maximum(jobs.est_epochs - state.epochs_done, 0.0),
+           "slots_run": state.slots_run.astype(f), "age": jnp.maximum(state.slot - jobs.arrival_slot, 0).astype(f),
+           "prev_workers": state.workers.astype(f),
+           "worker_gpus": bundle[:, 0] / jnp.maximum(params.server_capacity[0], 1.0), "allreduce": jobs.allreduce,
+           "curves": curves, "ps_curves": jnp.where(jobs.allreduce[:, None], curves[:, 1:2], ps_curves),
+           "slot_seconds": params.slot_seconds, "capacity_gpus": params.server_capacity[0] * params.num_servers,
+           "bundle": bundle, "worker_demand": jobs.worker_demand, "ps_demand": jobs.ps_demand,
+           "capacity": params.server_capacity * params.num_servers, "speed": speed,
+           "arrival_slot": jobs.arrival_slot}
+    return T.with_optimus(obs)
 
 
 def allocate(tcfg: T.TargetConfig, obs: dict, action) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -105,18 +111,23 @@ def allocate(tcfg: T.TargetConfig, obs: dict, action) -> tuple[jnp.ndarray, jnp.
     return w.astype(jnp.int32), p.astype(jnp.int32)
 
 
-def jct_reward(state: X.EnvState, nxt: X.EnvState, max_jobs: int) -> jnp.ndarray:
-    """Minus the job-slots spent active this slot, over J (a job that finished counts the part it needed)."""
+def job_rewards(state: X.EnvState, nxt: X.EnvState, max_jobs: int) -> jnp.ndarray:
+    """[J] minus the slot each job spent active, over J (a job that finished counts the part it needed); their
+    sum over an episode is minus the average JCT in slots."""
     act = X.active(state)
     ended = act & nxt.finished & ~state.finished
     part = jnp.where(ended, jnp.clip(nxt.finish_time - state.slot, 0.0, 1.0), 1.0)
-    return -jnp.sum(jnp.where(act, part, 0.0)) / max_jobs
+    return -jnp.where(act, part, 0.0) / max_jobs
 
 
-def log_prob(logits, level_idx, active):
+def job_log_probs(logits, action):
+    """[J] each job's chosen pair's log-probability."""
+    return jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=1)[:, 0]
+
+
+def log_prob(logits, action, active):
     """The slot's log-probability: the sum over the active jobs."""
-    lp = jax.nn.log_softmax(logits)
-    return jnp.sum(jnp.where(active, jnp.take_along_axis(lp, level_idx[:, None], axis=1)[:, 0], 0.0))
+    return jnp.sum(jnp.where(active, job_log_probs(logits, action), 0.0))
 
 
 def entropy(logits, active):
@@ -142,9 +153,9 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
             idx = jax.random.categorical(key_, logits)
             w, p = allocate(tcfg, obs, idx)
             nxt, _, done, _ = X.step(env, state, w, p)
-            r = jct_reward(state, nxt, env.max_jobs)  # from the finished episode's state, before the reset
+            r = job_rewards(state, nxt, env.max_jobs)  # from the finished episode's state, before the reset
             nxt, episode_jct = X.autoreset(env, nxt, done)
-            return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": log_prob(logits, idx, obs["active"]),
+            return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": job_log_probs(logits, idx),
                          "value": value, "reward": r, "done": done, "episode_jct": episode_jct,
                          "allreduce": obs["allreduce"], "teacher": T.teacher_actions(tcfg, obs)}
 
@@ -157,7 +168,9 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
 
 
 def gae(pcfg: PPOConfig, rewards, values, dones, last_value):
-    """GAE(λ) advantages and returns, [T, N]; ``dones[t]``: the episode ended at slot t (no bootstrap)."""
+    """GAE(λ) advantages and returns, [T, N, ...] (per job: [T, N, J]); ``dones[t]`` [T, N]: the episode ended at
+    slot t (no bootstrap)."""
+    d = dones.astype(rewards.dtype).reshape(dones.shape + (1,) * (rewards.ndim - dones.ndim))
 
     def body(carry, x):
         adv, next_v = carry
@@ -167,24 +180,36 @@ def gae(pcfg: PPOConfig, rewards, values, dones, last_value):
         adv = delta + pcfg.gamma * pcfg.gae_lambda * nonterm * adv
         return (adv, v), adv
 
-    _, adv = jax.lax.scan(body, (jnp.zeros_like(last_value), last_value),
-                          (rewards, values, dones.astype(rewards.dtype)), reverse=True)
+    _, adv = jax.lax.scan(body, (jnp.zeros_like(last_value), last_value), (rewards, values, d), reverse=True)
     return adv, adv + values
 
 
 # ------------------------------------------------------------------------------------------ updates
 
+def _masked_mean(x, mask):
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+
 def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
-    logits, value = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
-                                                                           batch["allreduce"])
-    logp = jax.vmap(log_prob)(logits, batch["idx"], batch["active"])
-    ratio = jnp.exp(logp - batch["logp"])
-    adv = batch["adv"]
-    pg = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - pcfg.clip, 1 + pcfg.clip) * adv))
-    vf = 0.5 * jnp.mean((value - batch["ret"]) ** 2)
-    ent = jnp.mean(jax.vmap(entropy)(logits, batch["active"]))
-    return pg + pcfg.vf_coef * vf - pcfg.ent_coef * ent, {"pg": pg, "vf": vf, "entropy": ent,
-                                                            "approx_kl": jnp.mean(batch["logp"] - logp)}
+    """Clipped PPO: per job (``credit`` "job": each active job's ratio against its own advantage) or per slot
+    (the slot's ratio, the product over its jobs, against the slot's advantage); the per-job values against
+    their returns; entropy per job."""
+    logits, values = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
+                                                                            batch["allreduce"])
+    act = batch["active"]
+    logp = jax.vmap(job_log_probs)(logits, batch["idx"])
+    if pcfg.credit == "job":
+        ratio, adv, mask = jnp.exp(logp - batch["logp"]), batch["adv"], act
+    else:
+        slot_logp = lambda lp: jnp.sum(jnp.where(act, lp, 0.0), axis=1)  # noqa: E731
+        ratio, adv, mask = (jnp.exp(slot_logp(logp) - slot_logp(batch["logp"])), batch["adv"],
+                            jnp.ones(act.shape[0], bool))
+    clipped = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - pcfg.clip, 1 + pcfg.clip) * adv)
+    pg = -_masked_mean(clipped, mask)
+    vf = 0.5 * _masked_mean((values - batch["ret"]) ** 2, act)
+    ent = jnp.mean(jax.vmap(entropy)(logits, act))
+    kl = _masked_mean(batch["logp"] - logp, act)
+    return pg + pcfg.vf_coef * vf - pcfg.ent_coef * ent, {"pg": pg, "vf": vf, "entropy": ent, "approx_kl": kl}
 
 
 def make_optimizer(pcfg: PPOConfig):
@@ -233,17 +258,29 @@ def _flatten(traj):
     return jax.tree_util.tree_map(lambda a: a.reshape((-1, *a.shape[2:])), traj)
 
 
+def _with_returns(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, traj):
+    """The rollout's transitions, flat, with normalised GAE advantages (per job or per slot, as ``credit``
+    says) and the per-job returns (the values' target)."""
+    last = jax.vmap(lambda s: T.apply(tcfg, net, *_features(tcfg, env, s))[1])(states)
+    adv, ret = gae(pcfg, traj["reward"], traj["value"], traj["done"], last)
+    act = traj["active"]
+    if pcfg.credit == "slot":
+        adv, _ = gae(pcfg, traj["reward"].sum(-1), traj["value"].sum(-1), traj["done"], last.sum(-1))
+        act = jnp.ones(adv.shape, bool)
+    mean = _masked_mean(adv, act)
+    std = jnp.sqrt(_masked_mean((adv - mean) ** 2, act))
+    return _flatten({**traj, "adv": jnp.where(act, (adv - mean) / (std + 1e-8), 0.0), "ret": ret})
+
+
 @partial(jax.jit, static_argnames=("tcfg", "pcfg"))
 def train_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     """One PPO iteration: rollout, GAE, update. ``runner`` = (net, opt_state, states, key)."""
     net, opt_state, states, key = runner
     key, k_roll, k_upd = jax.random.split(key, 3)
     states, traj = rollout(tcfg, pcfg, env, net, states, k_roll)
-    last_value = jax.vmap(lambda s: T.apply(tcfg, net, *_features(tcfg, env, s))[1])(states)
-    adv, ret = gae(pcfg, traj["reward"], traj["value"], traj["done"], last_value)
-    flat = _flatten({**traj, "adv": (adv - adv.mean()) / (adv.std() + 1e-8), "ret": ret})
+    flat = _with_returns(tcfg, pcfg, env, net, states, traj)
     net, opt_state, stats = update(tcfg, pcfg, net, opt_state, flat, k_upd)
-    return (net, opt_state, states, key), {**stats, "reward": traj["reward"].mean(), **_episode_stats(traj)}
+    return (net, opt_state, states, key), {**stats, "reward": traj["reward"].sum(-1).mean(), **_episode_stats(traj)}
 
 
 def _features(tcfg, env, state):
@@ -251,26 +288,30 @@ def _features(tcfg, env, state):
     return T.job_features(tcfg, obs), obs["active"], obs["allreduce"]
 
 
-def sl_loss(tcfg: T.TargetConfig, net, batch):
-    """Cross-entropy of the teacher's levels over the active jobs."""
-    logits, _ = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
+def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
+    """Cross-entropy of the teacher's levels over the active jobs, and the value's error on the returns (so
+    that RL starts with a critic of the policy it starts from, not a random one that would undo the warm-up)."""
+    logits, value = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
                                                                        batch["allreduce"])
     lp = jax.nn.log_softmax(logits)
     nll = -jnp.take_along_axis(lp, batch["teacher"][..., None], axis=-1)[..., 0]
     act = batch["active"]
     acc = jnp.sum(act & (jnp.argmax(logits, -1) == batch["teacher"])) / jnp.maximum(act.sum(), 1)
-    return jnp.sum(jnp.where(act, nll, 0.0)) / jnp.maximum(act.sum(), 1), acc
+    vf = 0.5 * _masked_mean((value - batch["ret"]) ** 2, act)
+    return _masked_mean(nll, act) + pcfg.vf_coef * vf, acc
 
 
 @partial(jax.jit, static_argnames=("tcfg", "pcfg"))
 def sl_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     """One supervised warm-up iteration: a rollout of the current policy, then ``epochs`` x ``minibatches``
-    gradient steps towards the teacher's levels on the states it visited (DAgger's on-policy states)."""
+    gradient steps towards the teacher's levels on the states it visited (DAgger's on-policy states), the value
+    fitted beside."""
     net, opt_state, states, key = runner
     key, k_roll, k_upd = jax.random.split(key, 3)
     states, traj = rollout(tcfg, pcfg, env, net, states, k_roll)
-    net, opt_state, (loss, acc) = minibatch_epochs(pcfg, lambda n, mb: sl_loss(tcfg, n, mb), net, opt_state,
-                                                   _flatten(traj), k_upd)
+    flat = _with_returns(tcfg, pcfg, env, net, states, traj)
+    net, opt_state, (loss, acc) = minibatch_epochs(pcfg, lambda n, mb: sl_loss(tcfg, pcfg, n, mb), net, opt_state,
+                                                   flat, k_upd)
     return (net, opt_state, states, key), {"sl_loss": loss.mean(), "sl_acc": acc[-1].mean(), **_episode_stats(traj)}
 
 

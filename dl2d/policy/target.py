@@ -28,9 +28,9 @@ import numpy as np
 
 #: Candidate sizes: workers, cut at the cluster's max_workers; a PS job's PS are chosen beside them among the
 #: same sizes from 1, cut at max_ps (PS cost no GPU: Optimus often gives one worker many PS).
-BASE_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: The elastic heuristic's efficiency threshold (dl2d.policy.elastic.EFFICIENCY): the teacher's rule.
-TEACHER_EFFICIENCY = 0.6
+BASE_LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64)
+#: The elastic heuristic's efficiency threshold (dl2d.policy.elastic.EFFICIENCY): the demand feature's sizes.
+ELASTIC_EFFICIENCY = 0.6
 
 
 def levels_for(max_workers: int) -> tuple[int, ...]:
@@ -48,6 +48,25 @@ class TargetConfig:
     max_workers: int = 16
     max_ps: int = 16
     hidden: int = 64
+
+    #: Each field's bounds: a checkpoint's config is checked against them before any network is built.
+    BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
+
+    def __post_init__(self):
+        for name, (lo, hi) in self.BOUNDS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+
+    def to_dict(self) -> dict:
+        return {name: int(getattr(self, name)) for name in self.BOUNDS}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TargetConfig":
+        unknown = sorted(repr(k) for k in d if k not in cls.BOUNDS)
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(cls.BOUNDS)}")
+        return cls(**d)
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -68,7 +87,7 @@ class TargetConfig:
 
     @property
     def feature_dim(self) -> int:
-        return 9 + 2 * self.num_levels + len(self.ps_levels)
+        return 9 + 3 * self.num_levels + 2 * len(self.ps_levels)
 
 
 # ------------------------------------------------------------------------------------------ features (pure)
@@ -80,7 +99,8 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     ``prev_workers`` [J], ``worker_gpus`` [J] a bundle's GPUs over a server's, ``allreduce`` [J] bool,
     ``curves`` [J, L] estimated epochs/s at each level (as many PS as workers for a PS job), ``ps_curves``
     [J, Lp] with one worker and each PS level (PS jobs; all-reduce jobs: their one-worker speed),
-    ``slot_seconds`` [], ``capacity_gpus`` [] the cluster's.
+    ``slot_seconds`` [], ``capacity_gpus`` [] the cluster's, ``optimus_workers``/``optimus_ps`` [J] what the
+    best heuristic would give each job this slot (:func:`with_optimus`).
     """
     act = obs["active"]
     c = jnp.maximum(obs["curves"], 0.0)
@@ -93,42 +113,64 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     t = jnp.where(act, rem_slots, jnp.inf)
     rank = jnp.sum(act[None, :] & (t[None, :] < t[:, None]), axis=1)
     n_act = jnp.maximum(jnp.sum(act), 1)
-    want = teacher_sizes(cfg, c)
+    want = elastic_sizes(cfg, c)
     demand = jnp.sum(jnp.where(act, want * obs["worker_gpus"], 0.0)) / jnp.maximum(obs["capacity_gpus"], 1e-9)
     cols = [jnp.log1p(rem_slots), jnp.log1p(obs["slots_run"]), jnp.log1p(obs["age"]),
             obs["prev_workers"] / cfg.max_workers, obs["worker_gpus"], obs["allreduce"].astype(c.dtype),
             rank / n_act, jnp.broadcast_to(jnp.log1p(n_act.astype(c.dtype)), act.shape),
             jnp.broadcast_to(jnp.log1p(demand), act.shape)]
     ps_gain = jnp.log1p(jnp.maximum(obs["ps_curves"], 0.0) / one[:, None])
-    x = jnp.concatenate([jnp.stack(cols, axis=1), eff, speedup, ps_gain], axis=1)
+    teacher = teacher_actions(cfg, obs)  # the best heuristic's pair, one-hot: following it is easy to learn
+    opt_w = jax.nn.one_hot(teacher // len(cfg.ps_levels), cfg.num_levels, dtype=c.dtype)
+    opt_p = jax.nn.one_hot(teacher % len(cfg.ps_levels), len(cfg.ps_levels), dtype=c.dtype)
+    x = jnp.concatenate([jnp.stack(cols, axis=1), eff, speedup, ps_gain, opt_w, opt_p], axis=1)
     return jnp.where(act[:, None], jnp.nan_to_num(x, posinf=50.0), 0.0)
 
 
-def teacher_sizes(cfg: TargetConfig, curves: jnp.ndarray) -> jnp.ndarray:
+def elastic_sizes(cfg: TargetConfig, curves: jnp.ndarray) -> jnp.ndarray:
     """[J] the elastic heuristic's efficient size on the levels: the largest level k >= 1 whose speed is at
-    least TEACHER_EFFICIENCY * k * c(1) and faster than every smaller level (1 when none is)."""
+    least ELASTIC_EFFICIENCY * k * c(1) and faster than every smaller level (1 when none is)."""
     lv = jnp.asarray(cfg.levels, curves.dtype)
     best_before = jax.lax.cummax(curves, axis=1)
     faster = jnp.concatenate([jnp.ones_like(curves[:, :1], bool), curves[:, 1:] > best_before[:, :-1]], axis=1)
-    good = (curves >= TEACHER_EFFICIENCY * lv[None, :] * curves[:, 1:2]) & faster & (lv[None, :] >= 1)
+    good = (curves >= ELASTIC_EFFICIENCY * lv[None, :] * curves[:, 1:2]) & faster & (lv[None, :] >= 1)
     return jnp.where(good.any(axis=1), jnp.max(jnp.where(good, lv[None, :], 0.0), axis=1), 1.0)
 
 
+def with_optimus(obs: dict) -> dict:
+    """``obs`` with what Optimus (dl2d.policy.marginal, on aggregate capacity) gives every active job this slot:
+    ``optimus_workers``, ``optimus_ps`` [J], from the scheduler's believed ``speed`` [J, P + 1, W + 1],
+    ``remaining_epochs``, ``worker_demand``, ``ps_demand``, ``allreduce``, ``arrival_slot`` and ``capacity``
+    [3]. Pure (JAX)."""
+    from dl2d.policy.marginal import optimus_counts
+
+    w, p = optimus_counts(jnp.asarray(obs["speed"]), jnp.asarray(obs["remaining_epochs"]),
+                          jnp.asarray(obs["worker_demand"]), jnp.asarray(obs["ps_demand"]),
+                          jnp.asarray(obs["allreduce"]), jnp.asarray(obs["active"]),
+                          jnp.asarray(obs["arrival_slot"]), jnp.asarray(obs["capacity"]))
+    return {**obs, "optimus_workers": w, "optimus_ps": p}
+
+
+def level_index(levels, counts) -> jnp.ndarray:
+    """[J] the index of the largest of ``levels`` (ascending) at most ``counts`` (0 below the first)."""
+    lv = jnp.asarray(levels, jnp.float32)
+    return jnp.maximum(jnp.sum(lv[None, :] <= jnp.asarray(counts, jnp.float32)[:, None], axis=1) - 1, 0)
+
+
 def teacher_actions(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
-    """[J] the teacher's action: its size's level, with as many PS (the elastic heuristic's bundles: the
-    smallest PS level at least min(size, max_ps))."""
-    size = teacher_sizes(cfg, jnp.maximum(obs["curves"], 0.0))
-    level = jnp.argmax(jnp.asarray(cfg.levels, size.dtype)[None, :] == size[:, None], axis=1)
-    psl = jnp.asarray(cfg.ps_levels, size.dtype)
-    ps = jnp.argmax(psl[None, :] >= jnp.minimum(size, cfg.max_ps)[:, None], axis=1)
+    """[J] the best heuristic's pair: what Optimus gives each job this slot (``optimus_workers``,
+    ``optimus_ps``, dl2d.policy.marginal), each rounded down to a level (no workers: level 0, the job waits)."""
+    level = level_index(cfg.levels, jnp.minimum(obs["optimus_workers"], cfg.max_workers))
+    ps = level_index(cfg.ps_levels, jnp.minimum(obs["optimus_ps"], cfg.max_ps))
     return level * len(cfg.ps_levels) + jnp.where(obs["allreduce"], 0, ps)
 
 
 # ------------------------------------------------------------------------------------------ the network
 
 class TargetNet(nn.Module):
-    """Per-job logits over (level, PS ratio) pairs and the slot's value; each job's embedding sees the mean embedding of the
-    active jobs (a permutation-equivariant set network, any number of jobs)."""
+    """Per-job logits over (workers, PS) pairs and per-job values (each job's remaining share of the reward: its
+    own slots still to run); each job's embedding sees the mean embedding of the active jobs (a
+    permutation-equivariant set network, any number of jobs). The slot's value is the sum of its jobs'."""
 
     cfg: TargetConfig
 
@@ -141,8 +183,8 @@ class TargetNet(nn.Module):
         z = jnp.concatenate([e, jnp.broadcast_to(pooled, e.shape)], axis=1)
         z = nn.relu(nn.Dense(h, name="mix")(z))
         logits = nn.Dense(self.cfg.num_actions, name="logits")(z)
-        v = nn.relu(nn.Dense(h, name="value_in")(jnp.concatenate([pooled, jnp.sum(e * m, axis=0) / 16.0])))
-        return logits, nn.Dense(1, name="value")(v)[0]
+        v = nn.relu(nn.Dense(h, name="value_in")(z))
+        return logits, jnp.where(active, nn.Dense(1, name="value")(v)[:, 0], 0.0)
 
 
 def init_params(cfg: TargetConfig, key, jobs: int = 4) -> dict:
@@ -150,8 +192,8 @@ def init_params(cfg: TargetConfig, key, jobs: int = 4) -> dict:
 
 
 def apply(cfg: TargetConfig, params, x, active, allreduce):
-    """(logits [J, L x Lp], value []) of one slot; an all-reduce job's pairs other than the first PS level are
-    closed (it has no PS: the pair means workers only)."""
+    """(logits [J, L x Lp], values [J], 0 for an inactive job) of one slot; an all-reduce job's pairs other
+    than the first PS level are closed (it has no PS: the pair means workers only)."""
     logits, value = TargetNet(cfg).apply({"params": params}, x, active)
     ps_index = jnp.arange(cfg.num_actions) % len(cfg.ps_levels)
     return jnp.where(allreduce[:, None] & (ps_index[None, :] > 0), -1e9, logits), value
@@ -194,8 +236,9 @@ def fill(cfg: TargetConfig, workers, ps, active, worker_demand, ps_demand, capac
 # ------------------------------------------------------------------------------------------ on a SlotView
 
 def view_obs(cfg: TargetConfig, view) -> dict:
-    """:func:`job_features`' arrays from a :class:`~dl2d.core.contract.SlotView` (NumPy): the same quantities
-    the JAX environment gives training, from what the daemon and the NumPy simulator know."""
+    """:func:`job_features`' arrays from a :class:`~dl2d.core.contract.SlotView` (NumPy), but for Optimus's
+    (:func:`with_optimus` adds them, in JAX): the same quantities the JAX environment gives training, from what
+    the daemon and the NumPy simulator know."""
     from dl2d.policy.elastic import size_curves
 
     lv = np.array(cfg.levels)
@@ -216,7 +259,17 @@ def view_obs(cfg: TargetConfig, view) -> dict:
             "worker_gpus": (bundle[:, 0] / server_gpus).astype(np.float32), "allreduce": np.asarray(view.allreduce),
             "curves": curves.astype(np.float32), "ps_curves": ps_curves.astype(np.float32),
             "slot_seconds": np.float32(view.slot_seconds),
-            "capacity_gpus": np.float32(np.sum(view.capacity[:, 0]))}
+            "capacity_gpus": np.float32(np.sum(view.capacity[:, 0])),
+            # what Optimus needs (with_optimus, run inside the jitted decision)
+            "speed": np.asarray(view.est_speed, np.float32),
+            "worker_demand": np.asarray(view.worker_demand, np.float32),
+            "ps_demand": np.asarray(view.ps_demand, np.float32),
+            "arrival_slot": np.asarray(view.arrival_slot, np.int32),
+            "capacity": np.asarray(view.total_capacity, np.float32)}
+
+
+#: The keys of an observation that describe the cluster, not a job (never padded).
+_CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 
 
 class TargetPolicy:
@@ -227,14 +280,17 @@ class TargetPolicy:
 
     def __init__(self, cfg: TargetConfig, params, name: str = "target"):
         self.cfg, self.params, self.name = cfg, params, name
-        self._decide = jax.jit(lambda p, o: jnp.argmax(apply(cfg, p, job_features(cfg, o), o["active"],
-                                                             o["allreduce"])[0], axis=1))
+        def decide(p, o):
+            o = with_optimus(o)
+            return jnp.argmax(apply(cfg, p, job_features(cfg, o), o["active"], o["allreduce"])[0], axis=1)
+
+        self._decide = jax.jit(decide)
 
     def actions(self, view):
         obs = view_obs(self.cfg, view)
         n = len(view)
         size = 1 << max(n - 1, 0).bit_length()
-        padded = {k: (np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]) if np.ndim(v) else v)
+        padded = {k: (v if k in _CLUSTER_KEYS else np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]))
                   for k, v in obs.items()}
         return np.asarray(self._decide(self.params, padded))[:n], obs
 

@@ -1,6 +1,6 @@
 """The target-size policy and its slot-level PPO (dl2d.policy.target, dl2d.policy.ppo; issue #16): the fill
 respects capacity and targets, GAE matches a plain reference, a slot's log-probability is the sum over its
-active jobs, the teacher is the elastic heuristic's rule, PPO iterations are finite and learn a tiny case as
+active jobs, the teacher is Optimus's allocation, PPO iterations are finite and learn a tiny case as
 well as its best constant allocation (brute force), and vmapped greedy evaluation equals single runs."""
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def test_a_slots_log_probability_sums_the_active_jobs_and_allreduce_jobs_choose_
     active = jnp.array([True, True, False, True, False])
     allreduce = jnp.array([True, False, False, False, True])
     logits, value = T.apply(CFG, net, x, active, allreduce)
-    assert logits.shape == (5, CFG.num_actions) and value.shape == ()
+    assert logits.shape == (5, CFG.num_actions) and value.shape == (5,)
+    assert np.all(np.asarray(value)[~np.asarray(active)] == 0.0)  # an inactive job has no value
     probs = jax.nn.softmax(logits)
     ps_index = np.arange(CFG.num_actions) % len(CFG.ps_levels)
     assert float(jnp.sum(probs[0][ps_index > 0])) < 1e-6 and float(jnp.sum(probs[1][ps_index > 0])) > 1e-3
@@ -90,23 +91,23 @@ def test_a_slots_log_probability_sums_the_active_jobs_and_allreduce_jobs_choose_
     assert np.asarray(p).tolist() == [0, CFG.ps_levels[1], CFG.ps_levels[2], CFG.ps_levels[-1], 0]
 
 
-def test_the_teacher_is_the_elastic_heuristics_efficient_size_on_the_levels():
+def test_the_demand_features_sizes_are_the_elastic_heuristics_efficient_size_on_the_levels():
     rng = np.random.default_rng(3)
     curves = np.cumsum(rng.random((50, CFG.num_levels)) * rng.random((50, 1)), axis=1)
     curves[:, 0] = 0.0
     curves[rng.random(50) < 0.3, 4:] *= 0.5  # some curves that fall
-    got = np.asarray(T.teacher_sizes(CFG, jnp.asarray(curves, jnp.float32)))
+    got = np.asarray(T.elastic_sizes(CFG, jnp.asarray(curves, jnp.float32)))
     lv = np.array(CFG.levels, float)
     for j in range(50):  # the rule itself, written out
         c = curves[j]
-        good = [i for i in range(1, len(lv)) if c[i] >= T.TEACHER_EFFICIENCY * lv[i] * c[1] and c[i] > c[:i].max()]
+        good = [i for i in range(1, len(lv)) if c[i] >= T.ELASTIC_EFFICIENCY * lv[i] * c[1] and c[i] > c[:i].max()]
         assert got[j] == (lv[max(good)] if good else 1.0), (j, c)
     # on the full curve (every k is a level) it is the heuristic's own function
     full = T.TargetConfig(max_workers=4)
     assert full.levels == (0, 1, 2, 3, 4)
     c4 = curves[:, :5]
-    np.testing.assert_array_equal(np.asarray(T.teacher_sizes(full, jnp.asarray(c4, jnp.float32))),
-                                  efficient_sizes(c4, T.TEACHER_EFFICIENCY))
+    np.testing.assert_array_equal(np.asarray(T.elastic_sizes(full, jnp.asarray(c4, jnp.float32))),
+                                  efficient_sizes(c4, T.ELASTIC_EFFICIENCY))
 
 
 def _tiny(clusters: int):
@@ -192,7 +193,7 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
             act = np.asarray(obs["active"])
             rows = np.flatnonzero(act)
             np.testing.assert_array_equal(np.asarray(view.job_ids), rows)
-            mine = np.asarray(T.job_features(tc, {k: np.asarray(v) for k, v in T.view_obs(tc, view).items()}))
+            mine = np.asarray(T.job_features(tc, T.with_optimus(T.view_obs(tc, view))))
             theirs = np.asarray(T.job_features(tc, obs))[rows]
             np.testing.assert_allclose(mine, theirs, rtol=2e-3, atol=2e-3)
             checked += 1

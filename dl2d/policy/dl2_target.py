@@ -1,0 +1,48 @@
+"""The target-size policy in the registry (``dl2-target``): a trained checkpoint (bench/bench_ppo.py --out, or a
+pretrained one shipped in dl2d/policy/pretrained/) decides every job's workers and PS, greedily; tasks are
+placed on the servers in shortest-remaining-work order (dl2d.policy.target.TargetPolicy). JAX is imported only
+when one is built."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
+
+log = logging.getLogger("dl2d")
+
+#: The pretrained checkpoints inside the package (docs/BENCHMARKS.md says how each was made and how it scores).
+PRETRAINED_DIR = Path(__file__).with_name("pretrained")
+
+
+def pretrained(world: str = "dl2") -> Path:
+    """The shipped checkpoint of ``world`` (it may not exist: then no policy of that world ships)."""
+    return PRETRAINED_DIR / f"target-{world}.msgpack"
+
+
+def check(options: PolicyOptions) -> list[tuple[str, str]]:
+    if not options.checkpoint and not options.allow_untrained and not pretrained().exists():
+        return [("checkpoint", "policy dl2-target needs a trained checkpoint (python bench/bench_ppo.py --out FILE)")]
+    return []
+
+
+def build(options: PolicyOptions):
+    import jax
+
+    from dl2d.policy.checkpoint import load_target
+    from dl2d.policy.target import TargetConfig, TargetPolicy, init_params
+
+    if options.checkpoint or pretrained().exists():
+        path = options.checkpoint or str(pretrained())
+        ckpt = load_target(path)
+        log.info("policy: dl2-target from %s", path)
+        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target")
+    log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained)")
+    cfg = TargetConfig()
+    return TargetPolicy(cfg, init_params(cfg, jax.random.PRNGKey(options.seed)), name="dl2-target")
+
+
+register(PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) for every job, shortest remaining work "
+                     "first; slot-level PPO in the JAX simulator", build, check, learned=True,
+                     trained_by="python bench/bench_ppo.py --out FILE",
+                     options=("checkpoint", "seed", "allow_untrained")))

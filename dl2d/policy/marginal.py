@@ -1,0 +1,81 @@
+"""Optimus's allocation rule as a pure JAX function of arrays: greedy marginal gain per unit of dominant share.
+
+The same rule as :class:`dl2d.policy.optimus.Optimus` (every eligible job first gets one bundle, in arrival
+order; then, one task at a time, the job whose next task, a worker or a PS, cuts its estimated remaining time
+the most per unit of the task's dominant share of the cluster takes it; a job whose best task no longer fits
+gets nothing more; it stops when no task gains), on aggregate capacity instead of servers. Why here: the
+learned target-size policy (dl2d.policy.target) runs it inside its jitted slot, both as what a job would get
+from the best heuristic (a feature) and as its fill, so it must be a function of arrays, vmappable over
+clusters; on a view it runs on the view's arrays (aggregate capacity), so both sides compute the same.
+
+The loop picks the largest marginal gain over all jobs each step: a job's gain depends only on its own
+allocation, so this is the heap of the NumPy rule, ties to the lowest index as there.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+#: Slack when comparing a demand with what is free (float sums).
+_EPS = 1e-6
+
+
+def optimus_counts(speed, remaining, worker_demand, ps_demand, allreduce, eligible, arrival, capacity):
+    """(workers [J], PS [J]) Optimus gives the ``eligible`` jobs.
+
+    ``speed`` [J, P + 1, W + 1] estimated epochs/s at (PS, workers) (an all-reduce job's in row 0),
+    ``remaining`` [J] epochs, ``worker_demand``/``ps_demand`` [J, 3], ``allreduce`` [J] bool, ``eligible`` [J]
+    bool, ``arrival`` [J] (the bundle order), ``capacity`` [3] the cluster's total. Pure.
+    """
+    J, P1, W1 = speed.shape
+    f = speed.dtype
+    bundle = worker_demand + jnp.where(allreduce[:, None], 0.0, ps_demand)
+    order = jnp.argsort(jnp.where(eligible, arrival, jnp.iinfo(jnp.int32).max), stable=True)
+
+    def give_bundle(free, j):
+        ok = eligible[j] & jnp.all(bundle[j] <= free + _EPS) & (W1 > 1) & (allreduce[j] | (P1 > 1))
+        return free - jnp.where(ok, bundle[j], 0.0), ok
+
+    free, got = jax.lax.scan(give_bundle, jnp.asarray(capacity, f), order)
+    w = jnp.zeros(J, jnp.int32).at[order].set(got.astype(jnp.int32))
+    p = jnp.where(allreduce, 0, w)
+    cap = jnp.asarray(capacity, f)
+    share = lambda d: jnp.max(jnp.where(cap > 0, d / jnp.where(cap > 0, cap, 1.0), 0.0), axis=1)  # noqa: E731
+    share_w, share_p = jnp.maximum(share(worker_demand), 1e-9), jnp.maximum(share(ps_demand), 1e-9)
+    rows = jnp.arange(J)
+
+    def remaining_time(pp, ww):
+        s = speed[rows, jnp.clip(pp, 0, P1 - 1), jnp.clip(ww, 0, W1 - 1)]
+        return jnp.where(s > 0, remaining / jnp.where(s > 0, s, 1.0), jnp.inf)
+
+    def best_moves(w, p):
+        """[J] the best task's utility (-inf: none) and whether it is a PS."""
+        now = remaining_time(p, w)
+        gain_w = now - remaining_time(p, w + 1)
+        gain_p = now - remaining_time(p + 1, w)
+        gain_w = jnp.where(jnp.isnan(gain_w), 0.0, gain_w)  # inf - inf: no speed either way
+        gain_p = jnp.where(jnp.isnan(gain_p), 0.0, gain_p)
+        u_w = jnp.where(w + 1 < W1, gain_w / share_w, -jnp.inf)
+        u_p = jnp.where(~allreduce & (p + 1 < P1), gain_p / share_p, -jnp.inf)
+        return jnp.maximum(u_w, u_p), u_p > u_w  # the worker first on a tie, as the NumPy rule
+
+    def cond(c):
+        return c[4]
+
+    def body(c):
+        w, p, free, open_, _ = c
+        util, is_ps = best_moves(w, p)
+        util = jnp.where(open_, util, -jnp.inf)
+        j = jnp.argmax(util)
+        go = util[j] > 0
+        need = jnp.where(is_ps[j], ps_demand[j], worker_demand[j])
+        fits = jnp.all(need <= free + _EPS)
+        take = go & fits
+        w = w.at[j].add(jnp.where(take & ~is_ps[j], 1, 0))
+        p = p.at[j].add(jnp.where(take & is_ps[j], 1, 0))
+        free = free - jnp.where(take, need, 0.0)
+        open_ = open_.at[j].set(open_[j] & fits)  # its best task fits nowhere: no more this slot
+        return w, p, free, open_, go
+
+    w, p, *_ = jax.lax.while_loop(cond, body, (w, p, free, w > 0, jnp.asarray(True)))
+    return w, p

@@ -1,0 +1,75 @@
+"""Target-size policy checkpoints (dl2d.policy.checkpoint.save_target/load_target) and the registry's
+``dl2-target``: a saved policy decides as the one saved; a damaged or foreign file is one clear CheckpointError."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import serialization
+
+from dl2d.policy import registry
+from dl2d.policy import target as T
+from dl2d.policy.checkpoint import CheckpointError, TargetCheckpoint, load_target, save_target
+from tests.testkit.sim import make_view
+
+CFG = T.TargetConfig(max_workers=8, max_ps=8, hidden=16)
+
+
+def _view():
+    return make_view(["resnet-50", "vgg-16", "seq2seq", "dssm"], servers=3, est=[20.0, 5.0, 50.0, 10.0],
+                     done=[1.0, 0.0, 10.0, 2.0], max_workers=8, max_ps=8)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    params = T.init_params(CFG, jax.random.PRNGKey(3))
+    path = tmp_path / "p.msgpack"
+    save_target(path, TargetCheckpoint(CFG, params, {"world": "dl2"}))
+    return path, params
+
+
+def test_a_saved_policy_loads_and_decides_as_the_one_saved(saved):
+    path, params = saved
+    ckpt = load_target(path)
+    assert ckpt.config == CFG and ckpt.meta == {"world": "dl2"}
+    view = _view()
+    want = T.TargetPolicy(CFG, params)(view)
+    got = registry.build("dl2-target", registry.PolicyOptions(checkpoint=str(path)))(view)
+    np.testing.assert_array_equal(got.workers, want.workers)
+    np.testing.assert_array_equal(got.ps, want.ps)
+    assert want.workers.sum() > 0
+
+
+def _rewrite(path, change):
+    doc = serialization.msgpack_restore(path.read_bytes())
+    change(doc)
+    path.write_bytes(serialization.msgpack_serialize(doc))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(format="dl2d-policy"), "not a dl2d-target-policy checkpoint (it is a 'dl2d-policy'"),
+    (lambda d: d.update(version=2), "version 2 not supported"),
+    (lambda d: d["config"].update(hidden=10 ** 9), "hidden must be an integer in [1, 1024]"),
+    (lambda d: d["config"].update({"hiden\n": 3}), "unknown key(s) 'hiden\\n'"),
+    (lambda d: d["params"]["logits"].update(kernel=np.zeros((3, 3), np.float32)), "shapes (3, 3) != expected"),
+    (lambda d: d["params"]["embed"].update(bias=np.full(16, np.nan, np.float32)), "NaN or infinite"),
+    (lambda d: d["params"].pop("mix"), "params do not match the config"),
+    (lambda d: d.update(meta=[1]), "meta is not a table"),
+])
+def test_a_damaged_checkpoint_is_one_clear_error(saved, change, message):
+    path, _ = saved
+    _rewrite(path, change)
+    with pytest.raises(CheckpointError) as e:
+        load_target(path)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(registry.PolicyBuildError, match="policy dl2-target"):
+        registry.build("dl2-target", registry.PolicyOptions(checkpoint=str(path)))
+
+
+def test_garbage_and_a_missing_file_are_clear_errors(tmp_path):
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x00\xffnot msgpack at all" * 10)
+    with pytest.raises(CheckpointError, match="not a dl2d-target-policy checkpoint"):
+        load_target(junk)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_target(tmp_path / "absent")
