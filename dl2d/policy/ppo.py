@@ -1,14 +1,18 @@
 """Slot-level PPO for the target-size policy (dl2d.policy.target) on the simulator's JAX environment.
 
-One slot is one action: every active job's level, its log-probability the sum over those jobs. A rollout is
-`jax.lax.scan` over slots inside `jax.vmap` over clusters (each its own trace and noise, auto-reset), GAE
-advantages, then clipped-PPO epochs over shuffled minibatches: the whole iteration is one jitted function
-(purejaxrl's shape: ``train_step(runner_state) -> (runner_state, metrics)``).
+A slot's decision is every active job's (workers, PS) pair. A rollout is `jax.lax.scan` over slots inside
+`jax.vmap` over clusters (each its own trace and noise, auto-reset), GAE advantages, then clipped-PPO epochs over
+shuffled minibatches: the whole iteration is one jitted function (purejaxrl's shape: ``train_step(runner_state)
+-> (runner_state, metrics)``).
 
 The reward is the average JCT's own: minus the job-slots spent active (each job that finishes counts the
 fraction of the slot it needed), over ``max_jobs``. Summed over an episode it is minus the total JCT in slots
 over J, so maximising it minimises the average JCT (DL2's eq. 1 rewards epochs trained, which a policy can
-raise by favouring fast jobs without finishing any).
+raise by favouring fast jobs without finishing any). It is a sum over jobs, so it is credited two ways
+(``PPOConfig.credit``): "slot", the slot's allocation as one action (its log-probability the sum over the
+jobs) against the slot's advantage; or "job", each job's pair against that job's own advantage (its own slots,
+its own value: far less variance, but a job is not charged for what its size costs the others, which
+``team_weight`` adds back in part).
 
 Supervised warm-up (:func:`sl_step`): cross-entropy towards the best heuristic's allocation (Optimus's,
 :func:`dl2d.policy.target.teacher_actions`) on the states the current policy visits, the value fitted beside.
@@ -46,6 +50,9 @@ class PPOConfig:
     #: (independent per-job advantages: low variance, blind to what a job's size does to the others'); "slot":
     #: the whole slot's allocation is one action, its log-probability the sum over the jobs, one advantage
     credit: str = "job"
+    #: credit "job": how much of the slot's advantage (the team's) each job's own advantage gets beside it, so a
+    #: job that takes what others needed is not credited as if it had cost nothing
+    team_weight: float = 0.0
 
     def __post_init__(self):
         if self.credit not in ("job", "slot"):
@@ -264,12 +271,21 @@ def _with_returns(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, 
     last = jax.vmap(lambda s: T.apply(tcfg, net, *_features(tcfg, env, s))[1])(states)
     adv, ret = gae(pcfg, traj["reward"], traj["value"], traj["done"], last)
     act = traj["active"]
+
+    def normalised(a, mask):
+        mean = _masked_mean(a, mask)
+        return jnp.where(mask, (a - mean) / (jnp.sqrt(_masked_mean((a - mean) ** 2, mask)) + 1e-8), 0.0)
+
+    if pcfg.credit == "slot" or pcfg.team_weight:
+        team, _ = gae(pcfg, traj["reward"].sum(-1), traj["value"].sum(-1), traj["done"], last.sum(-1))
+        team = normalised(team, jnp.ones(team.shape, bool))
     if pcfg.credit == "slot":
-        adv, _ = gae(pcfg, traj["reward"].sum(-1), traj["value"].sum(-1), traj["done"], last.sum(-1))
-        act = jnp.ones(adv.shape, bool)
-    mean = _masked_mean(adv, act)
-    std = jnp.sqrt(_masked_mean((adv - mean) ** 2, act))
-    return _flatten({**traj, "adv": jnp.where(act, (adv - mean) / (std + 1e-8), 0.0), "ret": ret})
+        adv = team
+    else:
+        adv = normalised(adv, act)
+        if pcfg.team_weight:
+            adv = jnp.where(act, adv + pcfg.team_weight * team[..., None], 0.0)
+    return _flatten({**traj, "adv": adv, "ret": ret})
 
 
 @partial(jax.jit, static_argnames=("tcfg", "pcfg"))
