@@ -167,24 +167,33 @@ def teacher_actions(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
 
 # ------------------------------------------------------------------------------------------ the network
 
+class _SetNet(nn.Module):
+    """Each job's embedding with the mean embedding of the active jobs beside it (permutation-equivariant, any
+    number of jobs): [J, hidden]."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x, active):
+        m = active[:, None].astype(x.dtype)
+        e = nn.relu(nn.Dense(self.hidden, name="embed")(x))
+        pooled = jnp.sum(e * m, axis=0) / jnp.maximum(jnp.sum(m), 1.0)
+        z = jnp.concatenate([e, jnp.broadcast_to(pooled, e.shape)], axis=1)
+        return nn.relu(nn.Dense(self.hidden, name="mix")(z))
+
+
 class TargetNet(nn.Module):
-    """Per-job logits over (workers, PS) pairs and per-job values (each job's remaining share of the reward: its
-    own slots still to run); each job's embedding sees the mean embedding of the active jobs (a
-    permutation-equivariant set network, any number of jobs). The slot's value is the sum of its jobs'."""
+    """Per-job logits over (workers, PS) pairs (the actor) and per-job values (the critic: each job's remaining
+    share of the reward, its own slots still to run; the slot's value is their sum), each its own set network:
+    a shared trunk let the critic's large early gradients move the warm-started actor."""
 
     cfg: TargetConfig
 
     @nn.compact
     def __call__(self, x, active):
-        h = self.cfg.hidden
-        m = active[:, None].astype(x.dtype)
-        e = nn.relu(nn.Dense(h, name="embed")(x))
-        pooled = jnp.sum(e * m, axis=0) / jnp.maximum(jnp.sum(m), 1.0)
-        z = jnp.concatenate([e, jnp.broadcast_to(pooled, e.shape)], axis=1)
-        z = nn.relu(nn.Dense(h, name="mix")(z))
-        logits = nn.Dense(self.cfg.num_actions, name="logits")(z)
-        v = nn.relu(nn.Dense(h, name="value_in")(z))
-        return logits, jnp.where(active, nn.Dense(1, name="value")(v)[:, 0], 0.0)
+        logits = nn.Dense(self.cfg.num_actions, name="logits")(_SetNet(self.cfg.hidden, name="actor")(x, active))
+        v = nn.Dense(1, name="value")(_SetNet(self.cfg.hidden, name="critic")(x, active))[:, 0]
+        return logits, jnp.where(active, v, 0.0)
 
 
 def init_params(cfg: TargetConfig, key, jobs: int = 4) -> dict:
