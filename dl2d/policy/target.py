@@ -250,12 +250,11 @@ def view_obs(cfg: TargetConfig, view) -> dict:
     the daemon and the NumPy simulator know."""
     from dl2d.policy.elastic import size_curves
 
-    lv = np.array(cfg.levels)
-    if view.max_workers < lv[-1] or view.max_ps < cfg.max_ps:
-        raise ValueError(f"the policy was trained for up to {lv[-1]} workers and {cfg.max_ps} PS per job; this "
-                         f"cluster allows {view.max_workers} and {view.max_ps}")
+    # a cluster that allows fewer workers or PS than the policy's levels: the levels above its limits read the
+    # speed at the limit, as in the environment (the fill never goes past a limit)
+    lv = np.minimum(np.array(cfg.levels), view.max_workers)
     curves = size_curves(view)[:, lv] if len(view) else np.zeros((0, len(lv)))
-    psl = np.array(cfg.ps_levels)
+    psl = np.minimum(np.array(cfg.ps_levels), view.max_ps)
     one_worker = view.est_speed[:, :, 1] if len(view) else np.zeros((0, view.max_ps + 1))
     ps_curves = np.where(view.allreduce[:, None], one_worker[:, :1], one_worker[:, psl]) if len(view) \
         else np.zeros((0, len(psl)))

@@ -94,3 +94,12 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
     got = float(E.run(trace, policy, cfg, seed=0).jct_slots.mean())
     assert got == pytest.approx(meta["held_out_jct_numpy"][0], abs=1e-3)
     assert meta["held_out_jct_numpy_mean"] < meta["optimus_held_out_jct_numpy_mean"]
+
+
+def test_a_policy_decides_on_a_cluster_whose_limits_are_below_its_levels():
+    """Trained for up to 8 workers and 8 PS, run where a job may have 2 and 3: the levels above read the speed
+    at the limit and the fill never passes it."""
+    policy = T.TargetPolicy(CFG, T.init_params(CFG, jax.random.PRNGKey(4)))
+    view = make_view(["resnet-50", "vgg-16", "seq2seq"], servers=6, est=[20.0, 5.0, 50.0], max_workers=2, max_ps=3)
+    alloc = policy(view)
+    assert np.all(alloc.workers <= 2) and np.all(alloc.ps <= 3) and alloc.workers.sum() > 0
