@@ -8,13 +8,11 @@ learned target-size policy (dl2d.policy.target) runs it inside its jitted slot, 
 from the best heuristic (a feature) and as its fill, so it must be a function of arrays, vmappable over
 clusters; on a view it runs on the view's arrays (aggregate capacity), so both sides compute the same.
 
-How, without a step per task: a job's gain depends only on its own allocation, so each job's sequence of moves
-(its chain: what it would take were it always chosen) is computed for all jobs at once, a scan of W + P steps.
-The NumPy rule's heap merges the chains by their heads; replacing each chain's utilities by their running
-minimum makes every chain non-increasing and leaves that merge unchanged, so it becomes one sort. Capacity is
-then checked in rounds (cumulative demand along the sorted moves): the moves before the first that does not
-fit are taken, that move's job gets no more (the heap rule), and the next round starts after it; at most
-J + 1 rounds. A test checks it against the NumPy Optimus where one server is the whole cluster.
+The loop picks the largest marginal gain over all jobs each step: a job's gain depends only on its own
+allocation, so this is the heap of the NumPy rule, ties to the lowest index as there. (A version without a
+step per task, every job's chain of moves in one scan and the chains merged by one sort of their running
+minima, gave the same allocations and was 15 times slower on the CPU: 110 ms against 7 ms per slot of 64
+clusters at J = 40, most of it the sort.)
 """
 from __future__ import annotations
 
@@ -64,48 +62,23 @@ def optimus_counts(speed, remaining, worker_demand, ps_demand, allreduce, eligib
         u_p = jnp.where(~allreduce & (p + 1 < P1), gain_p / share_p, -jnp.inf)
         return jnp.maximum(u_w, u_p), u_p > u_w  # the worker first on a tie, as the NumPy rule
 
-    # Each job's chain: the moves it would make if it were always the one chosen (its utilities depend on its
-    # own allocation only), at most W + P of them; -inf once it has none.
-    def chain_step(c, _):
-        w_, p_ = c
-        util, is_ps = best_moves(w_, p_)
-        util = jnp.where(w_ > 0, util, -jnp.inf)  # no bundle, no more
-        moves = jnp.isfinite(util)
-        return (w_ + (moves & ~is_ps), p_ + (moves & is_ps)), (util, is_ps)
-
-    _, (util, is_ps) = jax.lax.scan(chain_step, (w, p), None, length=(W1 - 1) + (P1 - 1))  # [S, J]
-    # The heap's greedy merges the chains by their heads; with each chain's running minimum in place of its
-    # utilities every chain is non-increasing, and the same merge is one sort (descending; ties: the lower job,
-    # then the earlier move, as the heap pops them).
-    util = jax.lax.cummin(util, axis=0)
-    S = util.shape[0]
-    job = jnp.broadcast_to(rows[None, :], (S, J)).ravel()
-    step = jnp.broadcast_to(jnp.arange(S)[:, None], (S, J)).ravel()
-    order = jnp.lexsort((step, job, -util.ravel()))
-    u_s, j_s, ps_s = util.ravel()[order], job[order], is_ps.ravel()[order]
-    need = jnp.where(ps_s[:, None], ps_demand[j_s], worker_demand[j_s])
-    idx = jnp.arange(S * J)
-    positive = u_s > 0  # sorted descending: the greedy stops at the first that gains nothing
-
-    # Walk the sorted moves in rounds: every move up to the first that does not fit is taken; that one's job
-    # gets no more this slot (the heap rule); the next round starts after it. At most J + 1 rounds.
     def cond(c):
         return c[4]
 
     def body(c):
-        taken, closed, free, pos, _ = c
-        cand = positive & (idx >= pos) & ~closed[j_s]
-        cum = jnp.cumsum(jnp.where(cand[:, None], need, 0.0), axis=0)
-        over = cand & jnp.any(cum > free[None, :] + _EPS, axis=1)
-        failed = jnp.any(over)
-        first = jnp.where(failed, jnp.argmax(over), S * J)
-        take = cand & (idx < first)
-        free = free - jnp.sum(jnp.where(take[:, None], need, 0.0), axis=0)
-        closed = closed.at[j_s[jnp.minimum(first, S * J - 1)]].set(closed[j_s[jnp.minimum(first, S * J - 1)]] | failed)
-        return taken | take, closed, free, first + 1, failed
+        w, p, free, open_, _ = c
+        util, is_ps = best_moves(w, p)
+        util = jnp.where(open_, util, -jnp.inf)
+        j = jnp.argmax(util)
+        go = util[j] > 0
+        need = jnp.where(is_ps[j], ps_demand[j], worker_demand[j])
+        fits = jnp.all(need <= free + _EPS)
+        take = go & fits
+        w = w.at[j].add(jnp.where(take & ~is_ps[j], 1, 0))
+        p = p.at[j].add(jnp.where(take & is_ps[j], 1, 0))
+        free = free - jnp.where(take, need, 0.0)
+        open_ = open_.at[j].set(open_[j] & fits)  # its best task fits nowhere: no more this slot
+        return w, p, free, open_, go
 
-    taken, *_ = jax.lax.while_loop(cond, body, (jnp.zeros(S * J, bool), jnp.zeros(J, bool), free, 0,
-                                                jnp.asarray(True)))
-    w = w + jnp.zeros(J, jnp.int32).at[j_s].add((taken & ~ps_s).astype(jnp.int32))
-    p = p + jnp.zeros(J, jnp.int32).at[j_s].add((taken & ps_s).astype(jnp.int32))
+    w, p, *_ = jax.lax.while_loop(cond, body, (w, p, free, w > 0, jnp.asarray(True)))
     return w, p
