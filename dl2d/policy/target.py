@@ -11,11 +11,11 @@ still fits.
 
 Everything the network sees comes from :func:`job_features`, a pure function of arrays that the simulator's
 JAX environment provides (training, dl2d.policy.ppo) and a :class:`~dl2d.core.contract.SlotView` holds too (the
-NumPy simulator's and the daemon's side: :func:`view_obs`, :class:`TargetPolicy`; the policy is not registered
-yet, as no checkpoint ships): the remaining work at
-one worker, age, last size, demand, and the job's estimated speed-up at each level and PS level (the speed
-model the scheduler believes, never the truth).
-:func:`teacher_actions` is the elastic heuristic's efficient size on the same arrays, the warm-up's target.
+NumPy simulator's and the daemon's side: :func:`view_obs`, :class:`TargetPolicy`, registered as ``dl2-target``
+in dl2d.policy.dl2_target): the remaining work at one worker, age, last size, demand, the job's estimated
+speed-up at each level and PS level (the speed model the scheduler believes, never the truth), and what
+Optimus would give it this slot (:func:`with_optimus`, one-hot over the levels).
+:func:`teacher_actions` is that Optimus pair, the warm-up's target.
 """
 from __future__ import annotations
 
