@@ -53,8 +53,9 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
     write_atomic(path, serialization.msgpack_serialize(doc))
 
 
-def _read(path: Path, fmt: str, version: int) -> dict:
-    """The checkpoint's document, its format, version and config table checked; CheckpointError otherwise."""
+def _read(path: Path, fmt: str, version: int, what: str) -> dict:
+    """The checkpoint's document, its format, version and config table checked; CheckpointError otherwise
+    (``what``: the kind of checkpoint, as messages name it)."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -62,11 +63,11 @@ def _read(path: Path, fmt: str, version: int) -> dict:
     try:
         doc = serialization.msgpack_restore(raw)
     except Exception as e:  # msgpack raises several types on garbage
-        raise CheckpointError(f"{path}: not a {fmt} checkpoint (unreadable: {type(e).__name__})") from None
+        raise CheckpointError(f"{path}: not a {what} checkpoint (unreadable: {type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         found = doc.get("format") if isinstance(doc, dict) else None
-        what = f" (it is a {found!r} checkpoint)" if isinstance(found, str) and found.startswith("dl2d") else ""
-        raise CheckpointError(f"{path}: not a {fmt} checkpoint{what}")
+        kind = f" (it is a {found!r} checkpoint)" if isinstance(found, str) and found.startswith("dl2d") else ""
+        raise CheckpointError(f"{path}: not a {what} checkpoint{kind}")
     if doc.get("version") != version:
         raise CheckpointError(f"{path}: checkpoint version {doc.get('version')!r} not supported (this dl2d reads "
                               f"{version})")
@@ -77,7 +78,7 @@ def _read(path: Path, fmt: str, version: int) -> dict:
 
 def load(path: str | Path, lr: float | None = None) -> Checkpoint:
     path = Path(path)
-    doc = _read(path, FORMAT, VERSION)
+    doc = _read(path, FORMAT, VERSION, "dl2d policy")
     try:
         cfg = PolicyConfig.from_dict(doc["config"])
     except (TypeError, ValueError, KeyError) as e:
@@ -116,7 +117,7 @@ def load_target(path: str | Path) -> TargetCheckpoint:
     from dl2d.policy.target import TargetConfig, init_params as target_params
 
     path = Path(path)
-    doc = _read(path, TARGET_FORMAT, TARGET_VERSION)
+    doc = _read(path, TARGET_FORMAT, TARGET_VERSION, TARGET_FORMAT)
     try:
         cfg = TargetConfig.from_dict(doc["config"])
     except (TypeError, ValueError) as e:

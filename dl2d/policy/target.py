@@ -276,6 +276,8 @@ def view_obs(cfg: TargetConfig, view) -> dict:
             "capacity": np.asarray(view.total_capacity, np.float32)}
 
 
+#: Views are padded to at least this many rows (then powers of two), so small clusters compile the decision once.
+_MIN_ROWS = 64
 #: The keys of an observation that describe the cluster, not a job (never padded).
 _CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 
@@ -283,8 +285,9 @@ _CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 class TargetPolicy:
     """The target-size policy on a view: the greedy action of every job, then the fill task by task on the
     servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order: each job's PS, then
-    its workers, while its targets and the servers allow (a PS job none of whose workers fit holds no PS). Jobs are padded to a power of two for the jitted network
-    (at most log2(J) compilations)."""
+    its workers, while its targets and the servers allow (a PS job none of whose workers fit holds no PS). Jobs
+    are padded to 64 rows, or the next power of two above, for the jitted network (one compilation up to 64 jobs,
+    one more per doubling)."""
 
     def __init__(self, cfg: TargetConfig, params, name: str = "target"):
         self.cfg, self.params, self.name = cfg, params, name
@@ -297,7 +300,7 @@ class TargetPolicy:
     def actions(self, view):
         obs = view_obs(self.cfg, view)
         n = len(view)
-        size = 1 << max(n - 1, 0).bit_length()
+        size = max(_MIN_ROWS, 1 << max(n - 1, 0).bit_length())
         padded = {k: (v if k in _CLUSTER_KEYS else np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]))
                   for k, v in obs.items()}
         return np.asarray(self._decide(self.params, padded))[:n], obs
