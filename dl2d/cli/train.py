@@ -1,4 +1,7 @@
-"""`dl2ctl train`: supervised warm-up of the DL2 policy from a heuristic, then online RL, on simulated traces.
+"""`dl2ctl train`: supervised warm-up of a learned policy from a heuristic, then reinforcement learning, on
+simulated traces. ``--policy dl2`` (the default) is DL2's per-inference actor-critic in the DL2 world (this
+module); ``--policy dl2-target`` is the target-size policy, slot-level PPO in either world, on a site's speed
+model when one is given (dl2d.cli.train_target).
 
 Training traces use seeds `seed, seed + 1, ...` (first the SL traces, then one per RL episode); the held-out
 validation trace uses `--val-seed` (default seed + 10000), which must not be one of them. The result is a
@@ -22,6 +25,29 @@ from dl2d.sim.trace import MAX_TRACE_JOBS
 
 TEACHERS = registry.names(heuristic=True)
 CLUSTERS = tuple(PRESETS)
+TRAINABLE = ("dl2", "dl2-target")
+#: Options that only one of the policies reads: given with the other, they are an error, not silently ignored.
+DL2_ONLY = ("teacher", "sl_epochs", "sl_traces", "rl_steps", "max_jobs", "hidden", "n_step", "entropy_weight",
+            "epsilon", "updates_per_slot", "rl_lr", "advantage", "val_every")
+TARGET_ONLY = ("world", "speed_model", "load", "clusters", "slots", "sl_iters", "rl_iters", "lr", "sl_lr",
+               "val_traces", "eval_every")
+
+
+def _given(ctx: click.Context, names) -> list[str]:
+    return [n for n in names if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+
+
+def _command(ctx: click.Context) -> str:
+    """The command line as given (recorded in the checkpoint: how to make it again)."""
+    parts = ["dl2ctl", "train"]
+    for p in ctx.command.params:
+        if p.name in ctx.params and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE:
+            value = ctx.params[p.name]
+            if getattr(p, "is_flag", False):
+                parts += [p.opts[0]] if value else []
+            else:
+                parts += [p.opts[0], str(value)]
+    return " ".join(parts)
 
 
 def _training_seeds(seed: int, sl_traces: int, rl_steps: int) -> range:
@@ -63,6 +89,32 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
 
 
 @click.command()
+@click.option("--policy", type=click.Choice(TRAINABLE), default="dl2", show_default=True,
+              help="dl2: DL2's per-inference actor-critic (DL2 world); dl2-target: a learned size for every job, "
+                   "slot-level PPO in the JAX simulator, either world, warm-started from optimus.")
+@click.option("--world", type=click.Choice(("today", "dl2")), default="today", show_default=True,
+              help="dl2-target: the world it trains in (today: all-reduce jobs, Philly workloads, measured speeds).")
+@click.option("--speed-model", metavar="FILE", default=None,
+              help="dl2-target, --world today: a speed-model FILE from `dl2ctl calibrate`; its curves are the "
+                   "truth and the scheduler's belief for the models it holds (train on a twin of that cluster).")
+@click.option("--load", type=click.FloatRange(0, 100, min_open=True), callback=finite_number, default=1.0,
+              show_default=True, help="dl2-target, --world today: the generated Philly workloads' load.")
+@click.option("--clusters", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="dl2-target: parallel simulated clusters, one training trace each.")
+@click.option("--slots", type=click.IntRange(1, 10_000), default=32, show_default=True,
+              help="dl2-target: slots per rollout.")
+@click.option("--sl-iters", type=click.IntRange(min=0), default=30, show_default=True,
+              help="dl2-target: supervised warm-up iterations towards optimus.")
+@click.option("--rl-iters", type=click.IntRange(min=0), default=80, show_default=True,
+              help="dl2-target: PPO iterations.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), callback=finite_number, default=1e-4,
+              show_default=True, help="dl2-target: PPO learning rate.")
+@click.option("--sl-lr", type=click.FloatRange(min=0, min_open=True), callback=finite_number, default=1e-3,
+              show_default=True, help="dl2-target: warm-up learning rate.")
+@click.option("--val-traces", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="dl2-target: validation traces (seeds val-seed..): the policy kept is the best on them.")
+@click.option("--eval-every", type=click.IntRange(min=1), default=10, show_default=True,
+              help="dl2-target: validate every N iterations (and after the first and last of each phase).")
 @click.option("--teacher", type=click.Choice(TEACHERS), default="drf", show_default=True,
               help="Heuristic the policy imitates in the supervised warm-up.")
 @click.option("--sl-epochs", type=click.IntRange(min=0), default=None,
@@ -73,7 +125,8 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
               help="Simulated slots of online RL (one update per slot once the replay is warm); 0 = SL only.")
 @click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), default=40, show_default=True,
               help="Jobs per trace.")
-@click.option("--cluster", type=click.Choice(CLUSTERS), default="small", show_default=True, help="Cluster preset.")
+@click.option("--cluster", type=click.Choice(CLUSTERS), default=None,
+              help="Cluster preset [default: small for dl2; the world's for dl2-target].")
 @click.option("--servers", type=click.IntRange(1, MAX_SERVERS), default=None,
               help=f"Number of servers (2 GPUs, 8 cores, 48 GB each; at most {MAX_SERVERS}); overrides --cluster.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="First training trace seed.")
@@ -106,12 +159,40 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
               help="RL: advantage from the value network (DL2) or over the greedy policy's reward on the same "
                    "simulated slot [default: config's, critic].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
-def train(teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
+@click.pass_context
+def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_iters, lr, sl_lr, val_traces, eval_every,
+          teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
           init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr, advantage,
           as_json) -> None:
-    """Train a DL2 policy: imitate TEACHER, then learn online in the simulator, and save a checkpoint."""
+    """Train a learned policy: imitate a heuristic, then learn by reinforcement in the simulator; save a checkpoint.
+
+    \b
+    Examples:
+      dl2ctl train                                   # DL2's actor-critic, imitating drf, DL2 world
+      dl2ctl train --policy dl2-target --out today.msgpack
+      dl2ctl train --policy dl2-target --speed-model site.json --out site.msgpack   # a twin of this cluster
+    """
+    wrong = _given(ctx, TARGET_ONLY if policy == "dl2" else DL2_ONLY)
+    if wrong:
+        flags = ", ".join("--" + n.replace("_", "-") for n in wrong)
+        raise click.UsageError(f"{flags} only appl{'ies' if len(wrong) == 1 else 'y'} to --policy "
+                               f"{'dl2-target' if policy == 'dl2' else 'dl2'}")
     if val_seed is None:
         val_seed = seed + 10_000
+    if policy == "dl2-target":
+        problem = out_problem(out_path)
+        if problem:
+            raise click.BadParameter(f"{problem}: the checkpoint could not be written after training",
+                                     param_hint="--out")
+        from dl2d.cli import train_target
+
+        train_target.run(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
+                         slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr, seed=seed,
+                         val_seed=val_seed, val_traces=val_traces, eval_every=eval_every, speed_model=speed_model,
+                         init_path=init_path, out_path=out_path, as_json=as_json, command=_command(ctx),
+                         rescue=_rescue)
+        return
+    cluster = cluster or "small"
     if sl_epochs is None:
         sl_epochs = 0 if init_path else 20
     if sl_epochs == 0 and rl_steps == 0 and init_path is None:

@@ -1,7 +1,7 @@
-"""The target-size policy in the registry (``dl2-target``): a trained checkpoint (bench/bench_ppo.py --out, or a
-pretrained one shipped in dl2d/policy/pretrained/) decides every job's workers and PS, greedily; tasks are
-placed on the servers in shortest-remaining-work order (dl2d.policy.target.TargetPolicy). JAX is imported only
-when one is built."""
+"""The target-size policy in the registry (``dl2-target``): a trained checkpoint (`dl2ctl train --policy
+dl2-target`, or a pretrained one shipped in dl2d/policy/pretrained/) decides every job's workers and PS,
+greedily; tasks are placed on the servers in shortest-remaining-work order (dl2d.policy.target.TargetPolicy).
+JAX is imported only when one is built."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +22,7 @@ def pretrained(world: str = "dl2") -> Path:
 
 def check(options: PolicyOptions) -> list[tuple[str, str]]:
     if not options.checkpoint and not options.allow_untrained and not pretrained().exists():
-        return [("checkpoint", "policy dl2-target needs a trained checkpoint (python bench/bench_ppo.py --out FILE)")]
+        return [("checkpoint", "policy dl2-target needs a trained checkpoint (dl2ctl train --policy dl2-target --out FILE)")]
     return []
 
 
@@ -44,5 +44,5 @@ def build(options: PolicyOptions):
 
 register(PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) for every job, shortest remaining work "
                      "first; slot-level PPO in the JAX simulator", build, check, learned=True,
-                     trained_by="python bench/bench_ppo.py --out FILE",
+                     trained_by="dl2ctl train --policy dl2-target",
                      options=("checkpoint", "seed", "allow_untrained")))

@@ -1,0 +1,219 @@
+"""Training the target-size policy (dl2d.policy.target) in either world: the shell around dl2d.policy.ppo that
+`dl2ctl train --policy dl2-target` and bench/bench_ppo.py share.
+
+What it does: builds the world's training traces (one per parallel cluster, every cluster restarting its trace
+when it finishes) and held-out validation traces, runs supervised warm-up towards Optimus (``sl_iters``) and
+then slot-level PPO (``rl_iters``) on the JAX environment, evaluates the greedy policy on the validation traces
+every ``eval_every`` iterations, and keeps the parameters with the lowest validation JCT. The teacher (Optimus
+through the same fill) runs the same validation traces in the same environment, so the result says whether the
+policy beat it.
+
+A site's speed model (``site``: `dl2ctl calibrate`'s curves) makes the environment a twin of that site: its
+curves are the truth and the scheduler's belief for the models it holds, in training and validation alike.
+
+Seeds: the training traces are ``seed .. seed + clusters - 1``, the validation traces ``val_seed ..
+val_seed + val_traces - 1``; :func:`seed_overlap` says when they meet (the validation must be held out).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from dl2d.policy import ppo as P
+from dl2d.policy import target as T
+from dl2d.sim import jaxenv as X
+from dl2d.sim import trace as TR
+from dl2d.sim.engine import SimConfig
+from dl2d.sim.worlds import world as world_named
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """Everything that decides a training run (recorded in the checkpoint's meta)."""
+
+    world: str = "today"
+    cluster: str | None = None  # preset; None: the world's
+    servers: int | None = None  # overrides the preset's count
+    jobs: int = 40  # jobs per trace (the environment's J)
+    load: float = 1.0  # today: the Philly workload's load on the cluster's GPUs
+    clusters: int = 64  # parallel training clusters, one training trace each
+    slots: int = 32  # slots per rollout
+    sl_iters: int = 30  # supervised warm-up iterations towards Optimus
+    rl_iters: int = 80  # PPO iterations
+    sl_lr: float = 1e-3
+    lr: float = 1e-4
+    ent_coef: float = 0.0
+    credit: str = "job"  # dl2d.policy.ppo.PPOConfig.credit
+    team_weight: float = 0.0
+    eval_every: int = 10
+    seed: int = 0  # first training trace seed
+    rng: int = 0  # the network's initialisation and the rollouts' sampling
+    val_seed: int = 10_000  # first validation trace seed
+    val_traces: int = 5
+    max_eval_slots: int = 20_000  # a validation episode is cut here (its unfinished jobs count as running until then)
+
+    def __post_init__(self):
+        for name in ("jobs", "clusters", "slots", "eval_every", "val_traces", "max_eval_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.sl_iters < 0 or self.rl_iters < 0 or self.sl_iters + self.rl_iters == 0:
+            raise ValueError("nothing to train: sl_iters and rl_iters are both 0")
+        world_named(self.world)  # a ValueError naming the worlds
+
+    def training_seeds(self) -> range:
+        return range(self.seed, self.seed + self.clusters)
+
+    def validation_seeds(self) -> range:
+        return range(self.val_seed, self.val_seed + self.val_traces)
+
+
+def seed_overlap(setup: TrainSetup) -> list[int]:
+    """Validation seeds that are also training seeds (none, for a held-out validation)."""
+    return sorted(set(setup.training_seeds()) & set(setup.validation_seeds()))
+
+
+def sim_config(setup: TrainSetup, site=None) -> SimConfig:
+    """The world's simulator config on the setup's cluster, with a site's speed curves when given."""
+    cfg = world_named(setup.world).sim_config(setup.cluster)
+    cluster = cfg.cluster if setup.servers is None else dataclasses.replace(cfg.cluster, num_servers=setup.servers)
+    return dataclasses.replace(cfg, cluster=cluster, site_speeds=site)
+
+
+def make_trace(setup: TrainSetup, cfg: SimConfig, seed: int) -> TR.Trace:
+    """One trace of the setup's world: DL2's generator, or a seeded Philly workload at the setup's load."""
+    if setup.world == "dl2":
+        return TR.generate(TR.TraceConfig(num_jobs=setup.jobs), seed=seed)
+    from dl2d.workload import philly
+
+    wl = philly.generate(setup.jobs, load=setup.load, cluster_gpus=int(cfg.cluster.capacity[0]), seed=seed,
+                         max_gpus=cfg.max_workers)
+    return TR.from_workload(wl, cfg.slot_seconds, seed=seed, config={"workload": "philly", "load": setup.load})
+
+
+def target_config(cfg: SimConfig) -> T.TargetConfig:
+    return T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps)
+
+
+def average_jcts(final, cut: int) -> tuple[list[float], int]:
+    """Average JCT in slots of every cluster of a batch of final states; a job unfinished at slot ``cut`` counts
+    as running until then (a lower bound on its JCT). Also how many jobs were unfinished."""
+    fin = np.asarray(final.finished)
+    arrival = np.asarray(final.jobs.arrival_slot, float)
+    jct = np.where(fin, np.asarray(jax.vmap(X.jct)(final)), cut - arrival)
+    valid = np.asarray(final.jobs.valid)
+    return [float(jct[i][valid[i]].mean()) for i in range(len(fin))], int((~fin & valid).sum())
+
+
+def run_to_end(episodes: Callable, states, max_slots: int, chunk: int = 500):
+    """Run ``episodes(states, chunk)`` (a jitted greedy run without auto-reset) chunk by chunk until every
+    cluster has finished or ``max_slots`` slots have passed: the final states and the slot reached."""
+    done = 0
+    while done < max_slots:
+        states = episodes(states, chunk)
+        done += chunk
+        if bool(np.all(np.asarray(states.finished))):
+            break
+    return states, int(np.max(np.asarray(states.slot)))
+
+
+@dataclass
+class TrainResult:
+    config: T.TargetConfig
+    params: dict  # the chosen parameters (lowest validation JCT)
+    chosen: dict  # the evaluation row they come from
+    curve: list[dict]  # every evaluation
+    teacher_val: list[float]  # Optimus through the same fill, on the validation traces
+    train_seconds: float  # time in training iterations (compilation of the first of each phase excluded)
+    cluster_slots_per_s: float | None
+
+    @property
+    def val_jct(self) -> float:
+        return float(self.chosen["val_mean"])
+
+    @property
+    def teacher_val_jct(self) -> float:
+        return float(np.mean(self.teacher_val))
+
+
+def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[[str, int, int], None] | None = None,
+          on_eval: Callable[[dict], None] | None = None, extra_eval: Callable | None = None) -> TrainResult:
+    """Train as the module docstring says. ``init_params``: warm-start parameters (of the same TargetConfig).
+    ``on_progress(phase, iteration, iterations)`` after every iteration; ``on_eval(row)`` after every evaluation;
+    ``extra_eval(net) -> dict`` adds fields to every evaluation row (bench_ppo: the held-out test traces)."""
+    cfg = sim_config(setup, site)
+    tc = target_config(cfg)
+    rl = P.PPOConfig(clusters=setup.clusters, slots=setup.slots, lr=setup.lr, ent_coef=setup.ent_coef,
+                       credit=setup.credit, team_weight=setup.team_weight)
+    sl = dataclasses.replace(rl, lr=setup.sl_lr)
+    train_traces = [make_trace(setup, cfg, s) for s in setup.training_seeds()]
+    val_traces = [make_trace(setup, cfg, s) for s in setup.validation_seeds()]
+    env, states = X.from_traces(train_traces, cfg, setup.jobs, placement=False)
+    _, val_states = X.from_traces(val_traces, cfg, setup.jobs, placement=False)
+
+    def val_score(episodes) -> tuple[list[float], int]:
+        final, reached = run_to_end(episodes, val_states, setup.max_eval_slots)
+        return average_jcts(final, reached)
+
+    teacher_val, _ = val_score(lambda s, n: P.evaluate_teacher(tc, env, s, n))
+    runner = P.init_runner(tc, sl if setup.sl_iters else rl, states, jax.random.PRNGKey(setup.rng), init_params)
+    curve: list[dict] = []
+    best: dict = {"val": np.inf}
+    clock = {"train_s": 0.0, "timed_slots": 0, "slots": 0}
+
+    def evaluate(phase: str, it: int) -> None:
+        net = runner[0]
+        jcts, unfinished = val_score(lambda s, n: P.evaluate(tc, env, net, s, n))
+        row = {"phase": phase, "iter": it, "cluster_slots": clock["slots"], "train_s": round(clock["train_s"], 1),
+               "val_jct": [round(x, 3) for x in jcts], "val_mean": round(float(np.mean(jcts)), 3),
+               "val_unfinished_jobs": unfinished}
+        if extra_eval is not None:
+            row.update(extra_eval(net))
+        curve.append(row)
+        if on_eval is not None:
+            on_eval(row)
+        if row["val_mean"] < best["val"]:
+            best.update(val=row["val_mean"], params=jax.device_get(net), row=row)
+
+    if init_params is not None:
+        evaluate("init", 0)
+    # RL goes on with the warm-up's optimiser state (its Adam moments), at the RL learning rate
+    for phase, iters, fn, pc in (("sl", setup.sl_iters, P.sl_step, sl), ("rl", setup.rl_iters, P.train_step, rl)):
+        if not iters:
+            continue
+        for it in range(1, iters + 1):
+            t0 = time.perf_counter()
+            runner, stats = fn(tc, pc, env, runner)
+            jax.block_until_ready(stats)
+            if it > 1:  # the first iteration of a phase compiles
+                clock["train_s"] += time.perf_counter() - t0
+                clock["timed_slots"] += pc.clusters * pc.slots
+            clock["slots"] += pc.clusters * pc.slots
+            if on_progress is not None:
+                on_progress(phase, it, iters)
+            if it == 1 or it % setup.eval_every == 0 or it == iters:
+                evaluate(phase, it)
+    rate = clock["timed_slots"] / clock["train_s"] if clock["train_s"] > 0 else None
+    return TrainResult(tc, best["params"], best["row"], curve, [round(x, 3) for x in teacher_val],
+                       clock["train_s"], rate)
+
+
+def checkpoint_meta(setup: TrainSetup, result: TrainResult, command: str, site=None, **extra) -> dict:
+    """What a trained checkpoint records of how it was made and how it scored on its validation traces."""
+    import dl2d
+
+    chosen = result.chosen
+    return {"world": setup.world, "cluster": setup.cluster or world_named(setup.world).cluster,
+            "servers": setup.servers, "jobs": setup.jobs, "load": setup.load if setup.world == "today" else None,
+            "train_seeds": [setup.seed, setup.seed + setup.clusters - 1],
+            "validation_seeds": [setup.val_seed, setup.val_seed + setup.val_traces - 1],
+            "chosen": f"{chosen['phase']} iteration {chosen['iter']}", "validation_jct": chosen["val_jct"],
+            "validation_jct_mean": chosen["val_mean"], "teacher": "optimus",
+            "teacher_validation_jct": result.teacher_val,
+            "teacher_validation_jct_mean": round(result.teacher_val_jct, 3),
+            "speed_model": getattr(site, "source", None) if site is not None else None,
+            "setup": dataclasses.asdict(setup), "command": command, "dl2d_version": dl2d.__version__, **extra}

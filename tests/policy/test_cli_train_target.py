@@ -1,0 +1,108 @@
+"""`dl2ctl train --policy dl2-target`: the target-size policy trained in today's world on a site's speed model
+(issue #13's twin, issue #16's trainer), and its error paths (each names the option, nothing is written)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dl2d.cli.main import cli
+from dl2d.policy import target_train as TT
+from dl2d.policy.checkpoint import load_target
+from dl2d.sim import jaxenv as X
+from dl2d.workload.catalog import ALLREDUCE_MODELS
+from dl2d.workload.speedfit import SiteSpeeds, load_speed_model
+
+TINY = ["train", "--policy", "dl2-target", "--jobs", "6", "--clusters", "2", "--slots", "4", "--val-traces", "1",
+        "--servers", "4"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def site_file(path, seconds_one_gpu: float, extra: dict | None = None):
+    """A speed model holding every model of today's traces: ``seconds_one_gpu`` per epoch on one GPU, linear."""
+    classes = {m: {"seconds_per_epoch": [seconds_one_gpu / g for g in range(1, 65)]} for m in ALLREDUCE_MODELS}
+    path.write_text(json.dumps({"format": "dl2d-speed-model", "version": 1, "classes": {**classes, **(extra or {})}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("target")
+    site = site_file(d / "site.json", 600.0, {"my-label": {"seconds_per_epoch": [100.0]}})
+    out = d / "p.msgpack"
+    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "1", "--speed-model", str(site), "--out", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    return site, out, json.loads(r.output[r.output.index("{"):]), r.output
+
+
+def test_trains_on_the_site_twin_and_records_it(trained):
+    site, out, res, output = trained
+    assert "my-label: not a model of the training traces" in output  # named, not silently dropped
+    assert res["world"] == "today" and res["speed_model"] == str(site) and res["servers"] == 4
+    assert [(r["phase"], r["iter"]) for r in res["curve"]] == [("sl", 1), ("rl", 1)]
+    assert res["val_jct_slots"]["optimus"] > 0 and res["val_jct_slots"]["learned"] > 0
+    assert res["better_than_teacher"] == (res["val_jct_slots"]["learned"] < res["val_jct_slots"]["optimus"])
+    ck = load_target(out)
+    assert ck.config.max_workers == 64 and ck.meta["world"] == "today" and ck.meta["speed_model"] == str(site)
+    assert ck.meta["validation_seeds"] == [10_000, 10_000] and ck.meta["train_seeds"] == [0, 1]
+    assert ck.meta["teacher_validation_jct_mean"] == pytest.approx(res["val_jct_slots"]["optimus"], abs=1e-3)
+    assert ck.meta["command"].startswith("dl2ctl train --policy dl2-target")
+    assert f"--speed-model {site}" in ck.meta["command"]
+
+
+def test_the_trained_checkpoint_runs_in_the_simulator(trained):
+    site, out, _, _ = trained
+    r = invoke("sim", "--policy", "dl2-target", "--checkpoint", str(out), "--jobs", "6", "--servers", "4",
+               "--speed-model", str(site), "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])["results"][0]
+    assert res["policy"] == "dl2-target" and res["avg_jct_slots"] > 0
+
+
+def test_the_site_curves_are_the_training_environments_truth(tmp_path):
+    """What --speed-model changes: every all-reduce job of the training traces runs at the file's curve (the
+    environment's per-job site rates), and twice the seconds per epoch halves them."""
+    setup = TT.TrainSetup(jobs=6, clusters=2, servers=4)
+    rates = []
+    for seconds in (600.0, 1200.0):
+        site = SiteSpeeds.of(load_speed_model(site_file(tmp_path / f"s{seconds}.json", seconds)), "s")
+        cfg = TT.sim_config(setup, site)
+        trace = TT.make_trace(setup, cfg, 0)
+        jobs = X.job_arrays(trace, cfg, setup.jobs)
+        assert np.asarray(jobs.use_site).all()
+        rates.append(np.asarray(jobs.site_rate))
+        np.testing.assert_allclose(rates[-1][:, 4], 4 / seconds, rtol=1e-5)  # 4 GPUs: 4 x one GPU's rate
+    np.testing.assert_allclose(rates[0], 2 * rates[1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--speed-model", "SITE", "--world", "dl2"], "--world today only"),
+    (["--speed-model", "ONLY_LABELS"], "none of its classes"),
+    (["--speed-model", "MISSING"], "--speed-model"),
+    (["--teacher", "drf"], "--teacher only applies to --policy dl2"),
+    (["--sl-iters", "0", "--rl-iters", "0"], "nothing to train"),
+    (["--val-seed", "1"], "validation must be held out"),
+    (["--clusters", "0"], "--clusters"),
+    (["--init", "NOT_A_CHECKPOINT"], "--init"),
+])
+def test_bad_input_names_the_option_and_writes_nothing(tmp_path, args, message):
+    subst = {"SITE": str(site_file(tmp_path / "site.json", 600.0)), "MISSING": str(tmp_path / "nope.json"),
+             "NOT_A_CHECKPOINT": str(site_file(tmp_path / "x.json", 1.0))}
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps({"format": "dl2d-speed-model", "version": 1,
+                                  "classes": {"my-label": {"seconds_per_epoch": [100.0]}}}))
+    subst["ONLY_LABELS"] = str(labels)
+    out = tmp_path / "out.msgpack"
+    r = invoke(*TINY, *[subst.get(a, a) for a in args], "--out", str(out))
+    assert r.exit_code != 0 and message in r.output, r.output
+    assert not out.exists()
+
+
+def test_target_options_are_refused_for_the_dl2_policy(tmp_path):
+    r = invoke("train", "--world", "today", "--lr", "0.1", "--out", str(tmp_path / "o.ckpt"))
+    assert r.exit_code == 2 and "--world, --lr only apply to --policy dl2-target" in r.output
