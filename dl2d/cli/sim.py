@@ -105,10 +105,11 @@ def site_speed_model(value: str, trace) -> tuple:
     return site, "measured"
 
 
-def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured"):
+def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured",
+                world: str = "today"):
     """A policy by name from the registry; any problem (a missing or unreadable checkpoint) is a clear error."""
     options = registry.PolicyOptions(checkpoint=str(checkpoint) if checkpoint else "",
-                                     tetris_threshold=tetris_threshold, speed_model=speed_model)
+                                     tetris_threshold=tetris_threshold, speed_model=speed_model, world=world)
     try:
         return registry.build(name, options)
     except registry.PolicyBuildError as e:
@@ -305,7 +306,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
             raise click.BadParameter(f"cannot write {save_trace}: {e.strerror}", param_hint="--save-trace") from None
 
     site, speed_model = site_speed_model(speed_model, trace)
-    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model) for n in names]
+    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
         cfg = getattr(s, "cfg", None)

@@ -31,6 +31,9 @@ HEURISTICS = registry.names(heuristic=True)
 #: policy.placement: balance = the policy's own placement (load balancing); dltap = DLTAP re-places its tasks.
 PLACEMENTS = registry.PLACEMENTS
 BACKENDS = ("sim", "slurm")
+#: policy.world: dl2d.sim.worlds.WORLDS (named here so that the config loads without the simulator; a test
+#: keeps the two equal)
+WORLDS = ("today", "dl2")
 
 
 MODES = ("enforce", "advise")
@@ -69,6 +72,7 @@ class PolicySection:
     checkpoint_every: int = 10  # slots between saves of the online policy
     save_path: str = ""  # default <state_dir>/policy-online.msgpack; loaded at start when present
     seed: int = 0
+    world: str = "today"  # today (a GPU cluster of today) | dl2: the pretrained policy a learned one uses by default
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,7 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
             online = [n for n, e in registry.entries().items() if e.online]
             bad.append(("policy.online_rl", f"online RL needs policy.name = one that learns online "
                         f"({', '.join(online)}), not {p.name!r}"))
+    need(p.world in WORLDS, "policy.world", f"must be one of {', '.join(WORLDS)}, got {p.world!r}")
     need(p.placement in PLACEMENTS, "policy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {p.placement!r}")
     a = cfg.agents
     need(a.poll_interval > 0, "agents.poll_interval", f"must be > 0, got {a.poll_interval}")
@@ -245,7 +250,7 @@ def policy_options(cfg: DaemonConfig) -> registry.PolicyOptions:
     """The [policy] section as the registry's options."""
     p = cfg.policy
     return registry.PolicyOptions(checkpoint=p.checkpoint, seed=p.seed, online_rl=p.online_rl,
-                                  allow_untrained=p.allow_untrained, resume=cfg.policy_save_path)
+                                  allow_untrained=p.allow_untrained, resume=cfg.policy_save_path, world=p.world)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

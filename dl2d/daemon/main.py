@@ -35,13 +35,14 @@ log = logging.getLogger("dl2d")
 
 
 def setup_logging(level: str) -> None:
-    """Logs on stdout (journald adds its own timestamps), with the logger's name; Alembic's set-up chatter only
-    at debug level."""
+    """Logs on stdout (journald adds its own timestamps), with the logger's name; Alembic's set-up chatter and
+    JAX's (which backends it probed, when a learned policy is built) only at debug level."""
     under_journald = bool(os.environ.get("JOURNAL_STREAM"))
     fmt = "%(levelname)s %(name)s: %(message)s"
     logging.basicConfig(stream=sys.stdout, level=getattr(logging, level.upper()),
                         format=fmt if under_journald else "%(asctime)s " + fmt, force=True)
-    logging.getLogger("alembic").setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
+    for chatty in ("alembic", "jax"):
+        logging.getLogger(chatty).setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 def make_backend(cfg: DaemonConfig, hidden=None):
@@ -177,13 +178,25 @@ def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | N
     its restart cost and shared-node slowdown, up to 64 workers a job; the DL2 world as the demo always ran
     (the config's cluster, 20-minute slots)."""
     if world_name != "today":
-        return {"sim.cluster": cluster, "slot_seconds": slot_seconds}
+        return {"sim.cluster": cluster, "slot_seconds": slot_seconds, "policy.world": world_name}
     from dl2d.sim.worlds import world
 
     w = world(world_name)
     return {"sim.cluster": cluster or w.cluster, "slot_seconds": slot_seconds or w.slot_seconds,
             "sim.resize_overhead_s": w.resize_overhead_s, "sim.shared_node_slowdown": w.shared_node_slowdown,
             "max_workers": w.max_workers}
+
+
+#: The best heuristic of each world on its benchmark workloads (docs/BENCHMARKS.md), shown beside the demo's policy.
+BEST_HEURISTIC = {"today": "elastic", "dl2": "optimus"}
+
+
+def demo_policy(world_name: str) -> str:
+    """The demo's policy when none is given: the learned target-size policy where one is shipped for the world
+    (dl2d/policy/pretrained), else drf."""
+    from dl2d.policy.dl2_target import pretrained
+
+    return "dl2-target" if pretrained(world_name).exists() else "drf"
 
 
 def demo_cluster_gpus(cfg: DaemonConfig) -> int:
@@ -385,6 +398,13 @@ def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> d
                         max_workers=min(cfg.max_workers, feeder.max_workers))
         res = run(feeder.trace, pol, sim, seed=cfg.sim.seed)
         out["bare_sim_avg_jct_hours"] = round(res.avg_jct_hours, 3)
+        best = BEST_HEURISTIC.get(feeder.world)
+        if best and best != cfg.policy.name:  # what the best hand-written rule gets on the same trace
+            from dl2d.policy import registry
+
+            res = run(feeder.trace, registry.build(best), sim, seed=cfg.sim.seed)
+            out["best_heuristic"] = best
+            out["best_heuristic_avg_jct_hours"] = round(res.avg_jct_hours, 3)
     return out
 
 
@@ -397,6 +417,7 @@ def print_report(out: dict[str, Any]) -> None:
     t.add_column("value", justify="right")
     labels = {"world": "world", "cluster": "cluster", "policy": "policy", "jobs": "jobs submitted", "completed": "jobs completed",
               "avg_jct_hours": "avg JCT (h, from the DB)", "bare_sim_avg_jct_hours": "avg JCT, bare simulator (h)",
+              "best_heuristic": "best heuristic", "best_heuristic_avg_jct_hours": "its avg JCT, bare simulator (h)",
               "makespan_hours": "makespan (h)", "slots": "slots run", "resize_events": "start/resize events",
               "fallback_slots": "guardrail fallbacks", "tick_ms_mean": "tick mean (ms)", "tick_ms_max": "tick max (ms)",
               "db_url": "database"}
@@ -420,7 +441,9 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--sim", "use_sim", is_flag=True, help="Shorthand for --backend sim.")
 @click.option("--cluster", help="Simulated cluster preset (t4-16, t4-128, t4-512; tiny, small, testbed, dl2).")
 @click.option("--slot-seconds", type=float, help="Slot length in seconds (default 1200; the today demo 60).")
-@click.option("--policy", type=click.Choice(POLICIES), help="Scheduling policy.")
+@click.option("--policy", type=click.Choice(POLICIES),
+              help="Scheduling policy [default: the config's, drf; the demo: dl2-target where a pretrained policy of "
+                   "the world ships].")
 @click.option("--placement", type=click.Choice(PLACEMENTS), help="Task placement: the policy's own or DLTAP.")
 @click.option("--checkpoint", metavar="FILE", help="Trained policy: DL2 (dl2ctl train) or Chic (.npz).")
 @click.option("--online-rl/--no-online-rl", default=None, help="Learn from every slot's reward.")
@@ -448,7 +471,8 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
         log_level = "warning"
     overrides = {"state_dir": state_dir, "db_url": db_url, "backend": "sim" if (use_sim or demo) else backend,
                  "sim.cluster": cluster, "slot_seconds": slot_seconds,
-                 **(demo_overrides(world, cluster, slot_seconds) if demo else {}), "policy.name": policy,
+                 **(demo_overrides(world, cluster, slot_seconds) if demo else {}),
+                 "policy.name": policy or (demo_policy(world) if demo else None),
                  "policy.placement": placement, "policy.checkpoint": checkpoint, "policy.online_rl": online_rl,
                  "metrics.port": metrics_port, "max_slots": max_slots, "log_level": log_level}
     if no_metrics or (demo and metrics_port is None):

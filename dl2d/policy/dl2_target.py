@@ -15,14 +15,15 @@ log = logging.getLogger("dl2d")
 PRETRAINED_DIR = Path(__file__).with_name("pretrained")
 
 
-def pretrained(world: str = "dl2") -> Path:
+def pretrained(world: str) -> Path:
     """The shipped checkpoint of ``world`` (it may not exist: then no policy of that world ships)."""
     return PRETRAINED_DIR / f"target-{world}.msgpack"
 
 
 def check(options: PolicyOptions) -> list[tuple[str, str]]:
-    if not options.checkpoint and not options.allow_untrained and not pretrained().exists():
-        return [("checkpoint", "policy dl2-target needs a trained checkpoint (dl2ctl train --policy dl2-target --out FILE)")]
+    if not options.checkpoint and not options.allow_untrained and not pretrained(options.world).exists():
+        return [("checkpoint", f"policy dl2-target ships no pretrained policy for the {options.world} world: give a "
+                 "trained checkpoint (dl2ctl train --policy dl2-target --out FILE)")]
     return []
 
 
@@ -32,8 +33,8 @@ def build(options: PolicyOptions):
     from dl2d.policy.checkpoint import load_target
     from dl2d.policy.target import TargetConfig, TargetPolicy, init_params
 
-    if options.checkpoint or pretrained().exists():
-        path = options.checkpoint or str(pretrained())
+    if options.checkpoint or pretrained(options.world).exists():
+        path = options.checkpoint or str(pretrained(options.world))
         ckpt = load_target(path)
         log.info("policy: dl2-target from %s", path)
         return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target")

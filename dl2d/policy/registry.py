@@ -89,6 +89,7 @@ class PolicyOptions:
     resume: str = ""  # an online learner's own checkpoint, preferred over ``checkpoint`` when it exists
     tetris_threshold: int | None = None  # bundles Tetris gives a job before the next (default: the per-job max)
     speed_model: str = "measured"  # the speed table the oracle knows (simulator benchmarks only)
+    world: str = "today"  # the world it schedules (dl2d.sim.worlds): a learned policy's pretrained default
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:

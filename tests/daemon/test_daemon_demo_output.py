@@ -30,7 +30,7 @@ def test_info_logs_name_the_logger_and_skip_slots_that_changed_nothing(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     log = [line for line in r.stdout.splitlines() if " INFO " in line]
     assert log and all(" INFO dl2d: " in line for line in log)  # the logger's name on every line
-    assert any(" INFO dl2d: policy: drf" in line for line in log)
+    assert any(" INFO dl2d: policy: dl2-target from " in line for line in log)  # the shipped DL2-world policy
     slots = [line for line in log if " INFO dl2d: slot " in line]
     assert slots and all(" 0 intents" not in line for line in slots)  # quiet slots are DEBUG
     assert not any("setup plugin" in line for line in log)
@@ -47,6 +47,11 @@ def test_the_demo_runs_todays_world_by_default(tmp_path):
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.stdout.splitlines()
             if line.count("│") == 3}
     assert (rows["world"], rows["cluster"], rows["jobs completed"]) == ("today", "t4-16", "6")
+    from dl2d.daemon.main import demo_policy
+
+    # the learned policy where one ships for the world, and the best heuristic on the same trace beside it
+    assert rows["policy"] == demo_policy("today") and rows["best heuristic"] == "elastic"
+    assert float(rows["its avg JCT, bare simulator (h)"]) > 0
     from dl2d.db.engine import make_engine, session_scope
     from dl2d.db.jobs import list_jobs
 

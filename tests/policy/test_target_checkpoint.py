@@ -89,11 +89,21 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
     assert meta["world"] == "dl2" and meta["held_out_seeds"][0] == 0
     cfg = world("dl2").sim_config(meta["cluster"])
     trace = TR.generate(TR.TraceConfig(num_jobs=meta["jobs"]), seed=0)
-    policy = registry.build("dl2-target")
-    assert registry.problems("dl2-target") == []
+    dl2_world = registry.PolicyOptions(world="dl2")
+    policy = registry.build("dl2-target", dl2_world)
+    assert registry.problems("dl2-target", dl2_world) == []
     got = float(E.run(trace, policy, cfg, seed=0).jct_slots.mean())
     assert got == pytest.approx(meta["held_out_jct_numpy"][0], abs=1e-3)
     assert meta["held_out_jct_numpy_mean"] < meta["optimus_held_out_jct_numpy_mean"]
+
+
+def test_a_world_without_a_shipped_policy_needs_a_checkpoint_and_the_daemon_config_names_the_worlds():
+    from dl2d.daemon.config import WORLDS
+    from dl2d.sim.worlds import WORLDS as SIM_WORLDS
+
+    assert WORLDS == tuple(SIM_WORLDS)
+    [(option, message)] = registry.problems("dl2-target", registry.PolicyOptions(world="mars"))
+    assert option == "checkpoint" and "no pretrained policy for the mars world" in message
 
 
 def test_a_policy_decides_on_a_cluster_whose_limits_are_below_its_levels():
