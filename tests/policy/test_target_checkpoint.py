@@ -97,6 +97,30 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
     assert meta["held_out_jct_numpy_mean"] < meta["optimus_held_out_jct_numpy_mean"]
 
 
+def test_the_shipped_todays_world_policy_loads_and_scores_its_recorded_validation_jct():
+    """The default world's pretrained checkpoint (made by `dl2ctl train --policy dl2-target` with its defaults,
+    recorded in its meta) is what dl2-target builds with no checkpoint, and on its first validation trace, in
+    the JAX environment it was validated in, the greedy policy gets the JCT its meta records."""
+    from dl2d.policy import ppo as P
+    from dl2d.policy import target_train as TT
+    from dl2d.policy.dl2_target import pretrained
+    from dl2d.sim import jaxenv as X
+
+    ckpt = load_target(pretrained("today"))
+    meta = ckpt.meta
+    assert meta["world"] == "today" and meta["command"].startswith("dl2ctl train --policy dl2-target")
+    setup = TT.TrainSetup(**{**meta["setup"], "val_traces": 1})
+    cfg = TT.sim_config(setup)
+    assert ckpt.config == TT.target_config(cfg)
+    env, states = X.from_traces([TT.make_trace(setup, cfg, setup.val_seed)], cfg, setup.jobs, placement=False)
+    final, reached = TT.run_to_end(lambda s, n: P.evaluate(ckpt.config, env, ckpt.params, s, n), states,
+                                   setup.max_eval_slots)
+    [jct], _ = TT.average_jcts(final, reached)
+    assert jct == pytest.approx(meta["validation_jct"][0], abs=1e-2)
+    assert registry.problems("dl2-target") == []  # the default world's policy ships
+    assert meta["validation_jct_mean"] <= meta["teacher_validation_jct_mean"]
+
+
 def test_a_world_without_a_shipped_policy_needs_a_checkpoint_and_the_daemon_config_names_the_worlds():
     from dl2d.daemon.config import WORLDS
     from dl2d.sim.worlds import WORLDS as SIM_WORLDS

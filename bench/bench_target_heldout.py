@@ -1,0 +1,49 @@
+"""A target-size policy checkpoint against the heuristics on held-out traces of the world it was trained in, in
+the NumPy simulator (tasks placed on servers): the traces `dl2ctl train --policy dl2-target` draws (the
+checkpoint's meta says which world, cluster, jobs and load), at seeds no training or validation used.
+
+    python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from dl2d.policy import registry
+from dl2d.policy import target_train as TT
+from dl2d.policy.checkpoint import load_target
+from dl2d.policy.target import TargetPolicy
+from dl2d.sim import engine as E
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint")
+    ap.add_argument("--seeds", default="20000-20004", help="first-last trace seeds")
+    ap.add_argument("--heuristics", default="slurm,tiresias,drf,optimus,elastic")
+    args = ap.parse_args()
+    ck = load_target(args.checkpoint)
+    setup = TT.TrainSetup(**ck.meta["setup"])
+    first, last = (int(x) for x in args.seeds.split("-"))
+    seeds = range(first, last + 1)
+    used = set(setup.training_seeds()) | set(setup.validation_seeds())
+    if used & set(seeds):
+        raise SystemExit(f"seeds {sorted(used & set(seeds))} were used in training or validation")
+    cfg = TT.sim_config(setup)
+    traces = [TT.make_trace(setup, cfg, s) for s in seeds]
+    makers = {n: (lambda n=n: registry.make_heuristic(n)) for n in args.heuristics.split(",") if n}
+    makers["learned"] = lambda: TargetPolicy(ck.config, ck.params)
+    out = {}
+    for name, make in makers.items():
+        jcts = [round(float(E.run(t, make(), cfg, seed=s).jct_slots.mean()), 2) for s, t in zip(seeds, traces)]
+        out[name] = {"per_trace": jcts, "mean": round(float(np.mean(jcts)), 2)}
+        print(json.dumps({"policy": name, **out[name]}), flush=True)
+    best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
+    print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [first, last],
+                      "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4)}))
+
+
+if __name__ == "__main__":
+    main()
