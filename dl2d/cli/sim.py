@@ -89,7 +89,6 @@ def site_speed_model(value: str, trace) -> tuple:
     on stderr, as they change nothing."""
     if value in ("measured", "parametric"):
         return None, value
-    from dl2d.workload.catalog import MODEL_NAMES
     from dl2d.workload.speedfit import SiteSpeeds, SpeedModelError, load_speed_model
 
     try:
@@ -97,7 +96,7 @@ def site_speed_model(value: str, trace) -> tuple:
     except SpeedModelError as e:
         raise click.BadParameter(f"{e} (give measured, parametric or a file from dl2ctl calibrate)",
                                  param_hint="--speed-model") from None
-    models = {MODEL_NAMES[int(t)] for t in trace.type_idx[trace.allreduce]}
+    models = {n for n, ar in zip(trace.speed_names(), trace.allreduce) if ar}
     unused = [n for n in site.names() if n not in models]
     if unused:
         click.echo(f"--speed-model: {', '.join(unused)}: no all-reduce model of this trace; those curves are not "
@@ -306,6 +305,10 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
             raise click.BadParameter(f"cannot write {save_trace}: {e.strerror}", param_hint="--save-trace") from None
 
     site, speed_model = site_speed_model(speed_model, trace)
+    try:
+        trace.check_site(site)
+    except T.TraceError as e:
+        raise click.BadParameter(str(e), param_hint="--trace") from None
     schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy

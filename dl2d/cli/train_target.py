@@ -35,13 +35,18 @@ def load_site(value: str | None, world: str):
         site = SiteSpeeds.of(load_speed_model(value), source=str(value))
     except SpeedModelError as e:
         raise click.BadParameter(str(e), param_hint="--speed-model") from None
-    unused = [n for n in site.names() if n not in ALLREDUCE_MODELS]
+    if site.mix:  # the training traces are the site's own mix: every class with a recorded mix is trained on
+        mixed = {name for name, _, _ in site.mix}
+        unused = [n for n in site.names() if n not in mixed]
+        why = "no job mix recorded for it (jobs, epochs), so no training job is of it"
+    else:
+        unused = [n for n in site.names() if n not in ALLREDUCE_MODELS]
+        why = f"not a model of the training traces ({', '.join(ALLREDUCE_MODELS)})"
     if unused:
-        click.echo(f"--speed-model: {', '.join(unused)}: not a model of the training traces "
-                   f"({', '.join(ALLREDUCE_MODELS)}); those curves are not used", err=True)
+        click.echo(f"--speed-model: {', '.join(unused)}: {why}; those curves are not used", err=True)
     if len(unused) == len(site.names()):
-        raise click.BadParameter(f"{value}: none of its classes is a model of the training traces, so it would "
-                                 "change nothing", param_hint="--speed-model")
+        raise click.BadParameter(f"{value}: none of its classes is in the training traces, so it would change "
+                                 "nothing", param_hint="--speed-model")
     return site
 
 

@@ -61,6 +61,7 @@ from dl2d.daemon.backend import (
 )
 from dl2d.sim import allreduce
 from dl2d.sim.cluster import ClusterSpec
+from dl2d.workload.catalog import MODEL_NAMES
 from dl2d.workload.jobtypes import JOB_TYPES, TYPE_NAMES
 from dl2d.workload.speed import epochs_trained, speed_table
 
@@ -302,7 +303,8 @@ class SimBackend:
         known = [k for k, j in enumerate(jobs) if j["type"] != jobmodel.UNSEEN_MODEL]
         rates = np.zeros(len(jobs))
         if known:
-            rates[known] = allreduce.epoch_rates([jobs[k]["type"] for k in known], [jobs[k]["batch"] for k in known],
+            rates[known] = allreduce.epoch_rates([MODEL_NAMES[jobs[k]["type"]] for k in known],
+                                                 [jobs[k]["batch"] for k in known],
                                                  [servers[k] for k in known], gpw[known])
         for k, j in enumerate(jobs):
             if j["type"] == jobmodel.UNSEEN_MODEL:

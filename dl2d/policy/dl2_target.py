@@ -11,6 +11,9 @@ from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
 
 log = logging.getLogger("dl2d")
 
+#: The job kinds a checkpoint trained in a world has seen (its meta's ``world``); jobs of other kinds get the
+#: teacher's sizes (dl2d.policy.target.TargetPolicy)
+TRAINED_KINDS = {"today": ("allreduce",), "dl2": ("ps",)}
 #: The pretrained checkpoints inside the package (docs/BENCHMARKS.md says how each was made and how it scores).
 PRETRAINED_DIR = Path(__file__).with_name("pretrained")
 
@@ -37,7 +40,8 @@ def build(options: PolicyOptions):
         path = options.checkpoint or str(pretrained(options.world))
         ckpt = load_target(path)
         log.info("policy: dl2-target from %s", path)
-        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target")
+        kinds = TRAINED_KINDS.get(ckpt.meta.get("world"), ("ps", "allreduce"))
+        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target", kinds=kinds)
     log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained)")
     cfg = TargetConfig()
     return TargetPolicy(cfg, init_params(cfg, jax.random.PRNGKey(options.seed)), name="dl2-target")

@@ -287,13 +287,21 @@ class TargetPolicy:
     servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order: each job's PS, then
     its workers, while its targets and the servers allow (a PS job none of whose workers fit holds no PS). Jobs
     are padded to 64 rows, or the next power of two above, for the jitted network (one compilation up to 64 jobs,
-    one more per doubling)."""
+    one more per doubling). ``kinds``: the job kinds it was trained on ("ps", "allreduce"); a job of another
+    kind gets its teacher's (Optimus's) sizes."""
 
-    def __init__(self, cfg: TargetConfig, params, name: str = "target"):
+    def __init__(self, cfg: TargetConfig, params, name: str = "target", kinds: tuple[str, ...] = ("ps", "allreduce")):
         self.cfg, self.params, self.name = cfg, params, name
+        self.kinds = tuple(kinds)
+        knows_ps, knows_ar = "ps" in kinds, "allreduce" in kinds
+
         def decide(p, o):
             o = with_optimus(o)
-            return jnp.argmax(apply(cfg, p, job_features(cfg, o), o["active"], o["allreduce"])[0], axis=1)
+            learned = jnp.argmax(apply(cfg, p, job_features(cfg, o), o["active"], o["allreduce"])[0], axis=1)
+            # a job of a kind it never trained on (a PS job for a policy of today's all-reduce world) gets what
+            # its teacher, Optimus, would give it: the network's choice for it is a guess (it starved PS jobs)
+            unknown = jnp.where(o["allreduce"], not knows_ar, not knows_ps)
+            return jnp.where(unknown, teacher_actions(cfg, o), learned)
 
         self._decide = jax.jit(decide)
 

@@ -85,14 +85,18 @@ def sim_config(setup: TrainSetup, site=None) -> SimConfig:
 
 
 def make_trace(setup: TrainSetup, cfg: SimConfig, seed: int) -> TR.Trace:
-    """One trace of the setup's world: DL2's generator, or a seeded Philly workload at the setup's load."""
+    """One trace of the setup's world: DL2's generator, or a seeded Philly workload at the setup's load. With a
+    site's speed model that records its job mix (``dl2ctl calibrate``), the jobs are of the site's own classes,
+    as often and as long as they came (dl2d.sim.trace.from_workload's ``site_mix``)."""
     if setup.world == "dl2":
         return TR.generate(TR.TraceConfig(num_jobs=setup.jobs), seed=seed)
     from dl2d.workload import philly
 
     wl = philly.generate(setup.jobs, load=setup.load, cluster_gpus=int(cfg.cluster.capacity[0]), seed=seed,
                          max_gpus=cfg.max_workers)
-    return TR.from_workload(wl, cfg.slot_seconds, seed=seed, config={"workload": "philly", "load": setup.load})
+    mix = cfg.site_speeds.mix if cfg.site_speeds is not None else ()
+    return TR.from_workload(wl, cfg.slot_seconds, seed=seed, config={"workload": "philly", "load": setup.load},
+                            site_mix=mix)
 
 
 def target_config(cfg: SimConfig) -> T.TargetConfig:

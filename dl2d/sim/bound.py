@@ -97,19 +97,20 @@ def srpt_completions(release: np.ndarray, size: np.ndarray) -> np.ndarray:
 
 def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
     """The bound of the module docstring for ``trace`` under ``cfg``."""
+    trace.check_site(cfg.site_speeds)
     n = len(trace)
     table = speed_table(cfg.speed_model)
     per_node = max(int(cfg.cluster.gpus), 1)
     rate, work = np.zeros(n), np.zeros(n)
     cache: dict = {}
+    names = trace.speed_names()
     for i in range(n):
         t = int(trace.type_idx[i])
         if trace.allreduce[i]:
             g = max(int(round(catalog.WORKER_DEMAND[t, 0])), 1)
-            key = (t, float(trace.batch_size[i]))
+            key = (names[i], float(trace.batch_size[i]))
             if key not in cache:
-                cache[key] = best_allreduce(catalog.MODEL_NAMES[t], key[1], cfg.max_workers, g, per_node,
-                                            cfg.site_speeds)
+                cache[key] = best_allreduce(names[i], key[1], cfg.max_workers, g, per_node, cfg.site_speeds)
             rate[i], work[i] = cache[key]
         else:
             rate[i], work[i] = best_ps(t, table, cfg.max_ps, cfg.max_workers)

@@ -118,8 +118,9 @@ def trace_speed_estimate(trace: Trace, cfg: SimConfig) -> np.ndarray:
     if key not in cache:
         est = speed_estimate(trace.type_idx, trace.batch_size, cfg.max_ps, cfg.max_workers, cfg.cluster.gpus)
         if cfg.site_speeds is not None:  # the site's own curve is what its scheduler would know
+            names = trace.speed_names()
             for j in np.flatnonzero(trace.allreduce):
-                model = MODEL_NAMES[int(trace.type_idx[j])]
+                model = names[j]
                 if model in cfg.site_speeds.names():
                     g = max(int(np.ceil(WORKER_DEMAND[int(trace.type_idx[j]), 0])), 1)
                     est[j, 0] = [cfg.site_speeds.epochs_per_s(model, w * g) for w in range(cfg.max_workers + 1)]
@@ -206,7 +207,8 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     ar_jobs = np.flatnonzero(ar)
     if len(ar_jobs):
         servers = [w_srv[j] for j in ar_jobs]
-        rate = allreduce.epoch_rates(view.type_idx[ar_jobs], trace.batch_size[jobs[ar_jobs]], servers,
+        names = trace.__dict__.get("_names") or trace.__dict__.setdefault("_names", trace.speed_names())
+        rate = allreduce.epoch_rates([names[i] for i in jobs[ar_jobs]], trace.batch_size[jobs[ar_jobs]], servers,
                                      view.worker_demand[ar_jobs, 0], cfg.site_speeds)
         shared = allreduce.shares_a_server(servers)
         epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
@@ -267,8 +269,8 @@ class SimResult:
 
     def per_type_jct_hours(self) -> dict[str, float]:
         h = self.slot_seconds / 3600
-        return {MODEL_NAMES[t]: float(np.mean(self.jct_slots[self.type_idx == t]) * h)
-                for t in np.unique(self.type_idx)}
+        return {MODEL_NAMES[t] if t < len(MODEL_NAMES) else "site classes":
+                float(np.mean(self.jct_slots[self.type_idx == t]) * h) for t in np.unique(self.type_idx)}
 
     def summary(self) -> dict:
         return {
@@ -296,6 +298,7 @@ class SimResult:
 def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfig = SimConfig(), seed: int = 0,
         on_slot: Callable[[SimState], None] | None = None, name: str | None = None) -> SimResult:
     """Simulate the whole trace with one scheduler until every job finishes."""
+    trace.check_site(cfg.site_speeds)
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     table = speed_table(cfg.speed_model)

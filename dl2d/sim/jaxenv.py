@@ -177,6 +177,8 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
     n = len(trace)
     if n > max_jobs:
         raise ValueError(f"a trace of {n} jobs does not fit max_jobs = {max_jobs}")
+    trace.check_site(cfg.site_speeds)
+    names = trace.speed_names()
     f = _ftype()
     J = max_jobs
     pad = lambda a, fill, dtype: np.concatenate([np.asarray(a, dtype), np.full(J - n, fill, dtype)])  # noqa: E731
@@ -190,9 +192,10 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
     site_rate = np.zeros((n, g_max + 1))
     use_site = np.zeros(n, bool)
     for j in np.flatnonzero(ar):
-        model, batch = MODEL_NAMES[t[j]], float(trace.batch_size[j])
-        iters[j] = catalog.iterations_per_epoch(model, batch)
-        meas[j] = _measured_rates(model, batch)
+        model, batch = names[j], float(trace.batch_size[j])
+        if t[j] != catalog.UNSEEN:  # a site's own class has only the site's curve (check_site: it has one)
+            iters[j] = catalog.iterations_per_epoch(model, batch)
+            meas[j] = _measured_rates(model, batch)
         if site is not None and model in site.names():
             use_site[j] = True
             site_rate[j] = [site.epochs_per_s(model, g) for g in range(g_max + 1)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.workload.catalog import IS_ALLREDUCE, MODEL_NAMES, model_index
+from dl2d.workload.catalog import IS_ALLREDUCE, MODEL_NAMES, UNSEEN, model_index
 from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES, type_index
 
 FORMAT = "dl2d-trace"
@@ -61,7 +61,7 @@ MAX_BATCH_SIZE = 2 ** 20
 #: gives a job at most its world's max_workers (64 today, 16 in DL2's world) anyway.
 MAX_REQUESTED_WORKERS = 4096
 #: A model name is a few characters; a longer "type" is shown cut in the error, not looked up.
-MAX_TYPE_CHARS = 64
+MAX_TYPE_CHARS = 133  # "site:" and a class name of at most 128 (dl2d.workload.speedfit.CLASS_NAME)
 #: (low, high, low bound open, integer) of every numeric field of a job record.
 FIELD_BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
     "arrival_slot": (0, MAX_ARRIVAL_SLOT, False, True),
@@ -71,6 +71,10 @@ FIELD_BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
     "batch_size": (0, MAX_BATCH_SIZE, False, False),  # > 0 for an all-reduce job; a PS job's may be 0 (unused)
     "requested_workers": (1, MAX_REQUESTED_WORKERS, False, True),
 }
+
+
+#: A trace file's ``type`` of a job of a site's own class (dl2d.workload.speedfit): ``site:my-llm``.
+SITE_PREFIX = "site:"
 
 
 class TraceError(ValueError):
@@ -122,6 +126,9 @@ class Trace:
     config: dict = field(default_factory=dict)
     batch_size: np.ndarray | None = None  # total batch of all-reduce jobs (0 for PS jobs); None: all 0
     requested: np.ndarray | None = None  # workers each job asked for; None: 1 each
+    #: a site's own job class per job ("" for none): an all-reduce job of a class the catalog does not hold
+    #: (type_idx = catalog.UNSEEN), whose speed only a site's speed model gives; None: no such job
+    site_class: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_slot)
@@ -130,18 +137,38 @@ class Trace:
     def allreduce(self) -> np.ndarray:
         return IS_ALLREDUCE[self.type_idx]
 
+    def speed_names(self) -> list[str]:
+        """Each job's model, or its site class: the name its speed is looked up by."""
+        return [c or MODEL_NAMES[t] for t, c in zip(self.type_idx, self.site_class)]
+
+    def check_site(self, site) -> None:
+        """TraceError unless a site's speed model (dl2d.workload.speedfit.SiteSpeeds, or None) holds the
+        class of every job that has one: nothing else knows how fast such a job trains."""
+        names = set(site.names()) if site is not None else set()
+        for j, c in enumerate(self.site_class):
+            if c and c not in names:
+                raise TraceError(f"job {j + 1}: class {c!r} has no curve in the speed model"
+                                 + ("" if site is not None else " (no --speed-model given)"))
+
     def __post_init__(self):
         n = len(self.arrival_slot)
         if self.batch_size is None:
             object.__setattr__(self, "batch_size", np.zeros(n))
         if self.requested is None:
             object.__setattr__(self, "requested", np.ones(n, int))
-        for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor", "batch_size", "requested"):
+        if self.site_class is None:
+            object.__setattr__(self, "site_class", np.full(n, "", dtype=object))
+        for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor", "batch_size", "requested",
+                     "site_class"):
             if len(getattr(self, name)) != n:
                 raise TraceError(f"trace column {name} has {len(getattr(self, name))} rows, expected {n}")
-        if n and (np.any(self.type_idx < 0) or np.any(self.type_idx >= len(MODEL_NAMES))):
+        if n and (np.any(self.type_idx < 0) or np.any(self.type_idx > UNSEEN)):
             raise TraceError("trace column type_idx has a model index outside the catalog")
-        bad = np.flatnonzero(self.allreduce & ~(np.asarray(self.batch_size) > 0))
+        labelled = np.array([bool(c) for c in self.site_class], bool)
+        wrong = np.flatnonzero(labelled != (np.asarray(self.type_idx) == UNSEEN))
+        if len(wrong):
+            raise TraceError(f"job {int(wrong[0]) + 1}: a job has a site class exactly when it is of no catalog model")
+        bad = np.flatnonzero(self.allreduce & ~labelled & ~(np.asarray(self.batch_size) > 0))
         if len(bad):
             raise TraceError(f"job {int(bad[0]) + 1}: an all-reduce job ({MODEL_NAMES[self.type_idx[bad[0]]]}) "
                              "needs a batch_size > 0")
@@ -193,11 +220,12 @@ def generate(cfg: TraceConfig = TraceConfig(), seed: int = 0) -> Trace:
 
 
 def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: float = 0.27,
-                  epoch_estimate_error: float = 0.0, config: dict | None = None) -> Trace:
+                  epoch_estimate_error: float = 0.0, config: dict | None = None, site_mix=()) -> Trace:
     """A trace of all-reduce jobs from a workload (dl2d.workload.workloads / .philly: arrival second, model, GPUs
     asked for, total batch). Each job needs its model's epochs to converge (dl2d.workload.catalog), told to the
     scheduler with ``epoch_estimate_error`` as in :class:`TraceConfig`, asks for one worker per GPU and gets a
-    hidden interference factor as DL2's jobs do; it arrives in the slot its second falls in."""
+    hidden interference factor as DL2's jobs do; it arrives in the slot its second falls in. ``site_mix``: a
+    site's own job mix replaces the workload's models (:func:`_site_classes`)."""
     from dl2d.workload.catalog import epochs_to_converge  # noqa: PLC0415 (scipy fit on first use only)
 
     if not slot_seconds > 0:
@@ -209,16 +237,43 @@ def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: 
         raise TraceError("a workload with no jobs")
     n = len(jobs)
     rng = np.random.default_rng(seed)
+    types = np.array([model_index(j.model) for j in jobs])
+    classes = np.full(n, "", dtype=object)
+    batch = np.array([float(j.batch_size) for j in jobs])
     est = np.array([float(epochs_to_converge(j.model)) for j in jobs])
+    if site_mix:
+        types, classes, batch, est = _site_classes(jobs, site_mix, seed)
     true = est * (1 + epoch_estimate_error * rng.uniform(-1, 1, n))
     s = interference_sigma
     factor = np.exp(rng.normal(-s * s / 2, s, n)) if s > 0 else np.ones(n)
-    return Trace(np.array([int(j.arrival_s // slot_seconds) for j in jobs]),
-                 np.array([model_index(j.model) for j in jobs]), est, np.maximum(true, 0.01), factor,
-                 config={**(config or {}), "seed": seed, "slot_seconds": slot_seconds,
-                         "interference_sigma": interference_sigma, "epoch_estimate_error": epoch_estimate_error},
-                 batch_size=np.array([float(j.batch_size) for j in jobs]),
-                 requested=np.array([int(j.gpus) for j in jobs]))
+    return Trace(np.array([int(j.arrival_s // slot_seconds) for j in jobs]), types, est, np.maximum(true, 0.01),
+                 factor, config={**(config or {}), "seed": seed, "slot_seconds": slot_seconds,
+                                 "interference_sigma": interference_sigma,
+                                 "epoch_estimate_error": epoch_estimate_error},
+                 batch_size=batch, requested=np.array([int(j.gpus) for j in jobs]), site_class=classes)
+
+
+def _site_classes(jobs, mix, seed: int):
+    """A site's own job mix on a workload's jobs (their arrivals and GPUs kept): each job's class drawn from
+    ``mix`` ((class, jobs seen, median epochs), dl2d.workload.speedfit.SiteSpeeds.mix) in proportion to the jobs
+    seen, with that class's median epochs as its work. A class that is a catalog model becomes that model (its
+    total batch the Philly workloads' per-GPU batch times its GPUs); any other is a site class (UNSEEN).
+    Drawn from their own random stream, so the rest of the trace is the same with or without a mix."""
+    from dl2d.workload.catalog import ALLREDUCE_MODELS
+    from dl2d.workload.philly import BATCH_PER_GPU
+
+    rng = np.random.default_rng([seed, 1])
+    weights = np.array([m[1] for m in mix], float)
+    drawn = rng.choice(len(mix), size=len(jobs), p=weights / weights.sum())
+    types, classes, batch, est = [], [], [], []
+    for j, k in zip(jobs, drawn):
+        name, _, epochs = mix[k]
+        known = name in ALLREDUCE_MODELS
+        types.append(model_index(name) if known else UNSEEN)
+        classes.append("" if known else name)
+        batch.append(float(BATCH_PER_GPU[name] * j.gpus) if known else 0.0)
+        est.append(float(min(max(epochs, MIN_EPOCHS), MAX_TRACE_EPOCHS)))
+    return np.array(types), np.array(classes, dtype=object), np.array(batch), np.array(est)
 
 
 # ---------------------------------------------------------------- files
@@ -227,7 +282,8 @@ def to_records(trace: Trace) -> list[dict]:
     """One record per job; the optional fields only where the trace has all-reduce jobs or sized requests."""
     extra = bool(np.any(trace.allreduce) or np.any(trace.requested != 1))
     return [
-        {"id": i, "arrival_slot": int(trace.arrival_slot[i]), "type": MODEL_NAMES[trace.type_idx[i]],
+        {"id": i, "arrival_slot": int(trace.arrival_slot[i]),
+         "type": SITE_PREFIX + trace.site_class[i] if trace.site_class[i] else MODEL_NAMES[trace.type_idx[i]],
          "est_epochs": float(trace.est_epochs[i]), "true_epochs": float(trace.true_epochs[i]),
          "speed_factor": float(trace.speed_factor[i]),
          **({"batch_size": float(trace.batch_size[i]), "requested_workers": int(trace.requested[i])}
@@ -279,7 +335,8 @@ def _number(rec: dict, key: str, where: str, *, lo_open: bool = False) -> float:
     return v
 
 
-def _model(rec: dict, where: str) -> int:
+def _model(rec: dict, where: str) -> tuple[int, str]:
+    """(model index, site class or ""): ``type`` is a catalog model, or ``site:CLASS``, a site's own class."""
     name = rec.get("type")
     if name in (None, ""):
         raise TraceError(f"{where}: missing field 'type'")
@@ -287,24 +344,32 @@ def _model(rec: dict, where: str) -> int:
         raise TraceError(f"{where}: field 'type' must be a model name, got {_show(name)}")
     if len(name) > MAX_TYPE_CHARS:
         raise TraceError(f"{where}: unknown model {_show(name)}")
+    if name.startswith(SITE_PREFIX):
+        from dl2d.workload.speedfit import CLASS_NAME
+
+        cls = name[len(SITE_PREFIX):]
+        if not CLASS_NAME.match(cls):
+            raise TraceError(f"{where}: site class {_show(cls)}: 1-128 of letters, digits, . _ / @ + -")
+        return UNSEEN, cls
     try:
-        return model_index(name)
+        return model_index(name), ""
     except ValueError as e:
-        raise TraceError(f"{where}: {e}") from None
+        raise TraceError(f"{where}: {e} (or site:CLASS, a class of the speed model)") from None
 
 
 def _row(rec, where: str) -> tuple:
-    """One job record checked field by field: (arrival, model index, est, true, factor, batch, requested)."""
+    """One job record checked field by field: (arrival, model index, est, true, factor, batch, requested, site
+    class)."""
     if not isinstance(rec, dict):
         raise TraceError(f"{where}: expected an object with fields {', '.join(CSV_FIELDS)}")
-    t = _model(rec, where)
-    if IS_ALLREDUCE[t]:
+    t, cls = _model(rec, where)
+    if IS_ALLREDUCE[t] and not cls:
         batch = _number(rec, "batch_size", where, lo_open=True)
     else:
         batch = 0.0 if rec.get("batch_size") in (None, "") else _number(rec, "batch_size", where)
     requested = 1 if rec.get("requested_workers") in (None, "") else int(_number(rec, "requested_workers", where))
     return (int(_number(rec, "arrival_slot", where)), t, _number(rec, "est_epochs", where),
-            _number(rec, "true_epochs", where), _number(rec, "speed_factor", where), batch, requested)
+            _number(rec, "true_epochs", where), _number(rec, "speed_factor", where), batch, requested, cls)
 
 
 def from_records(records: list[dict], config: dict | None = None, source: str = "trace",
@@ -323,7 +388,7 @@ def from_records(records: list[dict], config: dict | None = None, source: str = 
     cols = list(zip(*rows))
     return Trace(np.array(cols[0], int), np.array(cols[1], int), np.array(cols[2]), np.array(cols[3]),
                  np.array(cols[4]), config=dict(config or {}), batch_size=np.array(cols[5], float),
-                 requested=np.array(cols[6], int))
+                 requested=np.array(cols[6], int), site_class=np.array(cols[7], dtype=object))
 
 
 def save(trace: Trace, path: str | Path) -> None:

@@ -89,6 +89,21 @@ def gather(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClassSamples]:
     return classes
 
 
+def class_mix(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, float]]:
+    """Per all-reduce class, (how many jobs, the median of their ``total_epochs``): the site's own job mix, so
+    that training on its twin draws jobs of its classes as often and as long as they came (rows as
+    :func:`gather`'s, with ``total_epochs``)."""
+    epochs: dict[str, dict[int, float]] = {}
+    for r in rows:
+        spec = r["spec"] or {}
+        if spec.get("kind") != "allreduce":
+            continue
+        e = r.get("total_epochs")
+        if isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0 and math.isfinite(e):
+            epochs.setdefault(job_class(r["job_type"], spec), {})[int(r["job_id"])] = float(e)
+    return {name: (len(per_job), float(np.median(list(per_job.values())))) for name, per_job in epochs.items()}
+
+
 def class_prior(c: ClassSamples, per_node: int, max_gpus: int) -> np.ndarray:
     """[max_gpus + 1] the stated prior's seconds per epoch of a class on 0..max_gpus GPUs (index 0 unused)."""
     requested = int(np.median(c.requested_gpus)) if c.requested_gpus else 1

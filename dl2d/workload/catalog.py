@@ -37,8 +37,10 @@ MODEL_INDEX = {n: i for i, n in enumerate(MODEL_NAMES)}
 #: dl2d.daemon.jobmodel): one past the catalog. Model classes, for encodings that one-hot them: NUM_CLASSES.
 UNSEEN = len(MODEL_NAMES)
 NUM_CLASSES = len(MODEL_NAMES) + 1
-#: [models] True where the model trains with all-reduce (no parameter servers)
-IS_ALLREDUCE = np.array([i >= NUM_DL2_TYPES for i in range(len(MODEL_NAMES))])
+#: [classes] True where the model trains with all-reduce (no parameter servers); UNSEEN's row: an all-reduce
+#: job of a class the catalog does not hold (a site's own, dl2d.workload.speedfit), whose speed only a site's
+#: speed model gives
+IS_ALLREDUCE = np.array([i >= NUM_DL2_TYPES for i in range(NUM_CLASSES)])
 #: One worker of an all-reduce job: one GPU (one rank), with a quarter of the measured nodes' CPUs and memory
 #: (16 x 4 T4 nodes of 48 vCPUs / 192 GB, data/pollux/README.md) less room for the system.
 ALLREDUCE_WORKER = TaskDemand(1.0, 8.0, 40.0)
@@ -69,8 +71,8 @@ def default_demand(type_idx: int) -> JobDemand:
     return ALLREDUCE_DEMAND if IS_ALLREDUCE[type_idx] else JOB_TYPES[type_idx].demand
 
 
-WORKER_DEMAND = np.array([default_demand(i).worker.as_array() for i in range(len(MODEL_NAMES))])
-PS_DEMAND = np.array([default_demand(i).ps.as_array() for i in range(len(MODEL_NAMES))])
+WORKER_DEMAND = np.array([default_demand(i).worker.as_array() for i in range(NUM_CLASSES)])
+PS_DEMAND = np.array([default_demand(i).ps.as_array() for i in range(NUM_CLASSES)])
 
 
 def demand_fields(type_idx) -> dict:
@@ -136,7 +138,7 @@ def speed_estimate(type_idx, batch_size, max_ps: int, max_workers: int, gpus_per
     per_node = max(int(gpus_per_node), 1)
     g = np.ones(len(t)) if gpus_per_worker is None else np.asarray(gpus_per_worker, float)
     b = np.asarray(batch_size, float)
-    for j in np.flatnonzero(IS_ALLREDUCE[t]):
+    for j in np.flatnonzero(IS_ALLREDUCE[t] & (t != UNSEEN)):  # an unseen class: no belief here (zeros)
         gw = max(int(math.ceil(g[j])), 1)
         out[j, 0] = _allreduce_curve(MODEL_NAMES[t[j]], float(b[j]), gw, per_node, max_workers)
     return out

@@ -34,6 +34,9 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_CLASSES = 10_000
 MAX_GPUS = 4096
 MAX_SECONDS_PER_EPOCH = 1e9
+#: A class's recorded mix: jobs seen (a site's history) and their median epochs (the trace's bound on epochs)
+MAX_JOBS = 10_000_000
+MAX_EPOCHS = 1e6
 CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+-]{0,127}\Z")
 
 
@@ -107,6 +110,8 @@ class ClassSpeed:
     seconds_per_epoch: np.ndarray
     fitted: bool  # False: too few observations, the stated prior (scaled to any there were)
     observed: Mapping[int, tuple[int, float]]  # GPUs -> (slots, mean seconds per epoch)
+    jobs: int | None = None  # how many jobs of the class the daemon saw (the site's mix); None: not recorded
+    epochs: float | None = None  # their median total epochs; None: not recorded
 
     def epochs_per_s(self, gpus: int) -> float:
         g = min(max(int(gpus), 0), len(self.seconds_per_epoch) - 1)
@@ -120,11 +125,15 @@ class SiteSpeeds:
 
     curves: tuple[tuple[str, tuple[float, ...]], ...]
     source: str = ""
+    #: (class, jobs, median epochs) of the classes whose file records the site's job mix
+    mix: tuple[tuple[str, int, float], ...] = ()
 
     @staticmethod
     def of(classes: Mapping[str, ClassSpeed], source: str = "") -> "SiteSpeeds":
         return SiteSpeeds(tuple(sorted((n, tuple(float(x) for x in c.seconds_per_epoch[1:]))
-                                       for n, c in classes.items())), source)
+                                       for n, c in classes.items())), source,
+                          tuple(sorted((n, int(c.jobs), float(c.epochs)) for n, c in classes.items()
+                                       if c.jobs is not None and c.epochs is not None)))
 
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.curves)
@@ -144,8 +153,9 @@ class SpeedModelError(ValueError):
 
 
 def speed_model_doc(classes: Mapping[str, tuple[np.ndarray, np.ndarray, bool, Mapping[int, tuple[int, float]]]],
-                    source: str) -> dict[str, Any]:
-    """The file's JSON: per class ``(theta, seconds per epoch [max + 1], fitted, observed)``."""
+                    source: str, mix: Mapping[str, tuple[int, float]] | None = None) -> dict[str, Any]:
+    """The file's JSON: per class ``(theta, seconds per epoch [max + 1], fitted, observed)``, and where ``mix``
+    has the class, its ``jobs`` (how many came) and ``epochs`` (their median total epochs)."""
     out: dict[str, Any] = {"format": SPEED_MODEL_FORMAT, "version": SPEED_MODEL_VERSION, "source": source,
                            "curve": "seconds per epoch on g GPUs: T(g) = a / g + b + c g", "classes": {}}
     for name, (theta, t, fitted, observed) in sorted(classes.items()):
@@ -155,6 +165,8 @@ def speed_model_doc(classes: Mapping[str, tuple[np.ndarray, np.ndarray, bool, Ma
             "observed": {str(g): {"slots": int(n), "seconds_per_epoch": round(float(s), 6)}
                          for g, (n, s) in sorted(observed.items())},
         }
+        if mix and name in mix:
+            out["classes"][name].update(jobs=int(mix[name][0]), epochs=round(float(mix[name][1]), 6))
     return out
 
 
@@ -194,8 +206,14 @@ def parse_speed_model(text: str, source: str = "speed model") -> dict[str, Class
                 observed[int(g)] = (int(o["slots"]), float(o["seconds_per_epoch"]))
             except (TypeError, ValueError, KeyError):
                 raise bad(f"class {name}: observed[{g!r}] must be {{slots, seconds_per_epoch}}") from None
+        jobs, epochs = c.get("jobs"), c.get("epochs")
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS):
+            raise bad(f"class {name}: jobs must be an integer in [1, {MAX_JOBS}], got {jobs!r}")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, (int, float))
+                                   or not 0 < epochs <= MAX_EPOCHS):
+            raise bad(f"class {name}: epochs must be a number in (0, {MAX_EPOCHS:g}], got {epochs!r}")
         out[name] = ClassSpeed(name, np.array([np.inf] + [float(x) for x in curve]), bool(c.get("fitted")),
-                               observed)
+                               observed, jobs, None if epochs is None else float(epochs))
     return out
 
 

@@ -21,7 +21,13 @@ from dl2d.db.jobs import submit_job
 from dl2d.policy.registry import StatelessPolicy
 from dl2d.workload import catalog
 from dl2d.workload.calibration import gather
-from dl2d.workload.speedfit import SpeedModelError, anchored_curve, load_speed_model, parse_speed_model
+from dl2d.workload.speedfit import (
+    SiteSpeeds,
+    SpeedModelError,
+    anchored_curve,
+    load_speed_model,
+    parse_speed_model,
+)
 
 JOBS = {"cifar": ("cifar10", 512.0, None), "speech": ("deepspeech2", 80.0, "speech-80"), "lone": ("bert", 96.0, None)}
 SWEEP, HOLD = (1, 2, 4, 8, 16), 5  # 5 slots at each size: 4 samples (the first holds the resize)
@@ -86,6 +92,9 @@ def test_calibrate_recovers_the_hidden_curves_at_every_gpu_count_it_saw(tmp_path
     doc = json.loads(out.read_text())
     assert doc["format"] == "dl2d-speed-model" and doc["version"] == 1 and len(doc["classes"]["cifar10"]
                                                                               ["seconds_per_epoch"]) == 64
+    # the site's job mix: how many jobs of each class came and their median total epochs (a twin's traces)
+    assert all(c["jobs"] >= 1 and c["epochs"] > 0 for c in doc["classes"].values())
+    assert {name for name, _, _ in SiteSpeeds.of(load_speed_model(out)).mix} == {"cifar10", "speech-80", "bert"}
 
 
 def test_calibrate_with_nothing_to_fit_or_nowhere_to_write_says_so_and_writes_nothing(tmp_path):
@@ -133,6 +142,14 @@ def test_the_anchored_curve_keeps_what_was_measured_and_the_form_between():
      "on 1 GPUs must be a number"),
     ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": []}}}', "list of 1-"),
     ("[" * 100000 + "]" * 100000, "not JSON"),
+    ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], "jobs": 0}}}',
+     "class a: jobs must be an integer in .1,"),
+    ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], "jobs": 2.5}}}',
+     "class a: jobs must be an integer"),
+    ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], "epochs": -1}}}',
+     "class a: epochs must be a number in (0,"),
+    ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], "epochs": "9"}}}',
+     "class a: epochs must be a number"),
 ])
 def test_a_file_that_is_not_a_speed_model_is_refused_naming_what_is_wrong(text, message):
     with pytest.raises(SpeedModelError, match=message.replace("(", r"\(")):

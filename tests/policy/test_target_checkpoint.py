@@ -121,6 +121,21 @@ def test_the_shipped_todays_world_policy_loads_and_scores_its_recorded_validatio
     assert meta["validation_jct_mean"] <= meta["teacher_validation_jct_mean"]
 
 
+def test_jobs_of_a_kind_the_policy_never_trained_on_get_the_teachers_sizes():
+    """A policy of today's all-reduce world on PS jobs (it gave them no worker, and they starved): Optimus's
+    pair for them; the jobs of its own kind keep the network's choice."""
+    params = T.init_params(CFG, jax.random.PRNGKey(5))
+    view = _view()  # four PS jobs
+    learned, obs = T.TargetPolicy(CFG, params).actions(view)
+    padded = {k: np.asarray(v) for k, v in obs.items()}
+    teacher = np.asarray(jax.jit(lambda o: T.teacher_actions(CFG, T.with_optimus(o)))(padded))
+    got, _ = T.TargetPolicy(CFG, params, kinds=("allreduce",)).actions(view)
+    np.testing.assert_array_equal(got, teacher)
+    assert not np.array_equal(learned, teacher)  # the untrained network's own choice differs
+    same, _ = T.TargetPolicy(CFG, params, kinds=("ps",)).actions(view)
+    np.testing.assert_array_equal(same, learned)
+
+
 def test_a_world_without_a_shipped_policy_needs_a_checkpoint_and_the_daemon_config_names_the_worlds():
     from dl2d.daemon.config import WORLDS
     from dl2d.sim.worlds import WORLDS as SIM_WORLDS

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +26,7 @@ from dl2d.sim import trace as T
 from dl2d.sim.cluster import T4_NODE, ClusterSpec
 from dl2d.sim.worlds import world
 from dl2d.workload import catalog, philly, throughput
+from dl2d.workload.speedfit import SiteSpeeds, parse_speed_model
 from dl2d.workload.workloads import WorkloadJob
 
 J = 16  # every trace here has 12 jobs: 4 rows of padding
@@ -58,6 +61,19 @@ def mixed_trace(seed: int) -> T.Trace:
     return T.Trace(**{k: v[order] for k, v in cols.items()})
 
 
+#: A site's speed model (dl2ctl calibrate's file) with its job mix: cifar10 at its own curve, and "my-llm", a
+#: class the catalog does not hold, whose speed only this file gives
+SITE = SiteSpeeds.of(parse_speed_model(json.dumps({"format": "dl2d-speed-model", "version": 1, "classes": {
+    "cifar10": {"seconds_per_epoch": [40.0 / g ** 0.9 for g in range(1, 17)], "jobs": 3, "epochs": 2.0},
+    "my-llm": {"seconds_per_epoch": [300.0 / g ** 0.7 for g in range(1, 9)], "jobs": 2, "epochs": 1.5}}})), "test")
+
+
+def site_trace(seed: int) -> T.Trace:
+    """A Philly workload of a site's own mix: jobs of cifar10 and of its class my-llm (site:my-llm)."""
+    wl = philly.generate(12, load=2.0, cluster_gpus=16, seed=seed, max_gpus=16)
+    return T.from_workload(wl, 60.0, seed=seed, epoch_estimate_error=0.1, site_mix=SITE.mix)
+
+
 DL2 = world("dl2").sim_config("tiny")
 TODAY = replace(world("today").sim_config(), cluster=NODES)
 CASES = {  # name: (trace, engine config, policy)
@@ -66,6 +82,7 @@ CASES = {  # name: (trace, engine config, policy)
     "today-drf": (today_trace(5), TODAY, "drf"),
     "today-elastic": (today_trace(6), TODAY, "elastic"),
     "mixed-drf": (mixed_trace(5), replace(TODAY, cluster=WIDE), "drf"),
+    "site-elastic": (site_trace(4), replace(TODAY, site_speeds=SITE), "elastic"),
 }
 
 
@@ -106,7 +123,7 @@ def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dic
             np.add.at(out["placement"][t, i], np.asarray(info["worker_servers"][k], int), 1)
         ar = [k for k in range(len(jobs)) if tr.allreduce[jobs[k]]]
         for k in ar:
-            if info["worker_servers"][k]:
+            if info["worker_servers"][k] and tr.type_idx[jobs[k]] != catalog.UNSEEN:
                 model = catalog.MODEL_NAMES[tr.type_idx[jobs[k]]]
                 pl = allreduce.gpu_placement(info["worker_servers"][k], 1.0)
                 unmeasured += pl not in throughput.throughput_model(model).points

@@ -79,3 +79,79 @@ def test_dl2ctl_sim_runs_on_a_speed_model_file_and_names_what_it_does_not_use(tm
     assert "llama: no all-reduce model of this trace" in site.stderr
     bad = CliRunner().invoke(cli, [*args, "--speed-model", str(tmp_path / "nope.json")])
     assert bad.exit_code == 2 and "--speed-model" in bad.stderr and "cannot read it" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------------ a site's own classes
+
+LLM = ('{"format": "dl2d-speed-model", "version": 1, "classes": {"my-llm": {"seconds_per_epoch": [900, 500, 350, 300],'
+       ' "jobs": 4, "epochs": 5}}}')
+
+
+def llm_job(requested: int) -> Trace:
+    """One job of a site's own class "my-llm", which no catalog model is: only the site's file says its speed."""
+    return Trace(arrival_slot=np.array([0]), type_idx=np.array([catalog.UNSEEN]), est_epochs=np.array([5.0]),
+                 true_epochs=np.array([5.0]), speed_factor=np.ones(1), requested=np.array([requested]),
+                 site_class=np.array(["my-llm"], dtype=object))
+
+
+def test_a_job_of_a_sites_own_class_trains_at_its_curve_and_the_bound_uses_it():
+    site = SiteSpeeds.of(parse_speed_model(LLM))
+    cfg = engine.SimConfig(cluster=preset("t4-16"), slot_seconds=60.0, slot_noise=0.0, resize_overhead_s=30.0,
+                           site_speeds=site)
+    from dl2d.policy import registry
+
+    res = engine.run(llm_job(3), registry.build("slurm"), cfg)  # Slurm as it is: the 3 GPUs it asked for
+    assert res.jct_slots[0] == pytest.approx((30.0 + 5 * 350.0) / 60.0)
+    assert res.per_type_jct_hours() == {"site classes": pytest.approx(res.jct_slots[0] / 60.0)}
+    # the bound: alone at its fastest (4 GPUs, the curve's last point and beyond), noise off
+    assert lower_bound(llm_job(3), cfg).avg_jct_slots == pytest.approx((30.0 + 5 * 300.0) / 60.0)
+
+
+def test_a_sites_class_without_a_curve_is_refused_naming_the_job_and_the_class(tmp_path):
+    from click.testing import CliRunner
+
+    from dl2d.cli.main import cli
+    from dl2d.policy import registry
+    from dl2d.sim import trace as T
+
+    cfg = engine.SimConfig(cluster=preset("t4-16"), slot_seconds=60.0)
+    with pytest.raises(T.TraceError, match="job 1: class 'my-llm' has no curve in the speed model"):
+        engine.run(llm_job(2), registry.build("slurm"), cfg)
+    path = tmp_path / "jobs.json"
+    T.save(llm_job(2), path)
+    assert '"type": "site:my-llm"' in path.read_text()  # a trace file names it site:CLASS
+    back = T.load(path)
+    assert list(back.site_class) == ["my-llm"] and back.type_idx[0] == catalog.UNSEEN
+    r = CliRunner().invoke(cli, ["sim", "--trace", str(path), "--json"])
+    assert r.exit_code == 2 and "class 'my-llm' has no curve" in r.output and "--trace" in r.output
+    site = tmp_path / "site.json"
+    site.write_text(LLM)
+    r = CliRunner().invoke(cli, ["sim", "--trace", str(path), "--speed-model", str(site), "--policy", "slurm",
+                                 "--slot-noise", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    assert json.loads(r.output)["results"][0]["avg_jct_slots"] == pytest.approx((30.0 + 5 * 500.0) / 60.0, abs=1e-3)
+    path.write_text(path.read_text().replace("site:my-llm", "site:my llm"))
+    with pytest.raises(T.TraceError, match="job 1: site class 'my llm'"):
+        T.load(path)
+
+
+def test_training_traces_of_a_site_with_its_job_mix_hold_its_own_classes():
+    """`dl2ctl train --speed-model FILE` on a calibrated file with the site's mix: the training traces are of
+    its classes, as often as they came and as long, and the rest of the trace (arrivals, GPUs) is Philly's."""
+    from dl2d.policy import target_train as TT
+
+    text = LLM.replace('"jobs": 4', '"jobs": 1').replace('}}}', '}, "cifar10": {"seconds_per_epoch": [50, 30],'
+                                                          ' "jobs": 3, "epochs": 8}}}')
+    site = SiteSpeeds.of(parse_speed_model(text))
+    assert site.mix == (("cifar10", 3, 8.0), ("my-llm", 1, 5.0))
+    setup = TT.TrainSetup(jobs=400, clusters=1)
+    plain = TT.make_trace(setup, TT.sim_config(setup), 3)
+    tr = TT.make_trace(setup, TT.sim_config(setup, site), 3)
+    llm = tr.type_idx == catalog.UNSEEN
+    assert set(tr.site_class[llm]) == {"my-llm"} and set(tr.type_idx[~llm]) == {catalog.MODEL_INDEX["cifar10"]}
+    assert 0.18 < llm.mean() < 0.32  # 1 job in 4
+    assert set(tr.est_epochs[llm]) == {5.0} and set(tr.est_epochs[~llm]) == {8.0}
+    np.testing.assert_array_equal(tr.arrival_slot, plain.arrival_slot)
+    np.testing.assert_array_equal(tr.requested, plain.requested)
