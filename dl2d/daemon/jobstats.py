@@ -58,6 +58,7 @@ class JobSlotStats:
     gpu_mem_per_gpu_max_bytes: float | None = None
     shared_gpu: bool | None = None
     gpu_observations: int = 0
+    nodes: int | None = None  # nodes its tasks spanned at the slot's end (None: the backend named none)
 
     def row(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -100,7 +101,8 @@ def measure_slot(ran: Sequence[RanJob], statuses: Mapping[int, JobStatus], sampl
             r.job_id, r.workers, r.ps, epochs, rate, pred, factor, ended,
             gpus=g["gpus"] if g else None, gpu_util_mean_pct=g["gpu_util_mean_pct"] if g else None,
             gpu_mem_per_gpu_max_bytes=float(g["gpu_mem_per_gpu_max_bytes"]) if g else None,
-            shared_gpu=g["shared_gpu"] if g else None, gpu_observations=g["observations"] if g else 0))
+            shared_gpu=g["shared_gpu"] if g else None, gpu_observations=g["observations"] if g else 0,
+            nodes=len(st.nodes) or None))
     return out
 
 

@@ -187,7 +187,8 @@ class SimBackend:
         fin = j.get("finished_at")
         return JobStatus(
             job_id=job_id, state=j["state"], workers=j["workers"], ps=j["ps"], epochs_done=j["epochs_done"],
-            nodes=tuple(sorted(set(j["worker_nodes"]) | set(j["ps_nodes"]))), backend_ref=f"sim-{job_id}",
+            nodes=tuple(sorted(set(self._names[s] for s in self._worker_servers(j)) | set(j["ps_nodes"]))),
+            backend_ref=f"sim-{job_id}",
             hot_scaling=True, message=j.get("message", ""),
             finished_at=datetime.fromtimestamp(fin, timezone.utc) if fin is not None else None,
         )

@@ -254,6 +254,7 @@ class JobSlotStat(Base):
     gpu_mem_per_gpu_max_bytes: Mapped[float | None]
     shared_gpu: Mapped[bool | None]  # a GPU of the job also ran another job's processes
     gpu_observations: Mapped[int] = mapped_column(default=0)  # GPU x sample pairs behind the GPU columns
+    nodes: Mapped[int | None]  # nodes its tasks spanned (NULL: the backend named none; rows before 0006)
 
 
 class NodeSample(Base):

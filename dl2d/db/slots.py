@@ -117,10 +117,10 @@ def recent_job_slot_stats(session: Session, job_ids: Iterable[int], per_job: int
 
 def speed_samples(session: Session) -> list[dict[str, Any]]:
     """Every ``job_slot_stats`` row with its slot's number and its job's type and spec (``job_id``, ``number``,
-    ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``, ``total_epochs``), job by job in slot
-    order: what ``dl2ctl calibrate`` fits speed curves to."""
+    ``workers``, ``epochs_per_s``, ``ended``, ``nodes``, ``job_type``, ``spec``, ``total_epochs``), job by
+    job in slot order: what ``dl2ctl calibrate`` fits speed curves to."""
     q = (select(JobSlotStat.job_id, Slot.number, JobSlotStat.workers, JobSlotStat.epochs_per_s, JobSlotStat.ended,
-                Job.job_type, Job.spec, Job.total_epochs)
+                JobSlotStat.nodes, Job.job_type, Job.spec, Job.total_epochs)
          .join(Slot, Slot.id == JobSlotStat.slot_id).join(Job, Job.id == JobSlotStat.job_id)
          .order_by(JobSlotStat.job_id, Slot.number))
     return [dict(r) for r in session.execute(q).mappings()]

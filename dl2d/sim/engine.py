@@ -209,7 +209,7 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         servers = [w_srv[j] for j in ar_jobs]
         names = trace.__dict__.get("_names") or trace.__dict__.setdefault("_names", trace.speed_names())
         rate = allreduce.epoch_rates([names[i] for i in jobs[ar_jobs]], trace.batch_size[jobs[ar_jobs]], servers,
-                                     view.worker_demand[ar_jobs, 0], cfg.site_speeds)
+                                     view.worker_demand[ar_jobs, 0], cfg.site_speeds, int(cfg.cluster.gpus))
         shared = allreduce.shares_a_server(servers)
         epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
     nxt, reward, trained = advance(state, trace, jobs, epochs)

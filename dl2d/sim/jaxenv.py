@@ -16,7 +16,8 @@ What a slot does is the engine's `step`, array for array (docs/simulator.md, "Th
 - a PS job trains at the speed table's (PS, workers) entry (DL2's measured or parametric table), times its
   hidden interference factor and the slot noise 1 + noise * U(-1, 1);
 - an all-reduce job's speed depends on its placement (GPUs per server): the measured rate where the
-  placement was measured, Pollux's fitted model elsewhere, a site's calibrated curve where one is given;
+  placement was measured, Pollux's fitted model elsewhere, a site's calibrated curve where one is given
+  (slowed by its class's spread slowdown when the job spans more servers than it needs);
   a multi-server job sharing a server with another one is slowed by ``shared_node_slowdown``;
 - a job whose allocation changes (an all-reduce job also when its servers change) loses
   ``resize_overhead_s`` of training, carried over to the next slots when longer than a slot;
@@ -101,6 +102,7 @@ class Jobs:
     measured_rate: jnp.ndarray  # [J, M] epochs/s at each measured placement; NaN where not measured
     site_rate: jnp.ndarray  # [J, G + 1] a site's curve by GPUs (width 1 when no site speeds are given)
     use_site: jnp.ndarray  # [J] bool: the site's curve replaces the measured lookup
+    site_spread: jnp.ndarray  # [J] the site's slowdown of the job's class spread over more nodes than it needs
 
 
 @struct.dataclass
@@ -191,6 +193,7 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
     g_max = cfg.max_workers * int(gpw.max()) if site is not None else 0
     site_rate = np.zeros((n, g_max + 1))
     use_site = np.zeros(n, bool)
+    spread = np.zeros(n)
     for j in np.flatnonzero(ar):
         model, batch = names[j], float(trace.batch_size[j])
         if t[j] != catalog.UNSEEN:  # a site's own class has only the site's curve (check_site: it has one)
@@ -199,6 +202,7 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
         if site is not None and model in site.names():
             use_site[j] = True
             site_rate[j] = [site.epochs_per_s(model, g) for g in range(g_max + 1)]
+            spread[j] = site.spread_slowdown(model)
     big = np.finfo(np.float32).max
     return Jobs(
         valid=jnp.asarray(pad(np.ones(n, bool), False, bool)),
@@ -215,7 +219,7 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
         iters_per_epoch=jnp.asarray(pad(iters, 1.0, float), f),
         measured_rate=jnp.asarray(np.concatenate([meas, np.full((J - n, meas.shape[1]), np.nan)]), f),
         site_rate=jnp.asarray(np.concatenate([site_rate, np.zeros((J - n, g_max + 1))]), f),
-        use_site=jnp.asarray(pad(use_site, False, bool)),
+        use_site=jnp.asarray(pad(use_site, False, bool)), site_spread=jnp.asarray(pad(spread, 0.0, float), f),
     )
 
 
@@ -325,6 +329,8 @@ def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts):
     fitted = 1.0 / (_pollux_step_time(fit, safe, nodes, jobs.batch_size / safe) * jobs.iters_per_epoch)
     rate = jnp.where(measured, meas, fitted)
     site = jobs.site_rate[jnp.arange(jobs.site_rate.shape[0]), jnp.clip(gpus, 0, jobs.site_rate.shape[1] - 1)]
+    spread = nodes > (gpus + params.gpus_per_node - 1) // params.gpus_per_node  # more nodes than it needs
+    site = site / jnp.where(spread, 1.0 + jobs.site_spread, 1.0)
     rate = jnp.where(jobs.use_site, site, rate)
     return jnp.where(gpus > 0, rate, 0.0), shared
 

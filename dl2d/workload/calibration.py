@@ -14,8 +14,11 @@ over GPUs, fitted to the speeds stored per slot (``job_slot_stats``). Pure: rows
   the nearest observations, between and beyond them (``anchored_curve``: the smooth form alone cannot bend
   where jobs start to cross nodes, 30 % off on 8 GPUs of 4-GPU nodes for cifar10 and deepspeech2). A class with fewer than ``min_slots`` samples is **not fitted**: it gets that prior, scaled to the
   samples it has, and the file says so (``"fitted": false``).
-* Packed vs spread: the daemon stores a job's size per slot, not how its GPUs were spread over nodes, so one
-  curve per class (the placements the policy chose, mixed) is what is fitted.
+* Packed vs spread: the daemon stores how many nodes a job spanned in each slot (``job_slot_stats.nodes``).
+  The curve is fitted to the packed samples (the fewest nodes that hold the job's GPUs, or the node count
+  unknown); samples spread over more nodes give the class's *spread slowdown*, one number: their mean seconds
+  per epoch over the packed curve's, less 1 (:func:`spread_slowdown`). The simulator applies it to a job of
+  that class placed over more nodes than it needs.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ class ClassSamples:
     """What was seen of one class: GPUs -> seconds per epoch of each sample; the jobs; their hints."""
 
     name: str
-    seconds: dict[int, list[float]] = field(default_factory=dict)
+    seconds: dict[int, list[float]] = field(default_factory=dict)  # packed, or placement unknown
+    spread: dict[int, list[float]] = field(default_factory=dict)  # over more nodes than the fewest that hold it
     jobs: set = field(default_factory=set)
     requested_gpus: list[int] = field(default_factory=list)
     epoch_seconds_hints: list[float] = field(default_factory=list)
@@ -61,9 +65,12 @@ def _gpus_per_worker(spec: Mapping[str, Any]) -> int:
         else 1
 
 
-def gather(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClassSamples]:
+def gather(rows: Iterable[Mapping[str, Any]], per_node: int | None = None) -> dict[str, ClassSamples]:
     """The samples of every all-reduce class from ``job_slot_stats`` rows joined with their job (``job_id``,
-    ``number``: the slot's, ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``), in any order."""
+    ``number``: the slot's, ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``, ``nodes``), in any
+    order. With ``per_node`` (GPUs of a node), a sample whose job spanned more nodes than the fewest that hold
+    its GPUs is a *spread* one; a slot in which the job's node count changed at the same size (it moved: a
+    restart) is no sample."""
     by_job: dict[int, list[Mapping[str, Any]]] = {}
     for r in rows:
         by_job.setdefault(int(r["job_id"]), []).append(r)
@@ -83,10 +90,25 @@ def gather(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClassSamples]:
                 c.epoch_seconds_hints.append(float(spec["epoch_seconds"]))
         for prev, r in zip(rs, rs[1:]):
             speed, w = float(r["epochs_per_s"] or 0.0), int(r["workers"])
-            unchanged = int(prev["number"]) == int(r["number"]) - 1 and int(prev["workers"]) == w
+            unchanged = (int(prev["number"]) == int(r["number"]) - 1 and int(prev["workers"]) == w
+                         and prev.get("nodes") == r.get("nodes"))
             if unchanged and w > 0 and speed > 0 and math.isfinite(speed) and not r["ended"]:
-                c.seconds.setdefault(w * g, []).append(1.0 / speed)
+                nodes = r.get("nodes")
+                spread = per_node is not None and nodes is not None and int(nodes) > -(-w * g // per_node)
+                (c.spread if spread else c.seconds).setdefault(w * g, []).append(1.0 / speed)
     return classes
+
+
+def spread_slowdown(c: ClassSamples, curve: np.ndarray) -> tuple[float, dict[int, tuple[int, float]]] | None:
+    """How much slower a class trains spread over more nodes than packed: the mean over its spread samples of
+    their seconds per epoch over the packed ``curve``'s at their GPU count, less 1 (0.6: 60 % longer); and what
+    was observed spread (GPUs -> (slots, mean seconds)). None when it was never seen spread."""
+    sizes = sorted(g for g in c.spread if g < len(curve))
+    if not sizes:
+        return None
+    ratios = [x / curve[g] for g in sizes for x in c.spread[g]]
+    observed = {g: (len(c.spread[g]), float(np.mean(c.spread[g]))) for g in sizes}
+    return float(np.mean(ratios)) - 1.0, observed
 
 
 def class_mix(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, float]]:
@@ -127,7 +149,18 @@ def fit_class(c: ClassSamples, per_node: int, max_gpus: int, min_slots: int = MI
 
 
 def calibrate(rows: Iterable[Mapping[str, Any]], per_node: int, max_gpus: int, min_slots: int = MIN_SLOTS):
-    """Every all-reduce class's :func:`fit_class` from the stored rows; {} when there is none."""
+    """Every all-reduce class's :func:`fit_class` from the stored rows (its packed samples); {} when there is
+    none."""
     if per_node < 1 or max_gpus < 1 or min_slots < 1:
         raise ValueError("per_node, max_gpus and min_slots must be at least 1")
-    return {name: fit_class(c, per_node, max_gpus, min_slots) for name, c in gather(rows).items()}
+    return {name: fit_class(c, per_node, max_gpus, min_slots) for name, c in gather(rows, per_node).items()}
+
+
+def calibrate_spread(rows: Iterable[Mapping[str, Any]], per_node: int, classes: Mapping[str, tuple]) -> dict:
+    """Per class seen spread, :func:`spread_slowdown` against its calibrated (packed) curve."""
+    out = {}
+    for name, c in gather(rows, per_node).items():
+        found = spread_slowdown(c, classes[name][1]) if name in classes else None
+        if found is not None:
+            out[name] = found
+    return out

@@ -37,6 +37,8 @@ MAX_SECONDS_PER_EPOCH = 1e9
 #: A class's recorded mix: jobs seen (a site's history) and their median epochs (the trace's bound on epochs)
 MAX_JOBS = 10_000_000
 MAX_EPOCHS = 1e6
+#: A spread placement's slowdown (seconds per epoch over packed, less 1): from 10x faster to 100x slower
+MIN_SLOWDOWN, MAX_SLOWDOWN = -0.9, 100.0
 CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+-]{0,127}\Z")
 
 
@@ -112,6 +114,8 @@ class ClassSpeed:
     observed: Mapping[int, tuple[int, float]]  # GPUs -> (slots, mean seconds per epoch)
     jobs: int | None = None  # how many jobs of the class the daemon saw (the site's mix); None: not recorded
     epochs: float | None = None  # their median total epochs; None: not recorded
+    #: seconds per epoch spread over more nodes than needed, over packed, less 1; None: never seen spread
+    spread_slowdown: float | None = None
 
     def epochs_per_s(self, gpus: int) -> float:
         g = min(max(int(gpus), 0), len(self.seconds_per_epoch) - 1)
@@ -127,13 +131,21 @@ class SiteSpeeds:
     source: str = ""
     #: (class, jobs, median epochs) of the classes whose file records the site's job mix
     mix: tuple[tuple[str, int, float], ...] = ()
+    #: (class, slowdown) of the classes seen spread over more nodes than they needed
+    spread: tuple[tuple[str, float], ...] = ()
 
     @staticmethod
     def of(classes: Mapping[str, ClassSpeed], source: str = "") -> "SiteSpeeds":
         return SiteSpeeds(tuple(sorted((n, tuple(float(x) for x in c.seconds_per_epoch[1:]))
                                        for n, c in classes.items())), source,
                           tuple(sorted((n, int(c.jobs), float(c.epochs)) for n, c in classes.items()
-                                       if c.jobs is not None and c.epochs is not None)))
+                                       if c.jobs is not None and c.epochs is not None)),
+                          tuple(sorted((n, float(c.spread_slowdown)) for n, c in classes.items()
+                                       if c.spread_slowdown is not None)))
+
+    def spread_slowdown(self, name: str) -> float:
+        """A class's slowdown when spread over more nodes than it needs (0: none recorded)."""
+        return dict(self.spread).get(name, 0.0)
 
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.curves)
@@ -153,9 +165,12 @@ class SpeedModelError(ValueError):
 
 
 def speed_model_doc(classes: Mapping[str, tuple[np.ndarray, np.ndarray, bool, Mapping[int, tuple[int, float]]]],
-                    source: str, mix: Mapping[str, tuple[int, float]] | None = None) -> dict[str, Any]:
-    """The file's JSON: per class ``(theta, seconds per epoch [max + 1], fitted, observed)``, and where ``mix``
-    has the class, its ``jobs`` (how many came) and ``epochs`` (their median total epochs)."""
+                    source: str, mix: Mapping[str, tuple[int, float]] | None = None,
+                    spread: Mapping[str, tuple[float, Mapping[int, tuple[int, float]]]] | None = None
+                    ) -> dict[str, Any]:
+    """The file's JSON: per class ``(theta, seconds per epoch [max + 1], fitted, observed)``; where ``mix`` has
+    the class, its ``jobs`` (how many came) and ``epochs`` (their median total epochs); where ``spread`` has it,
+    its ``spread`` slowdown and what was observed spread over more nodes than it needed."""
     out: dict[str, Any] = {"format": SPEED_MODEL_FORMAT, "version": SPEED_MODEL_VERSION, "source": source,
                            "curve": "seconds per epoch on g GPUs: T(g) = a / g + b + c g", "classes": {}}
     for name, (theta, t, fitted, observed) in sorted(classes.items()):
@@ -167,6 +182,12 @@ def speed_model_doc(classes: Mapping[str, tuple[np.ndarray, np.ndarray, bool, Ma
         }
         if mix and name in mix:
             out["classes"][name].update(jobs=int(mix[name][0]), epochs=round(float(mix[name][1]), 6))
+        if spread and name in spread:
+            slowdown, seen = spread[name]
+            out["classes"][name]["spread"] = {
+                "slowdown": round(float(slowdown), 6),
+                "observed": {str(g): {"slots": int(n), "seconds_per_epoch": round(float(x), 6)}
+                             for g, (n, x) in sorted(seen.items())}}
     return out
 
 
@@ -212,8 +233,17 @@ def parse_speed_model(text: str, source: str = "speed model") -> dict[str, Class
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, (int, float))
                                    or not 0 < epochs <= MAX_EPOCHS):
             raise bad(f"class {name}: epochs must be a number in (0, {MAX_EPOCHS:g}], got {epochs!r}")
+        spread = c.get("spread")
+        slowdown = None
+        if spread is not None:
+            slowdown = spread.get("slowdown") if isinstance(spread, dict) else None
+            if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or \
+                    not MIN_SLOWDOWN <= slowdown <= MAX_SLOWDOWN:
+                raise bad(f"class {name}: spread.slowdown must be a number in [{MIN_SLOWDOWN:g}, {MAX_SLOWDOWN:g}], "
+                          f"got {slowdown!r}")
         out[name] = ClassSpeed(name, np.array([np.inf] + [float(x) for x in curve]), bool(c.get("fitted")),
-                               observed, jobs, None if epochs is None else float(epochs))
+                               observed, jobs, None if epochs is None else float(epochs),
+                               None if slowdown is None else float(slowdown))
     return out
 
 

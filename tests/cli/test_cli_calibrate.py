@@ -92,6 +92,15 @@ def test_calibrate_recovers_the_hidden_curves_at_every_gpu_count_it_saw(tmp_path
     doc = json.loads(out.read_text())
     assert doc["format"] == "dl2d-speed-model" and doc["version"] == 1 and len(doc["classes"]["cifar10"]
                                                                               ["seconds_per_epoch"]) == 64
+    # the daemon stored how many nodes each job spanned, each slot (calibrate's packed vs spread)
+    from dl2d.db.engine import make_engine
+    from dl2d.db.slots import speed_samples
+
+    engine = make_engine(db)
+    with session_scope(engine) as s:
+        stored = speed_samples(s)
+    engine.dispose()
+    assert stored and all(r["nodes"] == -(-r["workers"] // 4) for r in stored)  # packed: the fewest 4-GPU nodes
     # the site's job mix: how many jobs of each class came and their median total epochs (a twin's traces)
     assert all(c["jobs"] >= 1 and c["epochs"] > 0 for c in doc["classes"].values())
     assert {name for name, _, _ in SiteSpeeds.of(load_speed_model(out)).mix} == {"cifar10", "speech-80", "bert"}
@@ -150,6 +159,10 @@ def test_the_anchored_curve_keeps_what_was_measured_and_the_form_between():
      "class a: epochs must be a number in (0,"),
     ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], "epochs": "9"}}}',
      "class a: epochs must be a number"),
+    ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], "spread": {}}}}',
+     "class a: spread.slowdown must be a number in"),
+    ('{"format": "dl2d-speed-model", "version": 1, "classes": {"a": {"seconds_per_epoch": [1], '
+     '"spread": {"slowdown": -1}}}}', "class a: spread.slowdown must be a number in"),
 ])
 def test_a_file_that_is_not_a_speed_model_is_refused_naming_what_is_wrong(text, message):
     with pytest.raises(SpeedModelError, match=message.replace("(", r"\(")):

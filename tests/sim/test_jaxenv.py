@@ -64,7 +64,8 @@ def mixed_trace(seed: int) -> T.Trace:
 #: A site's speed model (dl2ctl calibrate's file) with its job mix: cifar10 at its own curve, and "my-llm", a
 #: class the catalog does not hold, whose speed only this file gives
 SITE = SiteSpeeds.of(parse_speed_model(json.dumps({"format": "dl2d-speed-model", "version": 1, "classes": {
-    "cifar10": {"seconds_per_epoch": [40.0 / g ** 0.9 for g in range(1, 17)], "jobs": 3, "epochs": 2.0},
+    "cifar10": {"seconds_per_epoch": [40.0 / g ** 0.9 for g in range(1, 17)], "jobs": 3, "epochs": 2.0,
+                "spread": {"slowdown": 0.5}},
     "my-llm": {"seconds_per_epoch": [300.0 / g ** 0.7 for g in range(1, 9)], "jobs": 2, "epochs": 1.5}}})), "test")
 
 

@@ -155,3 +155,56 @@ def test_training_traces_of_a_site_with_its_job_mix_hold_its_own_classes():
     assert set(tr.est_epochs[llm]) == {5.0} and set(tr.est_epochs[~llm]) == {8.0}
     np.testing.assert_array_equal(tr.arrival_slot, plain.arrival_slot)
     np.testing.assert_array_equal(tr.requested, plain.requested)
+
+
+# ------------------------------------------------------------------------------------------ packed vs spread
+
+SPREAD = ('{"format": "dl2d-speed-model", "version": 1, "classes": {"my-llm": {"seconds_per_epoch": [900, 500, 350,'
+          ' 300], "spread": {"slowdown": 0.6}}}}')
+
+
+def test_a_class_spread_over_more_nodes_than_it_needs_trains_slower_by_its_slowdown_in_both_simulators():
+    """2 GPUs on one 4-GPU node (packed), on two (spread: 60 % longer an epoch), 4 GPUs on one and on two."""
+    from dl2d.sim import allreduce
+    from dl2d.sim import jaxenv as X
+
+    site = SiteSpeeds.of(parse_speed_model(SPREAD))
+    assert site.spread_slowdown("my-llm") == 0.6 and site.spread_slowdown("other") == 0.0
+    placements = {(0, 0): 1 / 500, (0, 1): 1 / 500 / 1.6, (0, 0, 0, 0): 1 / 300, (0, 0, 1, 1): 1 / 300 / 1.6}
+    got = allreduce.epoch_rates(["my-llm"] * 4, [0.0] * 4, [list(p) for p in placements], [1.0] * 4, site, 4)
+    np.testing.assert_allclose(got, list(placements.values()))
+    trace = Trace(arrival_slot=np.zeros(4, int), type_idx=np.full(4, catalog.UNSEEN), est_epochs=np.ones(4),
+                  true_epochs=np.ones(4), speed_factor=np.ones(4), site_class=np.array(["my-llm"] * 4, dtype=object))
+    cfg = engine.SimConfig(cluster=preset("t4-16"), site_speeds=site)
+    params, state = X.from_trace(trace, cfg, 4)
+    counts = np.zeros((4, 16), np.int32)
+    for j, p in enumerate(placements):
+        np.add.at(counts[j], list(p), 1)
+    rate, _ = X._allreduce_rates(params, state.jobs, counts.sum(axis=1), counts)
+    np.testing.assert_allclose(np.asarray(rate), list(placements.values()), rtol=1e-6)
+
+
+def test_calibration_fits_the_packed_curve_and_the_spread_slowdown_and_skips_moves():
+    from dl2d.workload.calibration import calibrate, calibrate_spread
+
+    spec = {"kind": "allreduce", "label": "my-llm", "workers": 2, "worker": {"gpus": 1}}
+
+    def rows(job_id, workers, nodes, seconds, n=6):
+        return [{"job_id": job_id, "number": k, "workers": workers, "epochs_per_s": 1 / seconds, "ended": False,
+                 "nodes": nodes, "job_type": "llm", "spec": spec, "total_epochs": 5.0} for k in range(n)]
+
+    data = rows(1, 2, 1, 500.0) + rows(2, 4, 1, 300.0) + rows(3, 2, 2, 800.0) + rows(4, 4, 2, 480.0)
+    moved = rows(5, 2, 1, 500.0, n=2)
+    moved[1].update(nodes=2, epochs_per_s=1 / 5000.0)  # same size, other nodes: a restart, no speed
+    data += moved
+    classes = calibrate(data, per_node=4, max_gpus=8)
+    curve = classes["my-llm"][1]
+    assert curve[2] == pytest.approx(500.0) and curve[4] == pytest.approx(300.0)
+    slowdown, seen = calibrate_spread(data, 4, classes)["my-llm"]
+    assert slowdown == pytest.approx(0.6) and seen == {2: (5, 800.0), 4: (5, 480.0)}
+    doc = __import__("dl2d.workload.speedfit", fromlist=["speed_model_doc"]).speed_model_doc(
+        classes, "test", spread=calibrate_spread(data, 4, classes))
+    import json
+
+    back = SiteSpeeds.of(parse_speed_model(json.dumps(doc)))
+    assert back.spread_slowdown("my-llm") == pytest.approx(0.6)
