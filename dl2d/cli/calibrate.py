@@ -40,8 +40,7 @@ def calibrate(ctx: Ctx, out: Path, gpus_per_node: int, max_gpus: int, min_slots:
     from dl2d.core.files import write_atomic
     from dl2d.db.engine import session_scope
     from dl2d.db.slots import speed_samples
-    from dl2d.workload.calibration import calibrate as fit
-    from dl2d.workload.calibration import calibrate_spread, class_mix
+    from dl2d.workload.calibration import calibrate_spread, class_mix, fit_classes, gather
     from dl2d.workload.speedfit import speed_model_doc
 
     _check_writable(out)
@@ -49,13 +48,14 @@ def calibrate(ctx: Ctx, out: Path, gpus_per_node: int, max_gpus: int, min_slots:
     with ctx.reading(), session_scope(engine) as s:
         rows = speed_samples(s)
     engine.dispose()
-    classes = fit(rows, gpus_per_node, max_gpus, min_slots)
+    samples = gather(rows, gpus_per_node)
+    classes = fit_classes(samples, gpus_per_node, max_gpus, min_slots)
     if not classes:
         raise click.ClickException(f"no all-reduce job has speeds stored in {ctx.url}: nothing to calibrate "
                                    "(the daemon stores them at the end of every slot a job runs in)")
     doc = speed_model_doc(classes, f"dl2ctl calibrate: {len(rows)} job-slots, --gpus-per-node {gpus_per_node}, "
-                                   f"--min-slots {min_slots}", class_mix(rows),
-                          calibrate_spread(rows, gpus_per_node, classes))
+                                   f"--min-slots {min_slots}", class_mix(samples),
+                          calibrate_spread(samples, classes))
     write_atomic(out, json.dumps(doc, indent=1) + "\n")
     if as_json:
         click.echo(json.dumps(doc, indent=1))

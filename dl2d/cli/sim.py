@@ -83,6 +83,16 @@ def parse_checkpoints(values, names: list[str]) -> dict[str, Path]:
     return out
 
 
+def given_options(ctx: click.Context, names) -> list[str]:
+    """The parameters among ``names`` given on the command line (not defaults)."""
+    return [n for n in names if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+
+
+def flags(names) -> str:
+    """Parameter names as their flags: ``--sl-iters, --lr``."""
+    return ", ".join("--" + n.replace("_", "-") for n in names)
+
+
 def site_speed_model(value: str, trace) -> tuple:
     """``--speed-model``: (a site's calibrated curves or None, the PS speed table's name). A FILE is read with
     dl2d.workload.speedfit (a bad one is a clear error); its classes that are no model of the trace are named
@@ -227,11 +237,9 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
     if checkpoints and not any(n in LEARNED for n in names):
         raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
     checkpoint = parse_checkpoints(checkpoints, names)
-    def given(options):
-        return [n for n in options if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
 
-    def flags(options):
-        return ", ".join("--" + n.replace("_", "-") for n in options)
+    def given(options):
+        return given_options(ctx, options)
 
     if trace_path is not None and given(GENERATION_OPTIONS):
         raise click.UsageError(f"{flags(given(GENERATION_OPTIONS))} only shape a generated trace; they cannot be "

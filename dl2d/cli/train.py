@@ -18,10 +18,11 @@ from pathlib import Path
 
 import click
 
-from dl2d.cli.sim import finite_number
+from dl2d.cli.sim import finite_number, flags, given_options
 from dl2d.policy import registry
 from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 from dl2d.sim.trace import MAX_TRACE_JOBS
+from dl2d.sim.worlds import DEFAULT_WORLD, WORLDS
 
 TEACHERS = registry.names(heuristic=True)
 CLUSTERS = tuple(PRESETS)
@@ -33,15 +34,11 @@ TARGET_ONLY = ("world", "speed_model", "load", "clusters", "slots", "sl_iters", 
                "val_traces", "eval_every")
 
 
-def _given(ctx: click.Context, names) -> list[str]:
-    return [n for n in names if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
-
-
 def _command(ctx: click.Context) -> str:
     """The command line as given (recorded in the checkpoint: how to make it again)."""
     parts = ["dl2ctl", "train"]
     for p in ctx.command.params:
-        if p.name in ctx.params and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE:
+        if p.name in ctx.params and given_options(ctx, [p.name]):
             value = ctx.params[p.name]
             if getattr(p, "is_flag", False):
                 parts += [p.opts[0]] if value else []
@@ -92,7 +89,7 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
 @click.option("--policy", type=click.Choice(TRAINABLE), default="dl2", show_default=True,
               help="dl2: DL2's per-inference actor-critic (DL2 world); dl2-target: a learned size for every job, "
                    "slot-level PPO in the JAX simulator, either world, warm-started from optimus.")
-@click.option("--world", type=click.Choice(("today", "dl2")), default="today", show_default=True,
+@click.option("--world", type=click.Choice(tuple(WORLDS)), default=DEFAULT_WORLD, show_default=True,
               help="dl2-target: the world it trains in (today: all-reduce jobs, Philly workloads, measured speeds).")
 @click.option("--speed-model", metavar="FILE", default=None,
               help="dl2-target, --world today: a speed-model FILE from `dl2ctl calibrate`; its curves are the "
@@ -172,10 +169,9 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
       dl2ctl train --policy dl2-target --out today.msgpack
       dl2ctl train --policy dl2-target --speed-model site.json --out site.msgpack   # a twin of this cluster
     """
-    wrong = _given(ctx, TARGET_ONLY if policy == "dl2" else DL2_ONLY)
+    wrong = given_options(ctx, TARGET_ONLY if policy == "dl2" else DL2_ONLY)
     if wrong:
-        flags = ", ".join("--" + n.replace("_", "-") for n in wrong)
-        raise click.UsageError(f"{flags} only appl{'ies' if len(wrong) == 1 else 'y'} to --policy "
+        raise click.UsageError(f"{flags(wrong)} only appl{'ies' if len(wrong) == 1 else 'y'} to --policy "
                                f"{'dl2-target' if policy == 'dl2' else 'dl2'}")
     if val_seed is None:
         val_seed = seed + 10_000

@@ -23,6 +23,7 @@ from dl2d.daemon.config import (
     DEFAULT_CONFIG,
     PLACEMENTS,
     POLICIES,
+    WORLDS,
     ConfigError,
     DaemonConfig,
     agent_targets,
@@ -98,7 +99,7 @@ def make_poller(cfg: DaemonConfig):
     return Poller(sorted(targets.items()), token, timeout=cfg.agents.timeout, stale_after=cfg.agents.stale_after)
 
 
-DEMO_WORLDS = ("today", "dl2")
+DEMO_WORLDS = WORLDS
 
 
 class DemoFeeder:

@@ -292,7 +292,6 @@ class TargetPolicy:
 
     def __init__(self, cfg: TargetConfig, params, name: str = "target", kinds: tuple[str, ...] = ("ps", "allreduce")):
         self.cfg, self.params, self.name = cfg, params, name
-        self.kinds = tuple(kinds)
         knows_ps, knows_ar = "ps" in kinds, "allreduce" in kinds
 
         def decide(p, o):

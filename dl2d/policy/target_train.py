@@ -132,8 +132,7 @@ class TrainResult:
     chosen: dict  # the evaluation row they come from
     curve: list[dict]  # every evaluation
     teacher_val: list[float]  # Optimus through the same fill, on the validation traces
-    train_seconds: float  # time in training iterations (compilation of the first of each phase excluded)
-    cluster_slots_per_s: float | None
+    cluster_slots_per_s: float | None  # in training iterations (the first of each phase, which compiles, excluded)
 
     @property
     def val_jct(self) -> float:
@@ -202,8 +201,7 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
             if it == 1 or it % setup.eval_every == 0 or it == iters:
                 evaluate(phase, it)
     rate = clock["timed_slots"] / clock["train_s"] if clock["train_s"] > 0 else None
-    return TrainResult(tc, best["params"], best["row"], curve, [round(x, 3) for x in teacher_val],
-                       clock["train_s"], rate)
+    return TrainResult(tc, best["params"], best["row"], curve, [round(x, 3) for x in teacher_val], rate)
 
 
 def checkpoint_meta(setup: TrainSetup, result: TrainResult, command: str, site=None, **extra) -> dict:

@@ -59,7 +59,7 @@ def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, 
             continue
         model = str(models[j])
         rate = site.epochs_per_s(model, sum(placement)) if site is not None else None
-        if rate is not None and per_node and len(placement) > -(-sum(placement) // per_node):
+        if rate is not None and per_node and len(placement) > len(catalog.packed(sum(placement), per_node)):
             rate /= 1.0 + site.spread_slowdown(model)
         out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement)
     return out

@@ -207,7 +207,7 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     ar_jobs = np.flatnonzero(ar)
     if len(ar_jobs):
         servers = [w_srv[j] for j in ar_jobs]
-        names = trace.__dict__.get("_names") or trace.__dict__.setdefault("_names", trace.speed_names())
+        names = trace.speed_names()
         rate = allreduce.epoch_rates([names[i] for i in jobs[ar_jobs]], trace.batch_size[jobs[ar_jobs]], servers,
                                      view.worker_demand[ar_jobs, 0], cfg.site_speeds, int(cfg.cluster.gpus))
         shared = allreduce.shares_a_server(servers)

@@ -138,8 +138,12 @@ class Trace:
         return IS_ALLREDUCE[self.type_idx]
 
     def speed_names(self) -> list[str]:
-        """Each job's model, or its site class: the name its speed is looked up by."""
-        return [c or MODEL_NAMES[t] for t, c in zip(self.type_idx, self.site_class)]
+        """Each job's model, or its site class: the name its speed is looked up by (computed once: the engine
+        asks every slot)."""
+        cache = self.__dict__.setdefault("_cache", {})
+        if "speed_names" not in cache:
+            cache["speed_names"] = [c or MODEL_NAMES[t] for t, c in zip(self.type_idx, self.site_class)]
+        return cache["speed_names"]
 
     def check_site(self, site) -> None:
         """TraceError unless a site's speed model (dl2d.workload.speedfit.SiteSpeeds, or None) holds the

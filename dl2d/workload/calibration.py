@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from dl2d.workload.catalog import packed
 from dl2d.workload.prior import default_epoch_seconds, prior_speedup
 from dl2d.workload.speedfit import anchored_curve, fit_speed_params
 
@@ -45,6 +46,7 @@ class ClassSamples:
     seconds: dict[int, list[float]] = field(default_factory=dict)  # packed, or placement unknown
     spread: dict[int, list[float]] = field(default_factory=dict)  # over more nodes than the fewest that hold it
     jobs: set = field(default_factory=set)
+    total_epochs: dict[int, float] = field(default_factory=dict)  # job -> its total epochs, where valid
     requested_gpus: list[int] = field(default_factory=list)
     epoch_seconds_hints: list[float] = field(default_factory=list)
 
@@ -67,8 +69,8 @@ def _gpus_per_worker(spec: Mapping[str, Any]) -> int:
 
 def gather(rows: Iterable[Mapping[str, Any]], per_node: int | None = None) -> dict[str, ClassSamples]:
     """The samples of every all-reduce class from ``job_slot_stats`` rows joined with their job (``job_id``,
-    ``number``: the slot's, ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``, ``nodes``), in any
-    order. With ``per_node`` (GPUs of a node), a sample whose job spanned more nodes than the fewest that hold
+    ``number``: the slot's, ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``, ``nodes``,
+    ``total_epochs``), in any order. With ``per_node`` (GPUs of a node), a sample whose job spanned more nodes than the fewest that hold
     its GPUs is a *spread* one; a slot in which the job's node count changed at the same size (it moved: a
     restart) is no sample."""
     by_job: dict[int, list[Mapping[str, Any]]] = {}
@@ -88,13 +90,16 @@ def gather(rows: Iterable[Mapping[str, Any]], per_node: int | None = None) -> di
             c.requested_gpus.append(int(spec.get("workers") or 1) * g)
             if isinstance(spec.get("epoch_seconds"), (int, float)) and spec["epoch_seconds"] > 0:
                 c.epoch_seconds_hints.append(float(spec["epoch_seconds"]))
+            e = rs[0].get("total_epochs")
+            if isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0 and math.isfinite(e):
+                c.total_epochs[job_id] = float(e)
         for prev, r in zip(rs, rs[1:]):
             speed, w = float(r["epochs_per_s"] or 0.0), int(r["workers"])
             unchanged = (int(prev["number"]) == int(r["number"]) - 1 and int(prev["workers"]) == w
                          and prev.get("nodes") == r.get("nodes"))
             if unchanged and w > 0 and speed > 0 and math.isfinite(speed) and not r["ended"]:
                 nodes = r.get("nodes")
-                spread = per_node is not None and nodes is not None and int(nodes) > -(-w * g // per_node)
+                spread = per_node is not None and nodes is not None and int(nodes) > len(packed(w * g, per_node))
                 (c.spread if spread else c.seconds).setdefault(w * g, []).append(1.0 / speed)
     return classes
 
@@ -111,19 +116,12 @@ def spread_slowdown(c: ClassSamples, curve: np.ndarray) -> tuple[float, dict[int
     return float(np.mean(ratios)) - 1.0, observed
 
 
-def class_mix(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, float]]:
-    """Per all-reduce class, (how many jobs, the median of their ``total_epochs``): the site's own job mix, so
-    that training on its twin draws jobs of its classes as often and as long as they came (rows as
-    :func:`gather`'s, with ``total_epochs``)."""
-    epochs: dict[str, dict[int, float]] = {}
-    for r in rows:
-        spec = r["spec"] or {}
-        if spec.get("kind") != "allreduce":
-            continue
-        e = r.get("total_epochs")
-        if isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0 and math.isfinite(e):
-            epochs.setdefault(job_class(r["job_type"], spec), {})[int(r["job_id"])] = float(e)
-    return {name: (len(per_job), float(np.median(list(per_job.values())))) for name, per_job in epochs.items()}
+def class_mix(samples: Mapping[str, ClassSamples]) -> dict[str, tuple[int, float]]:
+    """Per all-reduce class of :func:`gather`'s, (how many jobs, the median of their ``total_epochs``): the
+    site's own job mix, so that training on its twin draws jobs of its classes as often and as long as they
+    came."""
+    return {name: (len(c.total_epochs), float(np.median(list(c.total_epochs.values()))))
+            for name, c in samples.items() if c.total_epochs}
 
 
 def class_prior(c: ClassSamples, per_node: int, max_gpus: int) -> np.ndarray:
@@ -148,18 +146,28 @@ def fit_class(c: ClassSamples, per_node: int, max_gpus: int, min_slots: int = MI
     return theta, t, fitted, {g: (n, m) for g, n, m in zip(sizes, counts, means)}
 
 
-def calibrate(rows: Iterable[Mapping[str, Any]], per_node: int, max_gpus: int, min_slots: int = MIN_SLOTS):
-    """Every all-reduce class's :func:`fit_class` from the stored rows (its packed samples); {} when there is
-    none."""
+def _check(per_node: int, max_gpus: int, min_slots: int) -> None:
     if per_node < 1 or max_gpus < 1 or min_slots < 1:
         raise ValueError("per_node, max_gpus and min_slots must be at least 1")
-    return {name: fit_class(c, per_node, max_gpus, min_slots) for name, c in gather(rows, per_node).items()}
 
 
-def calibrate_spread(rows: Iterable[Mapping[str, Any]], per_node: int, classes: Mapping[str, tuple]) -> dict:
-    """Per class seen spread, :func:`spread_slowdown` against its calibrated (packed) curve."""
+def fit_classes(samples: Mapping[str, ClassSamples], per_node: int, max_gpus: int, min_slots: int = MIN_SLOTS):
+    """Every class's :func:`fit_class` (its packed samples); {} when there is none."""
+    _check(per_node, max_gpus, min_slots)
+    return {name: fit_class(c, per_node, max_gpus, min_slots) for name, c in samples.items()}
+
+
+def calibrate(rows: Iterable[Mapping[str, Any]], per_node: int, max_gpus: int, min_slots: int = MIN_SLOTS):
+    """Every all-reduce class's :func:`fit_class` from the stored rows; {} when there is none."""
+    _check(per_node, max_gpus, min_slots)  # before gather, which divides by per_node
+    return fit_classes(gather(rows, per_node), per_node, max_gpus, min_slots)
+
+
+def calibrate_spread(samples: Mapping[str, ClassSamples], classes: Mapping[str, tuple]) -> dict:
+    """Per class of :func:`gather`'s seen spread, :func:`spread_slowdown` against its calibrated (packed)
+    curve."""
     out = {}
-    for name, c in gather(rows, per_node).items():
+    for name, c in samples.items():
         found = spread_slowdown(c, classes[name][1]) if name in classes else None
         if found is not None:
             out[name] = found

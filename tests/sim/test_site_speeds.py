@@ -185,7 +185,7 @@ def test_a_class_spread_over_more_nodes_than_it_needs_trains_slower_by_its_slowd
 
 
 def test_calibration_fits_the_packed_curve_and_the_spread_slowdown_and_skips_moves():
-    from dl2d.workload.calibration import calibrate, calibrate_spread
+    from dl2d.workload.calibration import calibrate, calibrate_spread, gather
 
     spec = {"kind": "allreduce", "label": "my-llm", "workers": 2, "worker": {"gpus": 1}}
 
@@ -200,10 +200,10 @@ def test_calibration_fits_the_packed_curve_and_the_spread_slowdown_and_skips_mov
     classes = calibrate(data, per_node=4, max_gpus=8)
     curve = classes["my-llm"][1]
     assert curve[2] == pytest.approx(500.0) and curve[4] == pytest.approx(300.0)
-    slowdown, seen = calibrate_spread(data, 4, classes)["my-llm"]
+    slowdown, seen = calibrate_spread(gather(data, 4), classes)["my-llm"]
     assert slowdown == pytest.approx(0.6) and seen == {2: (5, 800.0), 4: (5, 480.0)}
     doc = __import__("dl2d.workload.speedfit", fromlist=["speed_model_doc"]).speed_model_doc(
-        classes, "test", spread=calibrate_spread(data, 4, classes))
+        classes, "test", spread=calibrate_spread(gather(data, 4), classes))
     import json
 
     back = SiteSpeeds.of(parse_speed_model(json.dumps(doc)))
