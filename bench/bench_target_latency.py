@@ -33,7 +33,7 @@ def main() -> None:
     from dl2d.sim.cluster import preset
     from dl2d.workload.catalog import view_fields
 
-    policy = registry.build("dl2-target", registry.PolicyOptions(checkpoint=args.checkpoint))
+    policy = registry.build("dl2-target", registry.PolicyOptions(checkpoint=args.checkpoint, world="dl2"))
     rng = np.random.default_rng(0)
     for J in args.jobs:
         spec = replace(preset("dl2"), num_servers=max(J, 40))

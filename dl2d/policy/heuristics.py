@@ -71,6 +71,23 @@ class AllocationBuilder:
             lst[j].append(s)
         return True
 
+    def add_up_to(self, j: int, kind: str, count: int) -> int:
+        """Add up to ``count`` workers or PS (``kind``) to job j, as that many `add` calls would, stopping at the
+        first that does not fit; returns how many were added."""
+        if self.allreduce[j] or kind not in ("worker", "ps"):
+            n = 0
+            while n < count and self.add(j, kind):
+                n += 1
+            return n
+        held, limit = (self.worker_servers, self.view.max_workers) if kind == "worker" else \
+            (self.ps_servers, self.view.max_ps)
+        room = min(count, limit - len(held[j]))
+        if room <= 0:
+            return 0
+        servers = self.placer.add_many(self._demands(j, kind)[0], room)
+        held[j].extend(servers)
+        return len(servers)
+
     def add_gang(self, j: int, workers: int, ps: int) -> bool:
         """Add ``workers`` workers and ``ps`` PS to job j all together, or nothing (a job that starts whole)."""
         pairs = min(workers, ps)

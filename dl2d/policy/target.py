@@ -282,6 +282,29 @@ _MIN_ROWS = 64
 _CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 
 
+def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=None) -> dict:
+    """One slot's choice for every job of ``obs`` (a :func:`view_obs`, padded): the greedy pair, or (``key``)
+    one sampled from the policy; a job of a kind the policy never trained on (``kinds``: "ps", "allreduce")
+    gets its teacher's, Optimus's, pair (the network's choice for it is a guess: today's policy starved PS
+    jobs). Pure (JAX): {"action", "log_prob", "value", "x" (the features), "known"} [J]."""
+    o = with_optimus(obs)
+    x = job_features(cfg, o)
+    logits, value = apply(cfg, params, x, o["active"], o["allreduce"])
+    chosen = jnp.argmax(logits, axis=1) if key is None else jax.random.categorical(key, logits)
+    known = jnp.where(o["allreduce"], "allreduce" in kinds, "ps" in kinds)
+    action = jnp.where(known, chosen, teacher_actions(cfg, o))
+    log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=1)[:, 0]
+    return {"action": action, "log_prob": log_prob, "value": value, "x": x, "known": known}
+
+
+def padded(obs: dict, n: int, rows: int | None = None) -> dict:
+    """A view's observation of ``n`` jobs padded with inactive rows to ``rows`` (default: 64, or the next power
+    of two above ``n``), so the jitted network compiles once per size."""
+    size = rows or max(_MIN_ROWS, 1 << max(n - 1, 0).bit_length())
+    return {k: (v if k in _CLUSTER_KEYS else np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]))
+            for k, v in obs.items()}
+
+
 class TargetPolicy:
     """The target-size policy on a view: the greedy action of every job, then the fill task by task on the
     servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order: each job's PS, then
@@ -292,40 +315,32 @@ class TargetPolicy:
 
     def __init__(self, cfg: TargetConfig, params, name: str = "target", kinds: tuple[str, ...] = ("ps", "allreduce")):
         self.cfg, self.params, self.name = cfg, params, name
-        knows_ps, knows_ar = "ps" in kinds, "allreduce" in kinds
-
-        def decide(p, o):
-            o = with_optimus(o)
-            learned = jnp.argmax(apply(cfg, p, job_features(cfg, o), o["active"], o["allreduce"])[0], axis=1)
-            # a job of a kind it never trained on (a PS job for a policy of today's all-reduce world) gets what
-            # its teacher, Optimus, would give it: the network's choice for it is a guess (it starved PS jobs)
-            unknown = jnp.where(o["allreduce"], not knows_ar, not knows_ps)
-            return jnp.where(unknown, teacher_actions(cfg, o), learned)
-
-        self._decide = jax.jit(decide)
+        self.kinds = tuple(kinds)
+        self._decide = jax.jit(lambda p, o: decide(cfg, p, o, self.kinds)["action"])
 
     def actions(self, view):
         obs = view_obs(self.cfg, view)
-        n = len(view)
-        size = max(_MIN_ROWS, 1 << max(n - 1, 0).bit_length())
-        padded = {k: (v if k in _CLUSTER_KEYS else np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]))
-                  for k, v in obs.items()}
-        return np.asarray(self._decide(self.params, padded))[:n], obs
+        return np.asarray(self._decide(self.params, padded(obs, len(view))))[:len(view)], obs
 
     def __call__(self, view):
+        if not len(view):
+            return self.place(view, np.zeros(0, int), view_obs(self.cfg, view))
+        action, obs = self.actions(view)
+        return self.place(view, action, obs)
+
+    def place(self, view, action, obs):
+        """The fill of the chosen ``action`` [J] on the servers of ``view`` (``obs``: its :func:`view_obs`)."""
         from dl2d.policy.heuristics import AllocationBuilder
 
         b = AllocationBuilder(view)
         if not len(view):
             return b.allocation()
-        action, obs = self.actions(view)
         target_w, target_p = (np.asarray(a).astype(int) for a in sizes(self.cfg, action, obs["allreduce"]))
         one = np.maximum(obs["curves"][:, 1], 1e-12)
         for j in np.lexsort((view.arrival_slot, obs["remaining_epochs"] / one)):
-            while b.ps(j) < target_p[j] and b.add(j, "ps"):
-                pass
-            while b.workers(j) < target_w[j] and (b.ps(j) or target_p[j] == 0) and b.add(j, "worker"):
-                pass
+            b.add_up_to(j, "ps", target_p[j] - b.ps(j))
+            if b.ps(j) or target_p[j] == 0:
+                b.add_up_to(j, "worker", target_w[j] - b.workers(j))
             if b.workers(j) == 0 and b.ps(j):  # its PS fit, no worker did: it waits, nothing held
                 while b.ps(j):
                     b.placer.remove(b.ps_servers[j].pop(), view.ps_demand[j])
