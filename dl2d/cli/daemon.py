@@ -46,9 +46,10 @@ def assess(status: dict[str, Any] | None, now: float, same_host: bool = True) ->
 
 def _db_summary(url: str) -> dict[str, Any]:
     from dl2d.db.engine import make_engine, session_scope
+    from dl2d.db.events import count_events, last_event
     from dl2d.db.intents import count_pending_intents
     from dl2d.db.jobs import count_jobs_by_state
-    from dl2d.db.models import DecisionSource, JobState
+    from dl2d.db.models import DecisionSource, EventKind, JobState
     from dl2d.db.slots import count_decisions, last_slot
 
     engine = make_engine(url)
@@ -64,6 +65,11 @@ def _db_summary(url: str) -> dict[str, Any]:
                                     "ended_at": last.ended_at.isoformat() if last.ended_at else None,
                                     "reward": last.reward, "duration_ms": last.duration_ms,
                                     "source": last.decision.source.value if last.decision else None}
+            reverts = count_events(s, [EventKind.POLICY_REVERT])
+            if reverts:  # the online learner put back to its last good parameters (docs/daemon.md)
+                ev = last_event(s, EventKind.POLICY_REVERT)
+                out["policy_reverts"] = reverts
+                out["last_policy_revert"] = {"at": ev.ts.isoformat(), **(ev.detail or {})}
             return out
     finally:
         engine.dispose()

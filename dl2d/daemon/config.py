@@ -71,6 +71,8 @@ class PolicySection:
     online_rl: bool = False  # learn from every slot's reward (DL2 section 4.2)
     checkpoint_every: int = 10  # slots between saves of the online policy
     save_path: str = ""  # default <state_dir>/policy-online.msgpack; loaded at start when present
+    online_window: int = 8  # dl2-target online: slots per update and per check of the revert rule
+    revert_margin: float = 0.2  # dl2-target online: revert when a window scores below 1 - this of the fallback's
     seed: int = 0
     world: str = "today"  # today (a GPU cluster of today) | dl2: the pretrained policy a learned one uses by default
 
@@ -199,6 +201,8 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     p = cfg.policy
     need(p.name in POLICIES, "policy.name", f"must be one of {', '.join(POLICIES)}, got {p.name!r}")
     need(p.checkpoint_every >= 1, "policy.checkpoint_every", f"must be >= 1, got {p.checkpoint_every}")
+    need(2 <= p.online_window <= 10000, "policy.online_window", f"must be in [2, 10000], got {p.online_window}")
+    need(0 <= p.revert_margin < 1, "policy.revert_margin", f"must be in [0, 1), got {p.revert_margin}")
     if p.name in POLICIES:
         for option, msg in registry.problems(p.name, policy_options(cfg)):
             bad.append((f"policy.{option}", f"{msg}; set policy.{option}, or policy.name = \"drf\""))
@@ -250,7 +254,9 @@ def policy_options(cfg: DaemonConfig) -> registry.PolicyOptions:
     """The [policy] section as the registry's options."""
     p = cfg.policy
     return registry.PolicyOptions(checkpoint=p.checkpoint, seed=p.seed, online_rl=p.online_rl,
-                                  allow_untrained=p.allow_untrained, resume=cfg.policy_save_path, world=p.world)
+                                  allow_untrained=p.allow_untrained, resume=cfg.policy_save_path, world=p.world,
+                                  fallback=cfg.guardrails.fallback, online_window=p.online_window,
+                                  revert_margin=p.revert_margin)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

@@ -461,6 +461,7 @@ class SlotLoop:
         if self.policy is not None:
             self.policy.observe(reward)
         if self.learner is not None:
+            self._record_reverts()
             stats = self.learner.stats
             self.metrics.policy_version.set(self.learner.version)
             self._closed += 1
@@ -468,6 +469,22 @@ class SlotLoop:
                 self.learner.save(self.checkpoint_path, {"slot_id": slot_id})
                 log.info("policy checkpoint written: %s (version %d)", self.checkpoint_path, self.learner.version)
         return reward
+
+    def _record_reverts(self) -> None:
+        """The online learner's reverts to its last good parameters: an event each, a warning, a metric; the
+        reverted policy is checkpointed at once (a restart must not resume the parameters that failed)."""
+        reverts = self.learner.take_reverts() if hasattr(self.learner, "take_reverts") else []
+        if not reverts:
+            return
+        with session_scope(self.engine) as s:
+            for r in reverts:
+                db_events.record_event(s, EventKind.POLICY_REVERT, None, r, ts=self.clock())
+        for r in reverts:
+            self.metrics.policy_reverts.inc()
+            log.warning("online policy reverted to version %s's parameters (now version %s): %s",
+                        r.get("good_version"), r.get("policy_version"), r.get("reason"))
+        if self.checkpoint_path:
+            self.learner.save(self.checkpoint_path, {"reverted": True})
 
     def _count_jobs(self, s: Session) -> None:
         counts = db_jobs.count_jobs_by_state(s)

@@ -29,6 +29,8 @@ class Metrics:
         self.reward = Gauge("dl2d_slot_reward", "Reward of the last slot (DL2 eq. 1)", registry=r)
         self.stale_nodes = Gauge("dl2d_stale_nodes", "Nodes whose agent is silent (drained)", registry=r)
         self.policy_version = Gauge("dl2d_policy_version", "Online-RL updates applied to the policy", registry=r)
+        self.policy_reverts = Counter("dl2d_policy_reverts", "Online policy put back to its last good parameters",
+                                      registry=r)
         self.heartbeat = Gauge("dl2d_last_slot_timestamp_seconds", "Wall time the last slot finished", registry=r)
         self.capacity = Gauge("dl2d_cluster_capacity", "What the usable (not drained) nodes hold, by resource "
                               "(gpus, cpus, mem_gb)", ["resource"], registry=r)

@@ -46,3 +46,9 @@ def count_events(session: Session, kinds: Sequence[EventKind | str]) -> int:
     """How many events of these kinds the log holds (all jobs and nodes)."""
     return int(session.scalar(select(func.count()).select_from(Event)
                               .where(Event.kind.in_([EventKind(k) for k in kinds]))))
+
+
+def last_event(session: Session, kind: EventKind | str) -> Event | None:
+    """The latest event of a kind (ties: the last written)."""
+    return session.scalars(select(Event).where(Event.kind == EventKind(kind))
+                           .order_by(Event.ts.desc(), Event.id.desc()).limit(1)).first()

@@ -118,6 +118,7 @@ class EventKind(str, enum.Enum):
     NODE_STALE = "node_stale"
     NODE_RECOVERED = "node_recovered"
     FALLBACK = "fallback"
+    POLICY_REVERT = "policy_revert"  # the online learner put back to its last good parameters
 
 
 class IntentKind(str, enum.Enum):

@@ -31,23 +31,54 @@ def check(options: PolicyOptions) -> list[tuple[str, str]]:
 
 
 def build(options: PolicyOptions):
+    """The shipped or given checkpoint, greedy; with ``online_rl`` an OnlineTargetLearner (from the online
+    checkpoint ``resume`` when it exists), measured against the fallback heuristic ``options.fallback``."""
     import jax
 
     from dl2d.policy.checkpoint import load_target
     from dl2d.policy.target import TargetConfig, TargetPolicy, init_params
 
-    if options.checkpoint or pretrained(options.world).exists():
-        path = options.checkpoint or str(pretrained(options.world))
+    path = options.checkpoint or (str(pretrained(options.world)) if pretrained(options.world).exists() else "")
+    if options.online_rl:
+        return _learner(options, path)
+    if path:
         ckpt = load_target(path)
         log.info("policy: dl2-target from %s", path)
-        kinds = TRAINED_KINDS.get(ckpt.meta.get("world"), ("ps", "allreduce"))
-        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target", kinds=kinds)
+        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target", kinds=trained_kinds(ckpt.meta))
     log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained)")
     cfg = TargetConfig()
     return TargetPolicy(cfg, init_params(cfg, jax.random.PRNGKey(options.seed)), name="dl2-target")
 
 
+def trained_kinds(meta: dict) -> tuple[str, ...]:
+    """The job kinds a checkpoint learned to size (from its meta's world; both when it does not say)."""
+    return TRAINED_KINDS.get(meta.get("world"), ("ps", "allreduce"))
+
+
+def _learner(options: PolicyOptions, path: str):
+    import jax
+
+    from dl2d.policy import registry
+    from dl2d.policy.target import TargetConfig, init_params
+    from dl2d.policy.target_online import OnlineTargetLearner
+
+    fallback = registry.build(options.fallback)
+    common = {"fallback": fallback, "window": options.online_window, "margin": options.revert_margin,
+              "seed": options.seed}
+    if options.resume and Path(options.resume).exists():
+        path = options.resume
+        log.info("policy: dl2-target learning online, from its online checkpoint %s", path)
+    elif path:
+        log.info("policy: dl2-target from %s, learning online", path)
+    if path:
+        return OnlineTargetLearner.from_checkpoint(path, **common)
+    log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained), learning online")
+    cfg = TargetConfig()
+    return OnlineTargetLearner(cfg, init_params(cfg, jax.random.PRNGKey(options.seed)), **common)
+
+
 register(PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) for every job, shortest remaining work "
-                     "first; slot-level PPO in the JAX simulator", build, check, learned=True,
-                     trained_by="dl2ctl train --policy dl2-target",
-                     options=("checkpoint", "seed", "allow_untrained")))
+                     "first; slot-level PPO in the JAX simulator, and online", build, check, learned=True,
+                     trained_by="dl2ctl train --policy dl2-target", online=True,
+                     options=("checkpoint", "seed", "allow_untrained", "online_rl", "resume", "fallback",
+                              "online_window", "revert_margin")))

@@ -44,6 +44,7 @@ class OnlineStats:
     updates: int = 0
     transitions: int = 0
     last_loss: float | None = None
+    reverts: int = 0  # times the parameters were put back to the last good ones (dl2d.policy.target_online)
 
 
 class OnlineLearner:

@@ -193,7 +193,7 @@ def gae(pcfg: PPOConfig, rewards, values, dones, last_value):
 
 # ------------------------------------------------------------------------------------------ updates
 
-def _masked_mean(x, mask):
+def masked_mean(x, mask):
     return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
@@ -204,18 +204,19 @@ def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     logits, values = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
                                                                             batch["allreduce"])
     act = batch["active"]
+    learn = batch.get("learn", act)  # the jobs whose pairs are learned from (online: the policy's own, carried out)
     logp = jax.vmap(job_log_probs)(logits, batch["idx"])
     if pcfg.credit == "job":
-        ratio, adv, mask = jnp.exp(logp - batch["logp"]), batch["adv"], act
+        ratio, adv, mask = jnp.exp(logp - batch["logp"]), batch["adv"], learn
     else:
         slot_logp = lambda lp: jnp.sum(jnp.where(act, lp, 0.0), axis=1)  # noqa: E731
         ratio, adv, mask = (jnp.exp(slot_logp(logp) - slot_logp(batch["logp"])), batch["adv"],
                             jnp.ones(act.shape[0], bool))
     clipped = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - pcfg.clip, 1 + pcfg.clip) * adv)
-    pg = -_masked_mean(clipped, mask)
-    vf = 0.5 * _masked_mean((values - batch["ret"]) ** 2, act)
-    ent = jnp.mean(jax.vmap(entropy)(logits, act))
-    kl = _masked_mean(batch["logp"] - logp, act)
+    pg = -masked_mean(clipped, mask)
+    vf = 0.5 * masked_mean((values - batch["ret"]) ** 2, act)
+    ent = jnp.mean(jax.vmap(entropy)(logits, learn))
+    kl = masked_mean(batch["logp"] - logp, learn)
     return pg + pcfg.vf_coef * vf - pcfg.ent_coef * ent, {"pg": pg, "vf": vf, "entropy": ent, "approx_kl": kl}
 
 
@@ -273,8 +274,8 @@ def _with_returns(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, 
     act = traj["active"]
 
     def normalised(a, mask):
-        mean = _masked_mean(a, mask)
-        return jnp.where(mask, (a - mean) / (jnp.sqrt(_masked_mean((a - mean) ** 2, mask)) + 1e-8), 0.0)
+        mean = masked_mean(a, mask)
+        return jnp.where(mask, (a - mean) / (jnp.sqrt(masked_mean((a - mean) ** 2, mask)) + 1e-8), 0.0)
 
     if pcfg.credit == "slot" or pcfg.team_weight:
         team, _ = gae(pcfg, traj["reward"].sum(-1), traj["value"].sum(-1), traj["done"], last.sum(-1))
@@ -313,8 +314,8 @@ def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     nll = -jnp.take_along_axis(lp, batch["teacher"][..., None], axis=-1)[..., 0]
     act = batch["active"]
     acc = jnp.sum(act & (jnp.argmax(logits, -1) == batch["teacher"])) / jnp.maximum(act.sum(), 1)
-    vf = 0.5 * _masked_mean((value - batch["ret"]) ** 2, act)
-    return _masked_mean(nll, act) + pcfg.vf_coef * vf, acc
+    vf = 0.5 * masked_mean((value - batch["ret"]) ** 2, act)
+    return masked_mean(nll, act) + pcfg.vf_coef * vf, acc
 
 
 @partial(jax.jit, static_argnames=("tcfg", "pcfg"))

@@ -90,6 +90,9 @@ class PolicyOptions:
     tetris_threshold: int | None = None  # bundles Tetris gives a job before the next (default: the per-job max)
     speed_model: str = "measured"  # the speed table the oracle knows (simulator benchmarks only)
     world: str = "today"  # the world it schedules (dl2d.sim.worlds): a learned policy's pretrained default
+    fallback: str = "drf"  # the heuristic an online learner is measured against (dl2d.policy.target_online)
+    online_window: int = 8  # slots per online update, and per check of the revert rule (dl2-target)
+    revert_margin: float = 0.2  # revert when a window scores below 1 - margin of the fallback's (dl2-target)
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:

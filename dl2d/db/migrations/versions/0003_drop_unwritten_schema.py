@@ -19,11 +19,12 @@ aside and created again verbatim.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from dl2d.db.schema_change import replace_check, require_sqlite_foreign_keys_off, views_set_aside
 
 
 revision: str = "0003"
@@ -39,23 +40,23 @@ INTENT_KINDS_0001 = ("resize", "relaunch", "submit", "cancel")
 
 def upgrade() -> None:
     bind = op.get_bind()
-    _require_sqlite_foreign_keys_off(bind)
+    require_sqlite_foreign_keys_off(bind, "0003", "jobs")
     op.drop_index("ix_tasks_job_role_index", table_name="tasks")
     op.drop_index(op.f("ix_tasks_node"), table_name="tasks")
     op.drop_table("tasks")
     bind.exec_driver_sql("UPDATE jobs SET state = 'RUNNING' WHERE state IN ('RESIZING', 'CHECKPOINTING')")
     bind.exec_driver_sql("UPDATE intents SET kind = 'resize' WHERE kind = 'relaunch'")
-    with _views_set_aside(bind):
-        _replace_check("jobs", "job_state", "state", JOB_STATES)
-        _replace_check("intents", "intent_kind", "kind", INTENT_KINDS)
+    with views_set_aside(bind):
+        replace_check("jobs", "job_state", "state", JOB_STATES)
+        replace_check("intents", "intent_kind", "kind", INTENT_KINDS)
 
 
 def downgrade() -> None:
     bind = op.get_bind()
-    _require_sqlite_foreign_keys_off(bind)
-    with _views_set_aside(bind):
-        _replace_check("intents", "intent_kind", "kind", INTENT_KINDS_0001)
-        _replace_check("jobs", "job_state", "state", JOB_STATES_0001)
+    require_sqlite_foreign_keys_off(bind, "0003", "jobs")
+    with views_set_aside(bind):
+        replace_check("intents", "intent_kind", "kind", INTENT_KINDS_0001)
+        replace_check("jobs", "job_state", "state", JOB_STATES_0001)
     # as in 0001
     op.create_table('tasks',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -73,33 +74,3 @@ def downgrade() -> None:
     )
     op.create_index('ix_tasks_job_role_index', 'tasks', ['job_id', 'role', 'index'])
     op.create_index(op.f('ix_tasks_node'), 'tasks', ['node'])
-
-
-def _replace_check(table: str, enum_name: str, column: str, values: Sequence[str]) -> None:
-    """The enum's CHECK constraint (named by the models' convention ck_<table>_<enum>) allowing `values`."""
-    name = op.f(f"ck_{table}_{enum_name}")
-    allowed = ", ".join(f"'{v}'" for v in values)
-    with op.batch_alter_table(table) as batch:  # SQLite: a rebuild; PostgreSQL: ALTER TABLE in place
-        batch.drop_constraint(name, type_="check")
-        batch.create_check_constraint(name, f"{column} IN ({allowed})")
-
-
-def _require_sqlite_foreign_keys_off(bind: sa.Connection) -> None:
-    if bind.dialect.name == "sqlite" and bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
-        raise RuntimeError("migration 0003 rebuilds the jobs table and must run with foreign keys off, or "
-                           "the rebuild deletes every row that references a job: migrate with "
-                           "dl2d.db.engine.upgrade()/downgrade(), which turn them off")
-
-
-@contextmanager
-def _views_set_aside(bind: sa.Connection) -> Iterator[None]:
-    """SQLite: drop every view, and create them again, in their order and verbatim, after the body."""
-    if bind.dialect.name != "sqlite":
-        yield
-        return
-    views = bind.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY rowid").all()
-    for name, _ in reversed(views):
-        bind.exec_driver_sql(f'DROP VIEW "{name}"')
-    yield
-    for _, sql in views:
-        bind.exec_driver_sql(sql)
