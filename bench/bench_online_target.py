@@ -35,6 +35,7 @@ def main() -> None:
     from dl2d.policy import registry
     from dl2d.policy import target_train as TT
     from dl2d.policy.registry import PolicyOptions
+    from dl2d.policy.target_online import as_scheduler
     from dl2d.sim import engine as E
 
     setup = TT.TrainSetup(world=args.world, jobs=args.jobs, **({"cluster": args.cluster} if args.cluster else {}))
@@ -51,12 +52,10 @@ def main() -> None:
         def daemon_like(window, trace=trace, seed=seed):
             learner = registry.build("dl2-target", PolicyOptions(online_rl=True, fallback=args.fallback, seed=seed, world=args.world,
                                                                  online_window=window, revert_margin=args.margin))
-            ratios = []
+            ratios, scheduler = [], as_scheduler(learner)
 
             def decide(view):
-                learner.observe(0.0)  # the slot before has run
-                alloc = learner(view)
-                learner.applied(view, alloc, overridden=False)
+                alloc = scheduler(view)
                 ratios.append(learner._pending.score / max(learner._pending.fallback_score, 1e-12))
                 return alloc
 

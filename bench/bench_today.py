@@ -9,7 +9,8 @@ preemptions), and the lower bound (dl2d.sim.bound). The trace seeds here (worklo
 workload seed 2000) are used by no training and by no tuning (elastic's settings were chosen on Philly
 seeds 100-103).
 
-    python bench/bench_today.py [--policies slurm,tiresias,...] [--philly-jobs 1280] [--out FILE.json]
+    python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online] [--folders workloads,...]
+        [--philly-jobs 1280] [--skip-philly] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def contended_util(trace, res, gpus: float) -> tuple[float, float]:
     return float(np.mean(res.gpu_util[busy])), float(np.mean(busy))
 
 
+def build(name: str, seed: int):
+    """A registered policy; ``NAME@online``: that learned policy learning online from the shipped checkpoint,
+    one learner per workload (dl2d.policy.target_online), as the daemon runs it with ``policy.online_rl``."""
+    if not name.endswith("@online"):
+        return registry.build(name)
+    from dl2d.policy.target_online import as_scheduler
+
+    return as_scheduler(registry.build(name.removesuffix("@online"), registry.PolicyOptions(online_rl=True, seed=seed)))
+
+
 def one(trace, cfg, policies, seed: int, label: str, status, console) -> dict:
     bound = lower_bound(trace, cfg)
     h = cfg.slot_seconds / 3600
@@ -55,7 +66,7 @@ def one(trace, cfg, policies, seed: int, label: str, status, console) -> dict:
     for name in policies:
         status.update(f"{label}: {name}")
         try:
-            res = E.run(trace, registry.build(name), cfg, seed=seed)
+            res = E.run(trace, build(name, seed), cfg, seed=seed)
         except RuntimeError:  # cfg.max_slots passed with jobs left: the policy did not finish the workload
             row["policies"][name] = {"unfinished": True}
             continue
@@ -106,6 +117,7 @@ def main() -> None:
     ap.add_argument("--philly-jobs", type=int, default=1280)
     ap.add_argument("--philly-seed", type=int, default=2000)
     ap.add_argument("--skip-philly", action="store_true")
+    ap.add_argument("--folders", default=",".join(FOLDERS), help="the Pollux folders to run (none: '')")
     ap.add_argument("--out", type=Path, help="write every row as JSON here")
     args = ap.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -115,7 +127,9 @@ def main() -> None:
     rows: dict[str, list] = {}
     with console.status("simulating") as status:
         cfg = today.sim_config("t4-16", max_slots=MAX_SLOTS)
-        for folder in FOLDERS:
+        for folder in filter(None, args.folders.split(",")):
+            if folder not in FOLDERS:
+                ap.error(f"--folders: {folder!r} is not one of {', '.join(FOLDERS)}")
             for k in WORKLOADS:
                 trace = from_workload(packaged_workload(k, folder), cfg.slot_seconds, seed=k)
                 rows.setdefault(folder, []).append(one(trace, cfg, policies, k, f"{folder}/{k}", status, console))

@@ -6,6 +6,7 @@ resources), so a task is never split across servers and nothing ever exceeds a s
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -16,9 +17,11 @@ from dl2d.core.contract import Allocation, CapacityError, SlotView
 class Placer:
     """Places tasks one at a time on the least-loaded server that fits (a thin mutable shell).
 
-    Servers are indexed by their (capacity, free) vector: a cluster has few distinct ones, so a placement
-    scans those classes (with their load computed once) instead of every server. Ties go to the lowest
-    server index, so placement is deterministic. Load = the sum of used fractions of the resources.
+    Servers are indexed by their (capacity, free) vector: a cluster has few distinct ones. The classes are
+    kept sorted by (load, lowest server index), updated as a task moves a server from one to another, so a
+    placement scans them from the least loaded and stops at the first that fits (almost always the first).
+    Ties go to the lowest server index, so placement is deterministic. Load = the sum of used fractions of
+    the resources.
     """
 
     def __init__(self, free: np.ndarray, capacity: np.ndarray):
@@ -30,28 +33,29 @@ class Placer:
         self._free = [tuple(map(float, f)) for f in free]
         self._classes: dict[tuple, list] = {}  # (cap, free) -> [load, heap of servers]
         for s in range(len(free)):
-            self._entry(s)[1].append(s)  # ascending indices: already a heap
+            key = (self._cap[s], self._free[s])
+            entry = self._classes.get(key)
+            if entry is None:
+                entry = self._classes[key] = [self._load(key), []]
+            entry[1].append(s)  # ascending indices: already a heap
+        #: (load, lowest server, key) of every class, ascending
+        self._order = sorted((load, servers[0], key) for key, (load, servers) in self._classes.items())
 
     @property
     def free(self) -> np.ndarray:
         return np.array(self._free).reshape(-1, 3)
 
-    def _entry(self, s: int) -> list:
-        key = (self._cap[s], self._free[s])
-        entry = self._classes.get(key)
-        if entry is None:
-            load = sum(1.0 - f / c for f, c in zip(key[1], key[0]) if c > 0)
-            entry = self._classes[key] = [load, []]
-        return entry
+    @staticmethod
+    def _load(key) -> float:
+        return sum(1.0 - f / c for f, c in zip(key[1], key[0]) if c > 0)
 
     def server_for(self, demand) -> int:
         """The server `add` would use for `demand`, or -1; changes nothing."""
         d0, d1, d2 = (float(x) - 1e-9 for x in demand)
-        best = None
-        for (_, (f0, f1, f2)), (load, servers) in self._classes.items():
-            if f0 >= d0 and f1 >= d1 and f2 >= d2 and (best is None or (load, servers[0]) < best):
-                best = (load, servers[0])
-        return -1 if best is None else best[1]
+        for _, s, (_, (f0, f1, f2)) in self._order:
+            if f0 >= d0 and f1 >= d1 and f2 >= d2:
+                return s
+        return -1
 
     def fits(self, demand) -> bool:
         return self.server_for(demand) >= 0
@@ -69,18 +73,31 @@ class Placer:
         return self.add(demand)
 
     def _move(self, s: int, sign: float, demand) -> None:
+        """Server s's free resources change by ``sign * demand``: it leaves its class for another."""
+        order, classes = self._order, self._classes
         key = (self._cap[s], self._free[s])
-        heap = self._classes[key][1]
+        load, heap = classes[key]
+        del order[bisect.bisect_left(order, (load, heap[0], key))]
         if heap[0] == s:
             heapq.heappop(heap)
         else:
             heap.remove(s)
             heapq.heapify(heap)
-        if not heap:
-            del self._classes[key]
+        if heap:
+            bisect.insort(order, (load, heap[0], key))
+        else:
+            del classes[key]
         f0, f1, f2 = self._free[s]
-        self._free[s] = (f0 + sign * float(demand[0]), f1 + sign * float(demand[1]), f2 + sign * float(demand[2]))
-        heapq.heappush(self._entry(s)[1], s)
+        self._free[s] = free = (f0 + sign * float(demand[0]), f1 + sign * float(demand[1]),
+                                f2 + sign * float(demand[2]))
+        key = (self._cap[s], free)
+        entry = classes.get(key)
+        if entry is None:
+            entry = classes[key] = [self._load(key), []]
+        else:
+            del order[bisect.bisect_left(order, (entry[0], entry[1][0], key))]
+        heapq.heappush(entry[1], s)
+        bisect.insort(order, (entry[0], entry[1][0], key))
 
     def add(self, demand) -> int:
         """Place one task; returns its server or -1 (and changes nothing) when it fits nowhere."""
@@ -91,20 +108,18 @@ class Placer:
 
     def add_many(self, demand, count: int) -> list[int]:
         """Place up to ``count`` tasks of one demand, each as `add` would; their servers (fewer when the rest
-        fits nowhere). One call instead of ``count``: a slot of thousands of tasks is placed in Python."""
+        fits nowhere)."""
         d0, d1, d2 = (float(x) - 1e-9 for x in demand)
         dem = tuple(float(x) for x in demand)
         placed: list[int] = []
-        classes = self._classes
-        for _ in range(count):
-            best = None
-            for (_, (f0, f1, f2)), (load, servers) in classes.items():
-                if f0 >= d0 and f1 >= d1 and f2 >= d2 and (best is None or (load, servers[0]) < best):
-                    best = (load, servers[0])
-            if best is None:
+        for _ in range(count):  # server_for and _move, the demand converted once
+            for _, s, (_, (f0, f1, f2)) in self._order:
+                if f0 >= d0 and f1 >= d1 and f2 >= d2:
+                    break
+            else:
                 break
-            self._move(best[1], -1.0, dem)
-            placed.append(best[1])
+            self._move(s, -1.0, dem)
+            placed.append(s)
         return placed
 
     def add_at(self, server: int, demand) -> None:

@@ -47,38 +47,43 @@ def optimus_counts(speed, remaining, worker_demand, ps_demand, allreduce, eligib
     share_w, share_p = jnp.maximum(share(worker_demand), 1e-9), jnp.maximum(share(ps_demand), 1e-9)
     rows = jnp.arange(J)
 
-    def remaining_time(pp, ww):
-        s = speed[rows, jnp.clip(pp, 0, P1 - 1), jnp.clip(ww, 0, W1 - 1)]
-        return jnp.where(s > 0, remaining / jnp.where(s > 0, s, 1.0), jnp.inf)
+    def remaining_time(pp, ww, r=rows):
+        s = speed[r, jnp.clip(pp, 0, P1 - 1), jnp.clip(ww, 0, W1 - 1)]
+        rem = remaining[r]
+        return jnp.where(s > 0, rem / jnp.where(s > 0, s, 1.0), jnp.inf)
 
-    def best_moves(w, p):
-        """[J] the best task's utility (-inf: none) and whether it is a PS."""
-        now = remaining_time(p, w)
-        gain_w = now - remaining_time(p, w + 1)
-        gain_p = now - remaining_time(p + 1, w)
+    def best_moves(w, p, r=rows):
+        """The best task's utility (-inf: none) and whether it is a PS, of the jobs ``r`` (all: [J])."""
+        now = remaining_time(p, w, r)
+        gain_w = now - remaining_time(p, w + 1, r)
+        gain_p = now - remaining_time(p + 1, w, r)
         gain_w = jnp.where(jnp.isnan(gain_w), 0.0, gain_w)  # inf - inf: no speed either way
         gain_p = jnp.where(jnp.isnan(gain_p), 0.0, gain_p)
-        u_w = jnp.where(w + 1 < W1, gain_w / share_w, -jnp.inf)
-        u_p = jnp.where(~allreduce & (p + 1 < P1), gain_p / share_p, -jnp.inf)
+        u_w = jnp.where(w + 1 < W1, gain_w / share_w[r], -jnp.inf)
+        u_p = jnp.where(~allreduce[r] & (p + 1 < P1), gain_p / share_p[r], -jnp.inf)
         return jnp.maximum(u_w, u_p), u_p > u_w  # the worker first on a tie, as the NumPy rule
 
     def cond(c):
-        return c[4]
+        return c[6]
 
     def body(c):
-        w, p, free, open_, _ = c
-        util, is_ps = best_moves(w, p)
-        util = jnp.where(open_, util, -jnp.inf)
+        # a job's best move depends only on its own allocation: only the job that moved is computed again
+        w, p, free, open_, util, is_ps, _ = c
         j = jnp.argmax(util)
         go = util[j] > 0
         need = jnp.where(is_ps[j], ps_demand[j], worker_demand[j])
         fits = jnp.all(need <= free + _EPS)
         take = go & fits
-        w = w.at[j].add(jnp.where(take & ~is_ps[j], 1, 0))
-        p = p.at[j].add(jnp.where(take & is_ps[j], 1, 0))
+        wj = w[j] + jnp.where(take & ~is_ps[j], 1, 0)
+        pj = p[j] + jnp.where(take & is_ps[j], 1, 0)
         free = free - jnp.where(take, need, 0.0)
-        open_ = open_.at[j].set(open_[j] & fits)  # its best task fits nowhere: no more this slot
-        return w, p, free, open_, go
+        open_j = open_[j] & fits  # its best task fits nowhere: no more this slot
+        u, ps_j = best_moves(wj, pj, j)
+        return (w.at[j].set(wj), p.at[j].set(pj), free, open_.at[j].set(open_j),
+                util.at[j].set(jnp.where(open_j, u, -jnp.inf)), is_ps.at[j].set(ps_j), go)
 
-    w, p, *_ = jax.lax.while_loop(cond, body, (w, p, free, w > 0, jnp.asarray(True)))
+    open0 = w > 0
+    util0, is_ps0 = best_moves(w, p)
+    w, p, *_ = jax.lax.while_loop(cond, body, (w, p, free, open0, jnp.where(open0, util0, -jnp.inf), is_ps0,
+                                                jnp.asarray(True)))
     return w, p

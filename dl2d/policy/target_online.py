@@ -255,3 +255,18 @@ def window_batch(slots: list[_Slot], next_values: dict[int, float], reward_jobs:
         if j in col:
             last[col[j]] = v
     return b, last
+
+
+def as_scheduler(learner: OnlineTargetLearner):
+    """The learner as a plain scheduler for the simulator, driven as the daemon drives it: the slot before is
+    closed, the view decided, the decision carried out as chosen (benchmarks: bench/bench_online_target.py,
+    bench/bench_today.py's ``dl2-target@online``)."""
+
+    def decide(view: SlotView) -> Allocation:
+        learner.observe(0.0)
+        alloc = learner(view)
+        learner.applied(view, alloc, overridden=False)
+        return alloc
+
+    decide.name = f"{learner.name}@online"
+    return decide
