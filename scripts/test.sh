@@ -30,5 +30,7 @@ fi
 echo "== checking the import contracts (docs/ARCHITECTURE.md)"
 lint-imports --no-cache
 
+# Two processes (pytest-xdist): a module runs whole on one, the local Slurm cluster's tests all on one
+# (tests/conftest.py). DL2D_TEST_WORKERS=0 runs everything in this process.
 echo "== running the test suite"
-exec python3 -m pytest -q "$@"
+exec python3 -m pytest -q -n "${DL2D_TEST_WORKERS:-2}" --dist loadgroup "$@"
