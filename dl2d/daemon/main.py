@@ -385,6 +385,10 @@ def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> d
            "tick_ms_mean": round(float(np.mean(loop.state.tick_ms)), 2) if loop.state.tick_ms else None,
            "tick_ms_max": round(float(np.max(loop.state.tick_ms)), 2) if loop.state.tick_ms else None,
            "db_url": _safe_url(cfg.database_url)}
+    if loop.learner is not None:  # learning online: the bare simulator's figure below is the policy greedy
+        stats = loop.learner.stats
+        out["online"] = (f"{stats.updates} updates, {getattr(stats, 'reverts', 0)} reverts, version {loop.learner.version}"
+                         " (the bare simulator runs it greedy)")
     if compare:
         from dl2d.sim.cluster import preset
         from dl2d.sim.engine import SimConfig, run
@@ -420,7 +424,7 @@ def print_report(out: dict[str, Any]) -> None:
               "avg_jct_hours": "avg JCT (h, from the DB)", "bare_sim_avg_jct_hours": "avg JCT, bare simulator (h)",
               "best_heuristic": "best heuristic", "best_heuristic_avg_jct_hours": "its avg JCT, bare simulator (h)",
               "makespan_hours": "makespan (h)", "slots": "slots run", "resize_events": "start/resize events",
-              "fallback_slots": "guardrail fallbacks", "tick_ms_mean": "tick mean (ms)", "tick_ms_max": "tick max (ms)",
+              "fallback_slots": "guardrail fallbacks", "online": "online learning", "tick_ms_mean": "tick mean (ms)", "tick_ms_max": "tick max (ms)",
               "db_url": "database"}
     for k, label in labels.items():
         if k in out:
