@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--cluster", default=None, help="the world's cluster preset (default: its training cluster)")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--margin", type=float, default=0.2)
+    ap.add_argument("--temperature", type=float, default=1.0, help="the learner samples at this temperature")
     ap.add_argument("--fallback", default="drf")
     ap.add_argument("--heuristics", default="elastic,optimus", help="more heuristics to run on the same traces")
     args = ap.parse_args()
@@ -51,7 +52,8 @@ def main() -> None:
 
         def daemon_like(window, trace=trace, seed=seed):
             learner = registry.build("dl2-target", PolicyOptions(online_rl=True, fallback=args.fallback, seed=seed, world=args.world,
-                                                                 online_window=window, revert_margin=args.margin))
+                                                                 online_window=window, revert_margin=args.margin,
+                                                                 online_temperature=args.temperature))
             ratios, scheduler = [], as_scheduler(learner)
 
             def decide(view):

@@ -9,7 +9,7 @@ preemptions), and the lower bound (dl2d.sim.bound). The trace seeds here (worklo
 workload seed 2000) are used by no training and by no tuning (elastic's settings were chosen on Philly
 seeds 100-103).
 
-    python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online] [--folders workloads,...]
+    python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online[:T]] [--folders workloads,...]
         [--philly-jobs 1280] [--skip-philly] [--out FILE.json]
 """
 from __future__ import annotations
@@ -50,13 +50,17 @@ def contended_util(trace, res, gpus: float) -> tuple[float, float]:
 
 
 def build(name: str, seed: int):
-    """A registered policy; ``NAME@online``: that learned policy learning online from the shipped checkpoint,
-    one learner per workload (dl2d.policy.target_online), as the daemon runs it with ``policy.online_rl``."""
-    if not name.endswith("@online"):
+    """A registered policy; ``NAME@online`` (``NAME@online:T``): that learned policy learning online from the
+    shipped checkpoint (sampling at temperature T), one learner per workload (dl2d.policy.target_online), as
+    the daemon runs it with ``policy.online_rl``."""
+    base, _, online = name.partition("@")
+    if not online:
         return registry.build(name)
     from dl2d.policy.target_online import as_scheduler
 
-    return as_scheduler(registry.build(name.removesuffix("@online"), registry.PolicyOptions(online_rl=True, seed=seed)))
+    _, _, temperature = online.partition(":")
+    options = registry.PolicyOptions(online_rl=True, seed=seed, online_temperature=float(temperature or 1.0))
+    return as_scheduler(registry.build(base, options))
 
 
 def one(trace, cfg, policies, seed: int, label: str, status, console) -> dict:

@@ -73,6 +73,7 @@ class PolicySection:
     save_path: str = ""  # default <state_dir>/policy-online.msgpack; loaded at start when present
     online_window: int = 8  # dl2-target online: slots per update and per check of the revert rule
     revert_margin: float = 0.2  # dl2-target online: revert when a window scores below 1 - this of the fallback's
+    online_temperature: float = 1.0  # dl2-target online: sample from softmax(logits / this); below 1 explores less
     seed: int = 0
     world: str = "today"  # today (a GPU cluster of today) | dl2: the pretrained policy a learned one uses by default
 
@@ -203,6 +204,8 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(p.checkpoint_every >= 1, "policy.checkpoint_every", f"must be >= 1, got {p.checkpoint_every}")
     need(2 <= p.online_window <= 10000, "policy.online_window", f"must be in [2, 10000], got {p.online_window}")
     need(0 <= p.revert_margin < 1, "policy.revert_margin", f"must be in [0, 1), got {p.revert_margin}")
+    need(0 < p.online_temperature <= 10, "policy.online_temperature",
+         f"must be in (0, 10], got {p.online_temperature}")
     if p.name in POLICIES:
         for option, msg in registry.problems(p.name, policy_options(cfg)):
             bad.append((f"policy.{option}", f"{msg}; set policy.{option}, or policy.name = \"drf\""))
@@ -256,7 +259,7 @@ def policy_options(cfg: DaemonConfig) -> registry.PolicyOptions:
     return registry.PolicyOptions(checkpoint=p.checkpoint, seed=p.seed, online_rl=p.online_rl,
                                   allow_untrained=p.allow_untrained, resume=cfg.policy_save_path, world=p.world,
                                   fallback=cfg.guardrails.fallback, online_window=p.online_window,
-                                  revert_margin=p.revert_margin)
+                                  revert_margin=p.revert_margin, online_temperature=p.online_temperature)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

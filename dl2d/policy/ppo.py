@@ -53,10 +53,15 @@ class PPOConfig:
     #: credit "job": how much of the slot's advantage (the team's) each job's own advantage gets beside it, so a
     #: job that takes what others needed is not credited as if it had cost nothing
     team_weight: float = 0.0
+    #: the policy samples from softmax(logits / temperature) (and learns that distribution): below 1 it explores
+    #: less, which matters where every change of a job's size is a restart (learning online, dl2d.policy.target_online)
+    temperature: float = 1.0
 
     def __post_init__(self):
         if self.credit not in ("job", "slot"):
             raise ValueError(f"credit must be 'job' or 'slot', got {self.credit!r}")
+        if not 0 < self.temperature <= 10:
+            raise ValueError(f"temperature must be in (0, 10], got {self.temperature}")
 
 
 # ------------------------------------------------------------------------------------------ the environment's side
@@ -157,6 +162,7 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
             obs = env_obs(tcfg, env, state)
             x = T.job_features(tcfg, obs)
             logits, value = T.apply(tcfg, net, x, obs["active"], obs["allreduce"])
+            logits = logits / pcfg.temperature
             idx = jax.random.categorical(key_, logits)
             w, p = allocate(tcfg, obs, idx)
             nxt, _, done, _ = X.step(env, state, w, p)
@@ -203,6 +209,7 @@ def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     their returns; entropy per job."""
     logits, values = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
                                                                             batch["allreduce"])
+    logits = logits / pcfg.temperature
     act = batch["active"]
     learn = batch.get("learn", act)  # the jobs whose pairs are learned from (online: the policy's own, carried out)
     logp = jax.vmap(job_log_probs)(logits, batch["idx"])

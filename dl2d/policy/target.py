@@ -282,14 +282,15 @@ _MIN_ROWS = 64
 _CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 
 
-def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=None) -> dict:
+def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=None, temperature: float = 1.0) -> dict:
     """One slot's choice for every job of ``obs`` (a :func:`view_obs`, padded): the greedy pair, or (``key``)
-    one sampled from the policy; a job of a kind the policy never trained on (``kinds``: "ps", "allreduce")
+    one sampled from softmax(logits / ``temperature``), its log-probability under that; a job of a kind the policy never trained on (``kinds``: "ps", "allreduce")
     gets its teacher's, Optimus's, pair (the network's choice for it is a guess: today's policy starved PS
     jobs). Pure (JAX): {"action", "log_prob", "value", "x" (the features), "known"} [J]."""
     o = with_optimus(obs)
     x = job_features(cfg, o)
     logits, value = apply(cfg, params, x, o["active"], o["allreduce"])
+    logits = logits / temperature
     chosen = jnp.argmax(logits, axis=1) if key is None else jax.random.categorical(key, logits)
     known = jnp.where(o["allreduce"], "allreduce" in kinds, "ps" in kinds)
     action = jnp.where(known, chosen, teacher_actions(cfg, o))

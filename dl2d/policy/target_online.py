@@ -27,6 +27,7 @@ really have done is never observed.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -120,10 +121,11 @@ class OnlineTargetLearner(T.TargetPolicy):
                  reward_jobs: int = 40, seed: int = 0, version: int = 0, good_params=None,
                  good_version: int | None = None, meta: dict | None = None,
                  name: str = "dl2-target", kinds: tuple[str, ...] = ("ps", "allreduce"),
-                 pcfg: PPO.PPOConfig = ONLINE_PPO):
+                 temperature: float = 1.0, pcfg: PPO.PPOConfig = ONLINE_PPO):
         if window < pcfg.minibatches:
             raise ValueError(f"online window must be at least {pcfg.minibatches} slots, got {window}")
         super().__init__(cfg, params, name=name, kinds=kinds)
+        pcfg = dataclasses.replace(pcfg, temperature=temperature)
         self.fallback, self.window, self.rule = fallback, int(window), RevertRule(margin)
         self.reward_jobs, self.pcfg, self.meta = max(int(reward_jobs), 1), pcfg, dict(meta or {})
         self.opt = PPO.make_optimizer(pcfg)
@@ -133,7 +135,7 @@ class OnlineTargetLearner(T.TargetPolicy):
         self.good_version = self.version if good_params is None or good_version is None else int(good_version)
         self.stats = OnlineStats()
         self.key = jax.random.PRNGKey(seed)
-        self._sample = jax.jit(lambda p, o, k: T.decide(cfg, p, o, self.kinds, key=k))
+        self._sample = jax.jit(lambda p, o, k: T.decide(cfg, p, o, self.kinds, key=k, temperature=temperature))
         self._values = jax.jit(lambda p, o: T.decide(cfg, p, o, self.kinds)["value"])
         self._closed: list[_Slot] = []
         self._pending: _Slot | None = None

@@ -148,3 +148,22 @@ def test_parameters_that_starve_the_jobs_are_reverted_to_the_last_good_ones():
     starving_alloc = OnlineTargetLearner(trained.cfg, starving(trained.params), fallback=registry.build("drf"),
                                          kinds=trained.kinds)(vs[2])
     assert starving_alloc.workers.sum() == 0
+
+
+def test_a_low_temperature_samples_the_greedy_pair_and_learns_that_distribution():
+    vs = views(4)
+    greedy = registry.build("dl2-target")
+    cold = learner(window=2, online_temperature=0.05)
+    warm = learner(window=2, online_temperature=1.0)
+    assert cold.pcfg.temperature == 0.05 and warm.pcfg.temperature == 1.0
+    for v in vs:
+        want = greedy(v)
+        got = cold(v)
+        warm(v)
+        assert np.array_equal(got.workers, want.workers) and np.array_equal(got.ps, want.ps)
+        assert np.all(cold._pending.log_prob > -1e-3)  # the greedy pair is all but certain at this temperature
+        assert np.all(warm._pending.log_prob <= cold._pending.log_prob + 1e-6)
+        cold.observe(0.0)
+        warm.observe(0.0)
+    with pytest.raises(ValueError, match="temperature must be in"):
+        learner(online_temperature=0.0)
