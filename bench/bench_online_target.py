@@ -1,10 +1,12 @@
 """The target-size policy learning online (dl2d.policy.target_online), in the NumPy simulator of today's world:
 on held-out traces (never trained or validated on), one learner per trace from the shipped checkpoint,
 sampling its pairs and updating every --window slots as the daemon does; beside it the shipped policy
-greedy, the same sampling without updates, the fallback heuristic and --heuristics on the same trace and seed. Reports the average JCTs, the updates and
-reverts, and the revert rule's score ratio (learning policy / fallback, per slot).
+greedy, the same sampling without updates, the fallback heuristic and --heuristics on the same trace and
+seed. Reports the average JCTs, the updates and reverts, and the revert rule's score ratio (learning policy /
+fallback, per slot).
 
-    python bench/bench_online_target.py [--world today|dl2] [--seeds 30000-30004] [--jobs 40] [--window 8] [--fallback drf]
+    python bench/bench_online_target.py [--world today|dl2] [--seeds 30000-30004] [--jobs 40] [--window 8]
+        [--fallback drf]
 """
 from __future__ import annotations
 
@@ -13,11 +15,6 @@ import json
 import time
 
 import numpy as np
-
-
-def seeds(text: str) -> list[int]:
-    a, _, b = text.partition("-")
-    return list(range(int(a), int(b or a) + 1))
 
 
 def main() -> None:
@@ -35,14 +32,20 @@ def main() -> None:
 
     from dl2d.policy import registry
     from dl2d.policy import target_train as TT
+    from dl2d.policy.checkpoint import load_target
+    from dl2d.policy.dl2_target import pretrained
     from dl2d.policy.registry import PolicyOptions
     from dl2d.policy.target_online import as_scheduler
     from dl2d.sim import engine as E
 
     setup = TT.TrainSetup(world=args.world, jobs=args.jobs, **({"cluster": args.cluster} if args.cluster else {}))
     cfg = TT.sim_config(setup)
+    try:  # seeds the shipped checkpoint never trained or validated on
+        seeds = TT.held_out_seeds(args.seeds, load_target(pretrained(args.world)).meta)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     rows = []
-    for seed in seeds(args.seeds):
+    for seed in seeds:
         trace = TT.make_trace(setup, cfg, seed)
         t0 = time.perf_counter()
         greedy = E.run(trace, registry.build("dl2-target", PolicyOptions(world=args.world)), cfg, seed=seed).jct_slots.mean()

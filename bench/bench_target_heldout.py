@@ -26,11 +26,10 @@ def main() -> None:
     args = ap.parse_args()
     ck = load_target(args.checkpoint)
     setup = TT.TrainSetup(**ck.meta["setup"])
-    first, last = (int(x) for x in args.seeds.split("-"))
-    seeds = range(first, last + 1)
-    used = set(setup.training_seeds()) | set(setup.validation_seeds())
-    if used & set(seeds):
-        raise SystemExit(f"seeds {sorted(used & set(seeds))} were used in training or validation")
+    try:
+        seeds = TT.held_out_seeds(args.seeds, ck.meta)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     cfg = TT.sim_config(setup)
     traces = [TT.make_trace(setup, cfg, s) for s in seeds]
     makers = {n: (lambda n=n: registry.make_heuristic(n)) for n in args.heuristics.split(",") if n}
@@ -41,7 +40,7 @@ def main() -> None:
         out[name] = {"per_trace": jcts, "mean": round(float(np.mean(jcts)), 2)}
         print(json.dumps({"policy": name, **out[name]}), flush=True)
     best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
-    print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [first, last],
+    print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [seeds.start, seeds.stop - 1],
                       "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4)}))
 
 

@@ -51,7 +51,10 @@ class Placer:
 
     def server_for(self, demand) -> int:
         """The server `add` would use for `demand`, or -1; changes nothing."""
-        d0, d1, d2 = (float(x) - 1e-9 for x in demand)
+        return self._first_fit(*(float(x) - 1e-9 for x in demand))
+
+    def _first_fit(self, d0: float, d1: float, d2: float) -> int:
+        """The least-loaded server (lowest index on a tie) with at least (d0, d1, d2) free, or -1."""
         for _, s, (_, (f0, f1, f2)) in self._order:
             if f0 >= d0 and f1 >= d1 and f2 >= d2:
                 return s
@@ -109,14 +112,12 @@ class Placer:
     def add_many(self, demand, count: int) -> list[int]:
         """Place up to ``count`` tasks of one demand, each as `add` would; their servers (fewer when the rest
         fits nowhere)."""
-        d0, d1, d2 = (float(x) - 1e-9 for x in demand)
-        dem = tuple(float(x) for x in demand)
+        dem = tuple(float(x) for x in demand)  # converted once, not per task
+        need = tuple(d - 1e-9 for d in dem)
         placed: list[int] = []
-        for _ in range(count):  # server_for and _move, the demand converted once
-            for _, s, (_, (f0, f1, f2)) in self._order:
-                if f0 >= d0 and f1 >= d1 and f2 >= d2:
-                    break
-            else:
+        for _ in range(count):
+            s = self._first_fit(*need)
+            if s < 0:
                 break
             self._move(s, -1.0, dem)
             placed.append(s)

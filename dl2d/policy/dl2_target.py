@@ -33,10 +33,8 @@ def check(options: PolicyOptions) -> list[tuple[str, str]]:
 def build(options: PolicyOptions):
     """The shipped or given checkpoint, greedy; with ``online_rl`` an OnlineTargetLearner (from the online
     checkpoint ``resume`` when it exists), measured against the fallback heuristic ``options.fallback``."""
-    import jax
-
     from dl2d.policy.checkpoint import load_target
-    from dl2d.policy.target import TargetConfig, TargetPolicy, init_params
+    from dl2d.policy.target import TargetPolicy
 
     path = options.checkpoint or (str(pretrained(options.world)) if pretrained(options.world).exists() else "")
     if options.online_rl:
@@ -46,8 +44,17 @@ def build(options: PolicyOptions):
         log.info("policy: dl2-target from %s", path)
         return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target", kinds=trained_kinds(ckpt.meta))
     log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained)")
+    return TargetPolicy(*_untrained(options), name="dl2-target")
+
+
+def _untrained(options: PolicyOptions):
+    """(config, random parameters) of a policy without a checkpoint (``allow_untrained``)."""
+    import jax
+
+    from dl2d.policy.target import TargetConfig, init_params
+
     cfg = TargetConfig()
-    return TargetPolicy(cfg, init_params(cfg, jax.random.PRNGKey(options.seed)), name="dl2-target")
+    return cfg, init_params(cfg, jax.random.PRNGKey(options.seed))
 
 
 def trained_kinds(meta: dict) -> tuple[str, ...]:
@@ -56,10 +63,7 @@ def trained_kinds(meta: dict) -> tuple[str, ...]:
 
 
 def _learner(options: PolicyOptions, path: str):
-    import jax
-
     from dl2d.policy import registry
-    from dl2d.policy.target import TargetConfig, init_params
     from dl2d.policy.target_online import OnlineTargetLearner
 
     fallback = registry.build(options.fallback)
@@ -73,8 +77,7 @@ def _learner(options: PolicyOptions, path: str):
     if path:
         return OnlineTargetLearner.from_checkpoint(path, **common)
     log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained), learning online")
-    cfg = TargetConfig()
-    return OnlineTargetLearner(cfg, init_params(cfg, jax.random.PRNGKey(options.seed)), **common)
+    return OnlineTargetLearner(*_untrained(options), **common)
 
 
 register(PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) for every job, shortest remaining work "

@@ -284,9 +284,10 @@ _CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 
 def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=None, temperature: float = 1.0) -> dict:
     """One slot's choice for every job of ``obs`` (a :func:`view_obs`, padded): the greedy pair, or (``key``)
-    one sampled from softmax(logits / ``temperature``), its log-probability under that; a job of a kind the policy never trained on (``kinds``: "ps", "allreduce")
-    gets its teacher's, Optimus's, pair (the network's choice for it is a guess: today's policy starved PS
-    jobs). Pure (JAX): {"action", "log_prob", "value", "x" (the features), "known"} [J]."""
+    one sampled from softmax(logits / ``temperature``), its log-probability under that; a job of a kind the
+    policy never trained on (``kinds``: "ps", "allreduce") gets its teacher's, Optimus's, pair (the network's
+    choice for it is a guess: today's policy starved PS jobs). Pure (JAX): {"action", "log_prob", "value",
+    "x" (the features), "known"} [J]."""
     o = with_optimus(obs)
     x = job_features(cfg, o)
     logits, value = apply(cfg, params, x, o["active"], o["allreduce"])
@@ -298,10 +299,15 @@ def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=Non
     return {"action": action, "log_prob": log_prob, "value": value, "x": x, "known": known}
 
 
-def padded(obs: dict, n: int, rows: int | None = None) -> dict:
-    """A view's observation of ``n`` jobs padded with inactive rows to ``rows`` (default: 64, or the next power
-    of two above ``n``), so the jitted network compiles once per size."""
-    size = rows or max(_MIN_ROWS, 1 << max(n - 1, 0).bit_length())
+def padded_rows(n: int) -> int:
+    """The rows ``n`` jobs are padded to: 64, or the next power of two above ``n`` (the jitted network compiles
+    once per size)."""
+    return max(_MIN_ROWS, 1 << max(n - 1, 0).bit_length())
+
+
+def padded(obs: dict, n: int) -> dict:
+    """A view's observation of ``n`` jobs padded with inactive rows to :func:`padded_rows`."""
+    size = padded_rows(n)
     return {k: (v if k in _CLUSTER_KEYS else np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]))
             for k, v in obs.items()}
 

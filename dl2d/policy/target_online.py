@@ -60,7 +60,8 @@ def slot_score(view: SlotView, alloc: Allocation) -> float:
 
 @dataclass(frozen=True)
 class RevertRule:
-    """Put the parameters back when a window's score is below ``1 - margin`` of the fallback's."""
+    """Put the parameters back when a window's score is below ``1 - margin`` of the fallback's and of the last
+    good parameters'."""
 
     margin: float = 0.2
 
@@ -144,18 +145,18 @@ class OnlineTargetLearner(T.TargetPolicy):
     # ------------------------------------------------------------------------------------------ the Policy
 
     def __call__(self, view: SlotView) -> Allocation:
+        n = len(view)
         obs = T.view_obs(self.cfg, view)
+        padded = T.padded(obs, n)
         if len(self._closed) >= self.window:
-            values = np.asarray(self._values(self.params, T.padded(obs, len(view))))[:len(view)]
+            values = np.asarray(self._values(self.params, padded))[:n]
             self._end_window(dict(zip(map(int, view.job_ids), values)))
         self.key, k = jax.random.split(self.key)
-        out = {name: np.asarray(a)[:len(view)] for name, a in self._sample(self.params, T.padded(obs, len(view)),
-                                                                           k).items()}
+        out = {name: np.asarray(a)[:n] for name, a in self._sample(self.params, padded, k).items()}
         alloc = self.place(view, out["action"], obs)
         good = np.nan
         if self.good_params is not self.params:
-            action = np.asarray(self._decide(self.good_params, T.padded(obs, len(view))))[:len(view)]
-            good = slot_score(view, self.place(view, action, obs))
+            good = slot_score(view, self.place(view, np.asarray(self._decide(self.good_params, padded))[:n], obs))
         self._pending = _Slot(np.asarray(view.job_ids, int), out["x"], np.asarray(view.allreduce, bool),
                               out["known"].astype(bool), out["action"], out["log_prob"], out["value"], alloc,
                               slot_score(view, alloc), slot_score(view, self.fallback(view)), good)
@@ -234,10 +235,10 @@ class OnlineTargetLearner(T.TargetPolicy):
 
 
 def window_batch(slots: list[_Slot], next_values: dict[int, float], reward_jobs: int, features: int):
-    """A window's slots as the update's arrays [K, rows], one column per job seen in it (padded to 64 or the
-    next power of two), and the bootstrap values [rows] of the jobs still present at the next slot."""
+    """A window's slots as the update's arrays [K, rows], one column per job seen in it (padded as a view is,
+    :func:`dl2d.policy.target.padded_rows`), and the bootstrap values [rows] of the jobs still present at the next slot."""
     ids = sorted({int(j) for s in slots for j in s.job_ids})
-    rows = max(64, 1 << max(len(ids) - 1, 0).bit_length())
+    rows = T.padded_rows(len(ids))
     col = {j: c for c, j in enumerate(ids)}
     k = len(slots)
     f32 = np.float32

@@ -77,6 +77,23 @@ def seed_overlap(setup: TrainSetup) -> list[int]:
     return sorted(set(setup.training_seeds()) & set(setup.validation_seeds()))
 
 
+def held_out_seeds(text: str, meta: dict) -> range:
+    """The trace seeds "FIRST-LAST" (or one seed), refused (ValueError, naming them) where a checkpoint's meta
+    says they were used for its training or validation."""
+    first, _, last = text.partition("-")
+    try:
+        seeds = range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise ValueError(f"seeds must be FIRST-LAST or one seed, got {text!r}") from None
+    used = set()
+    for key in ("train_seeds", "validation_seeds"):
+        lo, hi = meta.get(key) or (0, -1)
+        used |= set(range(int(lo), int(hi) + 1))
+    if used & set(seeds):
+        raise ValueError(f"seeds {sorted(used & set(seeds))} were used in training or validation")
+    return seeds
+
+
 def sim_config(setup: TrainSetup, site=None) -> SimConfig:
     """The world's simulator config on the setup's cluster, with a site's speed curves when given."""
     cfg = world_named(setup.world).sim_config(setup.cluster)

@@ -152,3 +152,16 @@ def test_a_policy_decides_on_a_cluster_whose_limits_are_below_its_levels():
     view = make_view(["resnet-50", "vgg-16", "seq2seq"], servers=6, est=[20.0, 5.0, 50.0], max_workers=2, max_ps=3)
     alloc = policy(view)
     assert np.all(alloc.workers <= 2) and np.all(alloc.ps <= 3) and alloc.workers.sum() > 0
+
+
+def test_benchmark_seeds_a_shipped_policy_trained_or_validated_on_are_refused():
+    from dl2d.policy.dl2_target import pretrained
+    from dl2d.policy.target_train import held_out_seeds
+
+    meta = load_target(pretrained("today")).meta  # trained on seeds 0-63, validated on 10000-10004
+    assert list(held_out_seeds("30000-30002", meta)) == [30000, 30001, 30002]
+    assert list(held_out_seeds("64", meta)) == [64]
+    with pytest.raises(ValueError, match=r"seeds \[10004\] were used in training or validation"):
+        held_out_seeds("10004-10005", meta)
+    with pytest.raises(ValueError, match="seeds must be FIRST-LAST or one seed, got '1-x'"):
+        held_out_seeds("1-x", meta)
