@@ -1,0 +1,235 @@
+"""A tighter lower bound on the average JCT: a time-indexed linear program over every job's sizes.
+
+Why: :func:`dl2d.sim.bound.lower_bound` takes the larger of two bounds that each ignore half of the problem: a
+job alone at its fastest size (as if the cluster were its own), and the cluster as one machine doing each job's
+least GPU work (as if every job could use the whole cluster at its best efficiency). On a lightly contended
+workload the first binds and reads far below what is possible: every job's fastest size at once would need
+several clusters. This bound keeps both facts in one program, so a job that runs fast pays in GPUs what the
+others then lack.
+
+The relaxation. Time is cut into buckets ``[t_b, t_b+1)``. For job j and size k (an all-reduce job's worker
+count, a PS job's (PS, workers) pair) ``rho[j, k]`` is the fraction of the job one second at size k trains (its
+true epochs at the speed's upper end, as lower_bound reads it: the best placement, the hidden interference
+factor, the slot noise at ``1 + noise``) and ``d[j, k]`` the resources it holds [3]. The variables
+``y[j, b, k] >= 0`` are the seconds job j spends at size k in bucket b. Any schedule the simulator can run
+gives a feasible point:
+
+* a job is at one size at a time, and not before its arrival plus its first start's restart:
+  ``sum_k y[j, b, k] <= the part of bucket b after that``;
+* the cluster holds what it has: ``sum_{j, k} y[j, b, k] d[j, k] <= capacity x |bucket b|`` per resource;
+* every job finishes: ``sum_{b, k} y[j, b, k] rho[j, k] = 1``.
+
+And what it minimises is below every schedule's total completion time: a job trained at a rate of at most
+``rho_max[j]`` that ends at ``C_j`` has a mean busy time (the time at which the average part of it is trained)
+of at most ``C_j - 1 / (2 rho_max[j])``; the mean busy time is at least the sum over buckets of the fraction
+trained there times the bucket's (or the job's) start. So ``C_j >= sum_{b, k} y rho start_b + 1 / (2
+rho_max[j])``. Time-sharing between sizes inside a bucket is allowed (it only enlarges the feasible set), so
+only the sizes on the upper concave hull of speed against resources matter; the others are dropped before the
+program is built (for all-reduce jobs, whose resources all scale with the worker count; PS jobs keep their
+Pareto-optimal pairs).
+
+What it does not know, as lower_bound: which server a task lands on (placement contention, the shared-node
+slowdown, a job spread when packed would be faster), restarts after the first, the noise's draws. Buckets
+coarser than a slot lose up to a bucket per job (mass at a bucket's end is counted at its start), so the
+result is the largest of this program and both of lower_bound's. Solved with HiGHS (scipy's ``linprog``); a
+solve that does not reach optimality raises rather than report a number that may not be a bound.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, sparse
+
+from dl2d.sim.bound import lower_bound, placements
+from dl2d.sim.engine import SimConfig
+from dl2d.sim.trace import Trace
+from dl2d.workload import catalog
+from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, PS_DEMAND, WORKER_DEMAND
+from dl2d.workload.speed import lookup, speed_table
+
+#: At most this many buckets unless the caller says otherwise: the program has jobs x buckets x sizes columns.
+DEFAULT_MAX_BUCKETS = 400
+
+
+@dataclass(frozen=True)
+class LPBound:
+    avg_jct_slots: float  # the largest of the program's and lower_bound's two
+    lp_slots: float  # the program's own
+    no_contention_slots: float
+    capacity_slots: float
+    bucket_s: float
+    buckets: int
+    columns: int
+    tail_share: float  # of the work the program left after the last bucket (0: the horizon was long enough)
+    solve_s: float
+
+
+def _allreduce_sizes(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site):
+    """[(workers, epochs/s at the best placement)] before interference (as bound.best_allreduce)."""
+    out = []
+    for w in range(1, max_workers + 1):
+        own = site.epochs_per_s(model, w * gpus_per_worker) if site is not None else None
+        rate = own if own is not None else max(catalog.allreduce_epoch_rate(model, batch, p)
+                                               for p in placements(w, gpus_per_worker, per_node))
+        out.append((w, rate))
+    return out
+
+
+def upper_hull(points: np.ndarray) -> np.ndarray:
+    """Indices of ``points`` [K, 2] (cost > 0, value) on the upper concave hull through the origin, cost
+    ascending: the points no time-share of two others (or of one with doing nothing) beats."""
+    order = np.lexsort((-points[:, 1], points[:, 0]))
+    hull: list[int] = []
+    for i in order:
+        c, v = points[i]
+        if v <= 0 or (hull and v <= points[hull[-1], 1]):
+            continue  # slower than a cheaper size: never worth its cost
+        while hull:
+            c1, v1 = points[hull[-1]]
+            c0, v0 = points[hull[-2]] if len(hull) > 1 else (0.0, 0.0)
+            # the last point lies on or below the chord from the one before it to this one: drop it
+            if (v1 - v0) * (c - c0) <= (v - v0) * (c1 - c0):
+                hull.pop()
+            else:
+                break
+        hull.append(int(i))
+    return np.array(hull, int)
+
+
+def pareto(rates: np.ndarray, demands: np.ndarray) -> np.ndarray:
+    """Indices of the (rate, demand [3]) options no other option is at least as fast as with no more of any
+    resource (one of the two strictly)."""
+    keep = []
+    for i in range(len(rates)):
+        if rates[i] <= 0:
+            continue
+        better = (rates >= rates[i]) & np.all(demands <= demands[i], axis=1)
+        strictly = (rates > rates[i]) | np.any(demands < demands[i], axis=1)
+        if not np.any(better & strictly):
+            keep.append(i)
+    return np.array(keep, int)
+
+
+def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per job: (epochs/s [K] before the job's own factors, resources [K, 3]) of its useful sizes."""
+    table = speed_table(cfg.speed_model)
+    per_node = max(int(cfg.cluster.gpus), 1)
+    names = trace.speed_names()
+    cache: dict = {}
+    out = []
+    for i in range(len(trace)):
+        t = int(trace.type_idx[i])
+        if trace.allreduce[i]:
+            g = max(int(round(catalog.WORKER_DEMAND[t, 0])), 1)
+            key = ("ar", names[i], float(trace.batch_size[i]))
+            if key not in cache:
+                sizes = _allreduce_sizes(names[i], key[2], cfg.max_workers, g, per_node, cfg.site_speeds)
+                w = np.array([s[0] for s in sizes], float)
+                rate = np.array([s[1] for s in sizes], float)
+                keep = upper_hull(np.stack([w, rate], axis=1))
+                cache[key] = (rate[keep], w[keep, None] * catalog.WORKER_DEMAND[t][None, :].astype(float))
+        else:
+            key = ("ps", t)
+            if key not in cache:
+                p, w = np.meshgrid(np.arange(cfg.max_ps + 1), np.arange(cfg.max_workers + 1), indexing="ij")
+                p, w = p.ravel(), w.ravel()
+                rate = lookup(table, t, p, w) / BATCHES_PER_EPOCH[t]
+                demand = w[:, None] * WORKER_DEMAND[t][None, :] + p[:, None] * PS_DEMAND[t][None, :]
+                keep = pareto(rate, demand.astype(float))
+                cache[key] = (rate[keep], demand[keep].astype(float))
+        out.append(cache[key])
+    return out
+
+
+def bucket_edges(release: np.ndarray, horizon: float, bucket_s: float) -> np.ndarray:
+    """Edges from the first arrival to at least ``horizon``, ``bucket_s`` apart."""
+    start = float(release.min())
+    n = max(int(np.ceil((horizon - start) / bucket_s)), 1)
+    return start + bucket_s * np.arange(n + 1)
+
+
+def solve(rho: list[np.ndarray], demand: list[np.ndarray], start: np.ndarray, edges: np.ndarray,
+          capacity: np.ndarray) -> tuple[float, int, float]:
+    """The program of the module docstring on the buckets ``edges``, with one more bucket after the last edge
+    that has no end and no capacity limit (what is trained there counts as trained at the last edge: a
+    relaxation of every longer horizon, so the result is a bound whatever the horizon). (The least sum over
+    jobs of the mean busy time's lower bound, the number of columns, the share of the work left to the open
+    bucket: above 0, a longer horizon would tighten the bound.)"""
+    n, nb = len(rho), len(edges) - 1
+    lo = np.append(edges[:-1], edges[-1])
+    hi = np.append(edges[1:], np.inf)
+    cols_job, cols_bucket, cols_size = [], [], []
+    for j in range(n):
+        first = np.searchsorted(hi, start[j], side="right")  # the first bucket ending after the job may start
+        b = np.arange(first, nb + 1)
+        k = len(rho[j])
+        cols_job.append(np.full(len(b) * k, j))
+        cols_bucket.append(np.repeat(b, k))
+        cols_size.append(np.tile(np.arange(k), len(b)))
+    job, bucket, size = np.concatenate(cols_job), np.concatenate(cols_bucket), np.concatenate(cols_size)
+    offsets = np.cumsum([0] + [len(r) for r in rho])
+    rate = np.concatenate(rho)[offsets[job] + size]
+    use = np.concatenate(demand)[offsets[job] + size]  # [columns, 3]
+    cost = rate * np.maximum(lo[bucket], start[job])
+    m = len(job)
+    col = np.arange(m)
+    closed = bucket < nb
+    # one size at a time: a row per (job, closed bucket) it may use
+    key = job[closed] * nb + bucket[closed]
+    rows, row_index = np.unique(key, return_inverse=True)
+    a_time = sparse.csr_matrix((np.ones(len(key)), (row_index, col[closed])), shape=(len(rows), m))
+    b_time = hi[rows % nb] - np.maximum(lo[rows % nb], start[rows // nb])
+    resources = [r for r in range(3) if capacity[r] > 0]
+    r_rows, r_vals, r_cols = [], [], []
+    for i, r in enumerate(resources):
+        sel = closed & (use[:, r] > 0)
+        r_rows.append(i * nb + bucket[sel])
+        r_vals.append(use[sel, r])
+        r_cols.append(col[sel])
+    a_cap = sparse.csr_matrix((np.concatenate(r_vals), (np.concatenate(r_rows), np.concatenate(r_cols))),
+                              shape=(len(resources) * nb, m))
+    b_cap = np.concatenate([capacity[r] * (hi[:nb] - lo[:nb]) for r in resources])
+    a_eq = sparse.csr_matrix((rate, (job, col)), shape=(n, m))
+    res = optimize.linprog(cost, A_ub=sparse.vstack([a_time, a_cap], format="csr"),
+                           b_ub=np.concatenate([b_time, b_cap]), A_eq=a_eq, b_eq=np.ones(n), bounds=(0, None),
+                           method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"the JCT bound's program did not reach optimality: {res.message}")
+    tail = float(np.sum(res.x[~closed] * rate[~closed])) / n
+    return float(res.fun), m, tail
+
+
+def lp_lower_bound(trace: Trace, cfg: SimConfig, bucket_s: float | None = None,
+                   max_buckets: int = DEFAULT_MAX_BUCKETS) -> LPBound:
+    """The bound of the module docstring for ``trace`` under ``cfg``. ``bucket_s``: the buckets' length
+    (default: whole slots, as few as keep the horizon within ``max_buckets``). The horizon: the last start,
+    plus the cluster doing every job's least GPU work, plus the longest job alone at its fastest; what the
+    program trains after it counts as trained at its end, with no capacity limit (still a bound)."""
+    if cfg.heterogeneous:
+        raise ValueError("the LP bound assumes servers of speed 1; heterogeneous servers can be faster")
+    trace.check_site(cfg.site_speeds)
+    if bucket_s is not None and not bucket_s > 0:
+        raise ValueError(f"bucket_s must be > 0, got {bucket_s}")
+    simple = lower_bound(trace, cfg)
+    sizes = job_sizes(trace, cfg)
+    fastest = trace.speed_factor * (1 + cfg.slot_noise) / trace.true_epochs  # fraction of the job per epoch/s
+    rho = [s[0] * fastest[j] for j, s in enumerate(sizes)]
+    demand = [s[1] for s in sizes]
+    release = trace.arrival_slot * cfg.slot_seconds
+    start = release + cfg.resize_overhead_s
+    rho_max = np.array([r.max() for r in rho])
+    # a first horizon: the last arrival, plus the cluster doing every job's least work, plus the longest job alone
+    gpus = max(float(cfg.cluster.capacity[0]), 1.0)
+    horizon = float(start.max() + simple.gpu_seconds.sum() / gpus + (1 / rho_max).max())
+    if bucket_s is None:
+        slots = max(int(np.ceil((horizon - release.min()) / (max_buckets * cfg.slot_seconds))), 1)
+        bucket_s = slots * cfg.slot_seconds
+    t0 = time.perf_counter()
+    edges = bucket_edges(release, horizon, bucket_s)
+    busy, columns, tail = solve(rho, demand, start, edges, np.asarray(cfg.cluster.capacity, float))
+    completions = busy + float(np.sum(0.5 / rho_max))
+    lp = (completions - release.sum()) / (len(trace) * cfg.slot_seconds)
+    return LPBound(max(lp, simple.no_contention_slots, simple.capacity_slots), lp, simple.no_contention_slots,
+                   simple.capacity_slots, float(bucket_s), len(edges) - 1, columns, tail, time.perf_counter() - t0)

@@ -1,0 +1,107 @@
+"""The time-indexed LP bound on the average JCT (dl2d.sim.lp_bound): exact where the optimum is known by hand,
+below every policy the simulator runs, above the simple bound where the cluster is contended, refused where it
+would not be a bound."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dl2d.policy import registry
+from dl2d.sim import engine as E
+from dl2d.sim import trace as T
+from dl2d.sim.bound import lower_bound
+from dl2d.sim.cluster import ClusterSpec, preset
+from dl2d.sim.lp_bound import job_sizes, lp_lower_bound, pareto, solve, upper_hull
+from dl2d.workload import philly
+from dl2d.workload.workloads import WorkloadJob
+
+
+def test_upper_hull_keeps_the_sizes_no_time_share_beats():
+    # (GPUs, speed): 2 is below the chord from 1 to 4; 5 is slower than 4; 8 is on the hull
+    pts = np.array([[1, 1.0], [2, 1.4], [4, 3.2], [5, 3.0], [8, 4.0]])
+    assert list(upper_hull(pts)) == [0, 2, 4]
+    assert list(upper_hull(np.array([[1, 1.0], [2, 2.0], [3, 3.0]]))) == [2]  # linear: the largest alone
+    assert list(upper_hull(np.array([[1, 0.0], [2, 1.0]]))) == [1]  # no speed: never useful
+
+
+def test_pareto_drops_an_option_slower_and_no_cheaper():
+    rates = np.array([1.0, 1.0, 2.0, 0.5, 0.0])
+    demand = np.array([[1, 1, 1], [1, 2, 1], [2, 1, 1], [1, 1, 1], [0, 0, 0]], float)
+    assert list(pareto(rates, demand)) == [0, 2]
+
+
+def test_two_jobs_on_one_gpu_the_optimum_by_hand():
+    """Two jobs of T seconds on one GPU arriving together: the best schedule runs one then the other (average
+    1.5 T); sharing the GPU gives the same mean busy time, and the program's rate term closes the gap."""
+    rho = [np.array([1 / 100.0]), np.array([1 / 100.0])]
+    demand = [np.array([[1.0, 0.0, 0.0]]), np.array([[1.0, 0.0, 0.0]])]
+    edges = np.arange(0, 401, 1.0)
+    busy, _, tail = solve(rho, demand, np.zeros(2), edges, np.array([1.0, 0.0, 0.0]))
+    assert tail == 0.0
+    # mean busy times 50 + 150 counted at each second's start (-0.5 each), plus 1 / (2 rho) = 50 for each job
+    assert busy + 2 * 50.0 == pytest.approx(300.0 - 1.0, abs=1e-6)
+
+
+def test_the_open_bucket_keeps_it_a_bound_when_the_horizon_is_short():
+    rho = [np.array([1 / 100.0]), np.array([1 / 100.0])]
+    demand = [np.array([[1.0, 0.0, 0.0]])] * 2
+    long_busy, _, _ = solve(rho, demand, np.zeros(2), np.arange(0, 401, 1.0), np.array([1.0, 0.0, 0.0]))
+    short_busy, _, tail = solve(rho, demand, np.zeros(2), np.arange(0, 101, 1.0), np.array([1.0, 0.0, 0.0]))
+    assert tail > 0 and short_busy <= long_busy + 1e-6
+
+
+def contended_trace():
+    """Eight jobs that each run fastest on many GPUs, all at once, on 8 GPUs."""
+    wl = [WorkloadJob(f"j{i}", 0.0, "cifar10", 1, 512.0) for i in range(8)]
+    return T.from_workload(wl, 60.0, interference_sigma=0.0)
+
+
+def small_cfg(**kw):
+    return E.SimConfig(cluster=ClusterSpec(2, gpus=4, cpus=48, mem_gb=192), slot_seconds=60.0, slot_noise=0.0,
+                       max_workers=8, max_ps=2, resize_overhead_s=30.0, **kw)
+
+
+def test_where_jobs_compete_the_program_is_above_both_simple_bounds():
+    tr, cfg = contended_trace(), small_cfg()
+    simple = lower_bound(tr, cfg)
+    lp = lp_lower_bound(tr, cfg, bucket_s=60.0)
+    assert lp.tail_share == 0.0
+    assert lp.lp_slots > 1.05 * max(simple.no_contention_slots, simple.capacity_slots)
+    assert lp.avg_jct_slots == lp.lp_slots
+    for name in ("elastic", "optimus", "slurm", "drf"):
+        assert E.run(tr, registry.build(name), cfg, seed=0).avg_jct_slots >= lp.avg_jct_slots, name
+
+
+@pytest.mark.parametrize("world", ["today", "dl2"])
+def test_no_policy_beats_the_lp_bound(world):
+    if world == "today":
+        config = E.SimConfig(cluster=preset("t4-16"), slot_seconds=300.0, max_workers=64, resize_overhead_s=30.0,
+                             shared_node_slowdown=0.1)
+        tr = T.from_workload(philly.generate(24, load=4.0, seed=7), 300.0, seed=7)
+    else:
+        config = E.SimConfig(cluster=preset("small"))
+        tr = T.generate(T.TraceConfig(num_jobs=30), seed=7)
+    lp = lp_lower_bound(tr, config)
+    simple = lower_bound(tr, config)
+    assert lp.avg_jct_slots >= simple.avg_jct_slots
+    for name in [*registry.names(heuristic=True), "oracle"]:
+        res = E.run(tr, registry.build(name), config, seed=7)
+        assert res.avg_jct_slots >= lp.avg_jct_slots, name
+
+
+def test_a_ps_job_keeps_only_pairs_no_other_beats():
+    tr = T.generate(T.TraceConfig(num_jobs=4), seed=1)
+    cfg = E.SimConfig(cluster=preset("small"))
+    for rate, demand in job_sizes(tr, cfg):
+        assert len(rate) >= 1 and np.all(rate > 0) and demand.shape == (len(rate), 3)
+        assert len(pareto(rate, demand)) == len(rate)
+
+
+def test_refused_where_it_would_not_be_a_bound():
+    tr = contended_trace()
+    with pytest.raises(ValueError, match="heterogeneous"):
+        lp_lower_bound(tr, replace(small_cfg(), server_speed_classes=(1.0, 1.5)))
+    with pytest.raises(ValueError, match="bucket_s"):
+        lp_lower_bound(tr, small_cfg(), bucket_s=0.0)
