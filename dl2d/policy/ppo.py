@@ -2,8 +2,9 @@
 
 A slot's decision is every active job's (workers, PS) pair. A rollout is `jax.lax.scan` over slots inside
 `jax.vmap` over clusters (each its own trace and noise, auto-reset), GAE advantages, then clipped-PPO epochs over
-shuffled minibatches: the whole iteration is one jitted function (purejaxrl's shape: ``train_step(runner_state)
--> (runner_state, metrics)``).
+shuffled minibatches: an iteration is two jitted functions (purejaxrl's shape, ``train_step(runner_state) ->
+(runner_state, metrics)``, cut in two so that the update runs on the rows the batch's busiest slot needs:
+:func:`compact`).
 
 The reward is the average JCT's own: minus the job-slots spent active (each job that finishes counts the
 fraction of the slot it needed), over ``max_jobs``. Summed over an episode it is minus the total JCT in slots
@@ -132,9 +133,15 @@ def job_rewards(state: X.EnvState, nxt: X.EnvState, max_jobs: int) -> jnp.ndarra
     return -jnp.where(act, part, 0.0) / max_jobs
 
 
+def chosen(log_pi, action):
+    """[...] the log-probability ``log_pi`` [..., A] gives each ``action`` [...]: a product with the one-hot
+    action rather than a gather, whose gradient (a scatter) costs the CPU more than the whole product."""
+    return jnp.sum(log_pi * jax.nn.one_hot(action, log_pi.shape[-1], dtype=log_pi.dtype), axis=-1)
+
+
 def job_log_probs(logits, action):
     """[J] each job's chosen pair's log-probability."""
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=1)[:, 0]
+    return chosen(jax.nn.log_softmax(logits), action)
 
 
 def log_prob(logits, action, active):
@@ -142,11 +149,11 @@ def log_prob(logits, action, active):
     return jnp.sum(jnp.where(active, job_log_probs(logits, action), 0.0))
 
 
-def entropy(logits, active):
-    """Mean per-job entropy over the active jobs."""
-    p = jax.nn.softmax(logits)
-    h = -jnp.sum(p * jax.nn.log_softmax(logits), axis=1)
-    return jnp.sum(jnp.where(active, h, 0.0)) / jnp.maximum(jnp.sum(active), 1)
+def entropy(log_pi, active):
+    """[...] each slot's mean per-job entropy over its active jobs, from the log-probabilities ``log_pi`` [..., J,
+    A] (a slot or a batch of them)."""
+    h = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
+    return jnp.sum(jnp.where(active, h, 0.0), axis=-1) / jnp.maximum(jnp.sum(active, axis=-1), 1)
 
 
 # ------------------------------------------------------------------------------------------ rollout
@@ -154,26 +161,26 @@ def entropy(logits, active):
 def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, key):
     """``pcfg.slots`` slots of every cluster (``states``: a batch): (final states, transitions [T, N, ...])."""
 
+    def observe(state):
+        obs = env_obs(tcfg, env, state)
+        return obs, T.job_features(tcfg, obs)
+
+    def act(state, obs, x, logits, value, key_):
+        idx = T.sample(key_, logits)
+        w, p = allocate(tcfg, obs, idx)
+        nxt, _, done, _ = X.step(env, state, w, p)
+        r = job_rewards(state, nxt, env.max_jobs)  # from the finished episode's state, before the reset
+        nxt, episode_jct = X.autoreset(env, nxt, done)
+        return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": job_log_probs(logits, idx),
+                     "value": value, "reward": r, "done": done, "episode_jct": episode_jct,
+                     "allreduce": obs["allreduce"], "teacher": T.teacher_actions(tcfg, obs)}
+
     def one_slot(carry, _):
         s, k = carry
         k, k_act = jax.random.split(k)
-
-        def decide(state, key_):
-            obs = env_obs(tcfg, env, state)
-            x = T.job_features(tcfg, obs)
-            logits, value = T.apply(tcfg, net, x, obs["active"], obs["allreduce"])
-            logits = logits / pcfg.temperature
-            idx = jax.random.categorical(key_, logits)
-            w, p = allocate(tcfg, obs, idx)
-            nxt, _, done, _ = X.step(env, state, w, p)
-            r = job_rewards(state, nxt, env.max_jobs)  # from the finished episode's state, before the reset
-            nxt, episode_jct = X.autoreset(env, nxt, done)
-            return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": job_log_probs(logits, idx),
-                         "value": value, "reward": r, "done": done, "episode_jct": episode_jct,
-                         "allreduce": obs["allreduce"], "teacher": T.teacher_actions(tcfg, obs)}
-
-        keys = jax.random.split(k_act, pcfg.clusters)
-        s, tr = jax.vmap(decide)(s, keys)
+        obs, x = jax.vmap(observe)(s)
+        logits, value = T.apply(tcfg, net, x, obs["active"], obs["allreduce"])  # every cluster's jobs at once
+        s, tr = jax.vmap(act)(s, obs, x, logits / pcfg.temperature, value, jax.random.split(k_act, pcfg.clusters))
         return (s, k), tr
 
     (states, _), traj = jax.lax.scan(one_slot, (states, key), None, length=pcfg.slots)
@@ -207,12 +214,11 @@ def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     """Clipped PPO: per job (``credit`` "job": each active job's ratio against its own advantage) or per slot
     (the slot's ratio, the product over its jobs, against the slot's advantage); the per-job values against
     their returns; entropy per job."""
-    logits, values = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
-                                                                            batch["allreduce"])
-    logits = logits / pcfg.temperature
+    logits, values = T.apply(tcfg, net, batch["x"], batch["active"], batch["allreduce"])
+    log_pi = jax.nn.log_softmax(logits / pcfg.temperature)  # once, for the ratio and the entropy
     act = batch["active"]
     learn = batch.get("learn", act)  # the jobs whose pairs are learned from (online: the policy's own, carried out)
-    logp = jax.vmap(job_log_probs)(logits, batch["idx"])
+    logp = chosen(log_pi, batch["idx"])
     if pcfg.credit == "job":
         ratio, adv, mask = jnp.exp(logp - batch["logp"]), batch["adv"], learn
     else:
@@ -222,7 +228,7 @@ def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     clipped = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - pcfg.clip, 1 + pcfg.clip) * adv)
     pg = -masked_mean(clipped, mask)
     vf = 0.5 * masked_mean((values - batch["ret"]) ** 2, act)
-    ent = jnp.mean(jax.vmap(entropy)(logits, learn))
+    ent = jnp.mean(entropy(log_pi, learn))
     kl = masked_mean(batch["logp"] - logp, learn)
     return pg + pcfg.vf_coef * vf - pcfg.ent_coef * ent, {"pg": pg, "vf": vf, "entropy": ent, "approx_kl": kl}
 
@@ -276,7 +282,7 @@ def _flatten(traj):
 def _with_returns(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, traj):
     """The rollout's transitions, flat, with normalised GAE advantages (per job or per slot, as ``credit``
     says) and the per-job returns (the values' target)."""
-    last = jax.vmap(lambda s: T.apply(tcfg, net, *_features(tcfg, env, s))[1])(states)
+    last = T.apply(tcfg, net, *jax.vmap(lambda s: _features(tcfg, env, s))(states))[1]
     adv, ret = gae(pcfg, traj["reward"], traj["value"], traj["done"], last)
     act = traj["active"]
 
@@ -297,14 +303,53 @@ def _with_returns(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, 
 
 
 @partial(jax.jit, static_argnames=("tcfg", "pcfg"))
-def train_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
-    """One PPO iteration: rollout, GAE, update. ``runner`` = (net, opt_state, states, key)."""
+def collect(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
+    """An iteration's rollout and its returns: (the runner after it, the flat batch, the update's key, the
+    rollout's statistics)."""
     net, opt_state, states, key = runner
     key, k_roll, k_upd = jax.random.split(key, 3)
     states, traj = rollout(tcfg, pcfg, env, net, states, k_roll)
     flat = _with_returns(tcfg, pcfg, env, net, states, traj)
-    net, opt_state, stats = update(tcfg, pcfg, net, opt_state, flat, k_upd)
-    return (net, opt_state, states, key), {**stats, "reward": traj["reward"].sum(-1).mean(), **_episode_stats(traj)}
+    return ((net, opt_state, states, key), flat, k_upd,
+            {"reward": traj["reward"].sum(-1).mean(), **_episode_stats(traj)})
+
+
+def busy_rows(active) -> int:
+    """How many job rows the update needs: the most jobs active in any slot of the batch, rounded up to a
+    multiple of 8 (so that a run compiles the update for a few sizes only), at most the batch's J."""
+    most = int(np.max(np.sum(np.asarray(active), axis=-1), initial=0))
+    return int(min(active.shape[-1], max(8, -(-most // 8) * 8)))
+
+
+def compact(batch: dict, rows: int) -> dict:
+    """``batch`` (leading axes: samples, jobs) with each slot's jobs reordered active first and cut to ``rows``
+    (at least every slot's active count, :func:`busy_rows`). Every loss reads a slot's active jobs only (the set
+    network pools over them, the losses mask the rest), so it is the same batch for them, with fewer rows: on
+    DL2 traces a slot has 4-8 active jobs of 40 once the policy finishes jobs, and the update was most of an
+    iteration's time."""
+    act = batch["active"]
+    n, jobs = act.shape
+    order = jnp.argsort(~act, axis=1, stable=True)[:, :rows]
+
+    def cut(v):
+        if v.ndim < 2 or v.shape[:2] != (n, jobs):
+            return v
+        return jnp.take_along_axis(v, order.reshape(n, rows, *([1] * (v.ndim - 2))), axis=1)
+
+    return {k: cut(v) for k, v in batch.items()}
+
+
+@partial(jax.jit, static_argnames=("tcfg", "pcfg", "rows"))
+def _ppo_update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, flat, key, rows: int):
+    return update(tcfg, pcfg, net, opt_state, compact(flat, rows), key)
+
+
+def train_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
+    """One PPO iteration: rollout and GAE (one jitted function), then the update (another) on the batch cut to
+    the rows its busiest slot needs (:func:`compact`). ``runner`` = (net, opt_state, states, key)."""
+    (net, opt_state, states, key), flat, k_upd, stats = collect(tcfg, pcfg, env, runner)
+    net, opt_state, upd = _ppo_update(tcfg, pcfg, net, opt_state, flat, k_upd, busy_rows(flat["active"]))
+    return (net, opt_state, states, key), {**upd, **stats}
 
 
 def _features(tcfg, env, state):
@@ -315,28 +360,29 @@ def _features(tcfg, env, state):
 def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     """Cross-entropy of the teacher's levels over the active jobs, and the value's error on the returns (so
     that RL starts with a critic of the policy it starts from, not a random one that would undo the warm-up)."""
-    logits, value = jax.vmap(lambda x, a, r: T.apply(tcfg, net, x, a, r))(batch["x"], batch["active"],
-                                                                       batch["allreduce"])
+    logits, value = T.apply(tcfg, net, batch["x"], batch["active"], batch["allreduce"])
     lp = jax.nn.log_softmax(logits)
-    nll = -jnp.take_along_axis(lp, batch["teacher"][..., None], axis=-1)[..., 0]
+    nll = -chosen(lp, batch["teacher"])
     act = batch["active"]
     acc = jnp.sum(act & (jnp.argmax(logits, -1) == batch["teacher"])) / jnp.maximum(act.sum(), 1)
     vf = 0.5 * masked_mean((value - batch["ret"]) ** 2, act)
     return masked_mean(nll, act) + pcfg.vf_coef * vf, acc
 
 
-@partial(jax.jit, static_argnames=("tcfg", "pcfg"))
+@partial(jax.jit, static_argnames=("tcfg", "pcfg", "rows"))
+def _sl_update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, flat, key, rows: int):
+    net, opt_state, (loss, acc) = minibatch_epochs(pcfg, lambda n, mb: sl_loss(tcfg, pcfg, n, mb), net, opt_state,
+                                                   compact(flat, rows), key)
+    return net, opt_state, {"sl_loss": loss.mean(), "sl_acc": acc[-1].mean()}
+
+
 def sl_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     """One supervised warm-up iteration: a rollout of the current policy, then ``epochs`` x ``minibatches``
     gradient steps towards the teacher's levels on the states it visited (DAgger's on-policy states), the value
     fitted beside."""
-    net, opt_state, states, key = runner
-    key, k_roll, k_upd = jax.random.split(key, 3)
-    states, traj = rollout(tcfg, pcfg, env, net, states, k_roll)
-    flat = _with_returns(tcfg, pcfg, env, net, states, traj)
-    net, opt_state, (loss, acc) = minibatch_epochs(pcfg, lambda n, mb: sl_loss(tcfg, pcfg, n, mb), net, opt_state,
-                                                   flat, k_upd)
-    return (net, opt_state, states, key), {"sl_loss": loss.mean(), "sl_acc": acc[-1].mean(), **_episode_stats(traj)}
+    (net, opt_state, states, key), flat, k_upd, stats = collect(tcfg, pcfg, env, runner)
+    net, opt_state, upd = _sl_update(tcfg, pcfg, net, opt_state, flat, k_upd, busy_rows(flat["active"]))
+    return (net, opt_state, states, key), {**upd, "episodes": stats["episodes"], "episode_jct": stats["episode_jct"]}
 
 
 def init_runner(tcfg: T.TargetConfig, pcfg: PPOConfig, states, key, net=None):

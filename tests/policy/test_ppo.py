@@ -215,3 +215,67 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
 
 class Checked(Exception):
     """Every slot the test compares has been compared."""
+
+
+# ------------------------------------------------------------------------------------------ the update's speed-ups
+
+def random_batch(n=24, jobs=10, seed=0):
+    """A flat PPO batch of ``n`` slots with random features, masks and targets (the keys ppo_loss reads)."""
+    rng = np.random.default_rng(seed)
+    active = rng.random((n, jobs)) < 0.4
+    active[0, :] = True  # one slot with every job active
+    allreduce = rng.random((n, jobs)) < 0.5
+    x = np.where(active[..., None], rng.normal(size=(n, jobs, CFG.feature_dim)), 0.0).astype(np.float32)
+    idx = np.where(allreduce, rng.integers(CFG.num_levels, size=(n, jobs)) * len(CFG.ps_levels),
+                   rng.integers(CFG.num_actions, size=(n, jobs)))
+    return {"x": jnp.asarray(x), "active": jnp.asarray(active), "allreduce": jnp.asarray(allreduce),
+            "idx": jnp.asarray(idx, jnp.int32), "teacher": jnp.asarray(idx, jnp.int32),
+            "logp": jnp.asarray(rng.normal(size=(n, jobs)) - 3, jnp.float32),
+            "adv": jnp.asarray(np.where(active, rng.normal(size=(n, jobs)), 0.0), jnp.float32),
+            "ret": jnp.asarray(rng.normal(size=(n, jobs)), jnp.float32), "done": jnp.zeros(n, bool)}
+
+
+def test_the_batched_network_is_the_flax_module_slot_by_slot():
+    b = random_batch()
+    net = T.init_params(CFG, jax.random.PRNGKey(3))
+    logits, values = T.apply(CFG, net, b["x"], b["active"], b["allreduce"])
+    ref_logits, ref_values = jax.vmap(lambda x, a: T.TargetNet(CFG).apply({"params": net}, x, a))(b["x"], b["active"])
+    open_ = ~(b["allreduce"][..., None] & (jnp.arange(CFG.num_actions) % len(CFG.ps_levels) > 0))
+    np.testing.assert_allclose(np.where(open_, logits, 0), np.where(open_, ref_logits, 0), atol=1e-5)
+    assert np.all(np.asarray(logits)[~np.asarray(open_)] == -1e9)
+    np.testing.assert_allclose(values, ref_values, atol=1e-5)
+    one_logits, _ = T.apply(CFG, net, b["x"][3], b["active"][3], b["allreduce"][3])  # one slot: the same
+    np.testing.assert_allclose(one_logits, logits[3], atol=1e-5)
+
+
+@pytest.mark.parametrize("credit", ["job", "slot"])
+def test_the_compacted_batch_gives_the_same_losses_and_gradients(credit):
+    b = random_batch()
+    if credit == "slot":  # one advantage per slot
+        b["adv"] = jnp.asarray(np.random.default_rng(1).normal(size=24), jnp.float32)
+    rows = P.busy_rows(b["active"])
+    assert rows == 10  # slot 0 has every job active: nothing may be cut
+    b["active"] = b["active"].at[0].set(b["active"][1])  # now the busiest slot has fewer
+    most = int(np.max(np.sum(np.asarray(b["active"]), axis=1)))
+    rows = P.busy_rows(b["active"])
+    assert rows == min(10, max(8, -(-most // 8) * 8)) and rows >= most
+    small = P.compact(b, rows)
+    assert small["x"].shape == (24, rows, CFG.feature_dim) and small["done"].shape == (24,)
+    assert np.array_equal(np.sum(np.asarray(small["active"]), 1), np.sum(np.asarray(b["active"]), 1))
+    net = T.init_params(CFG, jax.random.PRNGKey(4))
+    pc = P.PPOConfig(credit=credit, ent_coef=0.01)
+    for loss in (lambda n, mb: P.ppo_loss(CFG, pc, n, mb), lambda n, mb: P.sl_loss(CFG, pc, n, mb)):
+        (full, _), g_full = jax.value_and_grad(loss, has_aux=True)(net, b)
+        (cut, _), g_cut = jax.value_and_grad(loss, has_aux=True)(net, small)
+        assert float(cut) == pytest.approx(float(full), rel=1e-5)
+        for a, c in zip(jax.tree_util.tree_leaves(g_full), jax.tree_util.tree_leaves(g_cut)):
+            np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+
+
+def test_sampling_draws_the_softmax_and_never_a_closed_pair():
+    probs = np.array([0.1, 0.0, 0.6, 0.3])
+    logits = jnp.asarray(np.where(probs > 0, np.log(np.maximum(probs, 1e-30)), -1e9), jnp.float32)
+    draws = np.asarray(T.sample(jax.random.PRNGKey(0), jnp.broadcast_to(logits, (100_000, 4))))
+    freq = np.bincount(draws, minlength=4) / len(draws)
+    assert freq[1] == 0.0
+    np.testing.assert_allclose(freq, probs, atol=0.005)  # 5 standard deviations of the largest at n = 1e5
