@@ -194,3 +194,16 @@ def test_the_dl2_world_is_one_flag_away():
     out = json.loads(r.stdout)
     assert out["world"] == "dl2" and out["sim"]["slot_seconds"] == 1200.0 and out["cluster"]["gpus"] == 2.0
     assert set(out["results"][0]["per_type_jct_hours"]) <= set(T.TYPE_NAMES)
+
+
+def test_the_lp_bound_is_reported_on_request_and_below_every_policy():
+    r = invoke("sim", "--jobs", "8", "--compare", "slurm,elastic", "--lp-bound", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    lp = out["lp_bound"]["avg_jct_slots"]
+    assert lp >= out["lower_bound"]["avg_jct_slots"] - 1e-9
+    assert out["lp_bound"]["avg_jct_hours"] == pytest.approx(lp / 60, abs=1e-3)
+    for res in out["results"]:
+        assert res["avg_jct_slots"] >= lp - 1e-9, res["policy"]
+    plain = json.loads(invoke("sim", "--jobs", "8", "--policy", "slurm", "--json").stdout)
+    assert "lp_bound" not in plain
