@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from testkit.sim import bound_case
 from testkit.sim import run_slots as simulate
 
 from dl2d.policy import registry
@@ -15,7 +16,7 @@ from dl2d.policy.tiresias import Tiresias
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.bound import lower_bound, srpt_completions
-from dl2d.sim.cluster import ClusterSpec, preset
+from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.workloads import WorkloadJob
 
 NODES = ClusterSpec(2, gpus=4, cpus=48, mem_gb=192)  # 8 GPUs
@@ -95,14 +96,7 @@ def test_srpt_on_one_machine():
 
 @pytest.mark.parametrize("world", ["today", "dl2"])
 def test_no_policy_beats_the_lower_bound(world):
-    if world == "today":
-        from dl2d.workload import philly
-        config = E.SimConfig(cluster=preset("t4-16"), slot_seconds=300.0, max_workers=64, resize_overhead_s=30.0,
-                             shared_node_slowdown=0.1)
-        tr = T.from_workload(philly.generate(16, load=4.0, seed=7), 300.0, seed=7)
-    else:
-        config = E.SimConfig(cluster=preset("small"))
-        tr = T.generate(T.TraceConfig(num_jobs=30), seed=7)
+    config, tr = bound_case(world)
     bound = lower_bound(tr, config)
     assert bound.avg_jct_slots == max(bound.no_contention_slots, bound.capacity_slots) > 0
     for name in [*registry.names(heuristic=True), "oracle"]:

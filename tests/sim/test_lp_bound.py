@@ -8,13 +8,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from testkit.sim import bound_case
+
 from dl2d.policy import registry
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.bound import lower_bound
 from dl2d.sim.cluster import ClusterSpec, preset
 from dl2d.sim.lp_bound import job_sizes, lp_lower_bound, pareto, solve, upper_hull
-from dl2d.workload import philly
 from dl2d.workload.workloads import WorkloadJob
 
 
@@ -76,13 +77,7 @@ def test_where_jobs_compete_the_program_is_above_both_simple_bounds():
 
 @pytest.mark.parametrize("world", ["today", "dl2"])
 def test_no_policy_beats_the_lp_bound(world):
-    if world == "today":
-        config = E.SimConfig(cluster=preset("t4-16"), slot_seconds=300.0, max_workers=64, resize_overhead_s=30.0,
-                             shared_node_slowdown=0.1)
-        tr = T.from_workload(philly.generate(24, load=4.0, seed=7), 300.0, seed=7)
-    else:
-        config = E.SimConfig(cluster=preset("small"))
-        tr = T.generate(T.TraceConfig(num_jobs=30), seed=7)
+    config, tr = bound_case(world)
     lp = lp_lower_bound(tr, config)
     simple = lower_bound(tr, config)
     assert lp.avg_jct_slots >= simple.avg_jct_slots

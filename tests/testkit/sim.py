@@ -65,3 +65,20 @@ def run_slots(trace: Trace, policy, n: int, config, state=None, seed: int = 0):
         steps.append((view, alloc))
         state, _, _ = E.step(trace, state, alloc, config, rng)
     return state, steps
+
+
+def bound_case(world: str):
+    """(SimConfig, Trace) on which the bound tests run every policy: today's world, 16 generated Philly jobs at
+    4x load on t4-16 with 5-minute slots (contended, short); the DL2 world, 30 DL2 jobs on ``small``."""
+    from dl2d.sim import engine as E
+    from dl2d.sim import trace as T
+    from dl2d.sim.cluster import preset
+
+    if world == "today":
+        from dl2d.workload import philly
+
+        config = E.SimConfig(cluster=preset("t4-16"), slot_seconds=300.0, max_workers=64, resize_overhead_s=30.0,
+                             shared_node_slowdown=0.1)
+        return config, T.from_workload(philly.generate(16, load=4.0, seed=7), 300.0, seed=7)
+    return E.SimConfig(cluster=preset("small")), T.generate(T.TraceConfig(num_jobs=30), seed=7)
+
