@@ -133,15 +133,9 @@ def job_rewards(state: X.EnvState, nxt: X.EnvState, max_jobs: int) -> jnp.ndarra
     return -jnp.where(act, part, 0.0) / max_jobs
 
 
-def chosen(log_pi, action):
-    """[...] the log-probability ``log_pi`` [..., A] gives each ``action`` [...]: a product with the one-hot
-    action rather than a gather, whose gradient (a scatter) costs the CPU more than the whole product."""
-    return jnp.sum(log_pi * jax.nn.one_hot(action, log_pi.shape[-1], dtype=log_pi.dtype), axis=-1)
-
-
 def job_log_probs(logits, action):
     """[J] each job's chosen pair's log-probability."""
-    return chosen(jax.nn.log_softmax(logits), action)
+    return T.chosen(jax.nn.log_softmax(logits), action)
 
 
 def log_prob(logits, action, active):
@@ -161,10 +155,6 @@ def entropy(log_pi, active):
 def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, key):
     """``pcfg.slots`` slots of every cluster (``states``: a batch): (final states, transitions [T, N, ...])."""
 
-    def observe(state):
-        obs = env_obs(tcfg, env, state)
-        return obs, T.job_features(tcfg, obs)
-
     def act(state, obs, x, logits, value, key_):
         idx = T.sample(key_, logits)
         w, p = allocate(tcfg, obs, idx)
@@ -178,7 +168,7 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
     def one_slot(carry, _):
         s, k = carry
         k, k_act = jax.random.split(k)
-        obs, x = jax.vmap(observe)(s)
+        obs, x = jax.vmap(lambda state: _observe(tcfg, env, state))(s)
         logits, value = T.apply(tcfg, net, x, obs["active"], obs["allreduce"])  # every cluster's jobs at once
         s, tr = jax.vmap(act)(s, obs, x, logits / pcfg.temperature, value, jax.random.split(k_act, pcfg.clusters))
         return (s, k), tr
@@ -218,7 +208,7 @@ def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     log_pi = jax.nn.log_softmax(logits / pcfg.temperature)  # once, for the ratio and the entropy
     act = batch["active"]
     learn = batch.get("learn", act)  # the jobs whose pairs are learned from (online: the policy's own, carried out)
-    logp = chosen(log_pi, batch["idx"])
+    logp = T.chosen(log_pi, batch["idx"])
     if pcfg.credit == "job":
         ratio, adv, mask = jnp.exp(logp - batch["logp"]), batch["adv"], learn
     else:
@@ -352,9 +342,15 @@ def train_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     return (net, opt_state, states, key), {**upd, **stats}
 
 
-def _features(tcfg, env, state):
+def _observe(tcfg, env, state):
+    """(the policy's observation of a cluster, its job features)."""
     obs = env_obs(tcfg, env, state)
-    return T.job_features(tcfg, obs), obs["active"], obs["allreduce"]
+    return obs, T.job_features(tcfg, obs)
+
+
+def _features(tcfg, env, state):
+    obs, x = _observe(tcfg, env, state)
+    return x, obs["active"], obs["allreduce"]
 
 
 def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
@@ -362,7 +358,7 @@ def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
     that RL starts with a critic of the policy it starts from, not a random one that would undo the warm-up)."""
     logits, value = T.apply(tcfg, net, batch["x"], batch["active"], batch["allreduce"])
     lp = jax.nn.log_softmax(logits)
-    nll = -chosen(lp, batch["teacher"])
+    nll = -T.chosen(lp, batch["teacher"])
     act = batch["active"]
     acc = jnp.sum(act & (jnp.argmax(logits, -1) == batch["teacher"])) / jnp.maximum(act.sum(), 1)
     vf = 0.5 * masked_mean((value - batch["ret"]) ** 2, act)

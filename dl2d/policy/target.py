@@ -231,6 +231,12 @@ def apply(cfg: TargetConfig, params, x, active, allreduce):
             jnp.where(active, v.reshape(shape), 0.0))
 
 
+def chosen(log_pi, action):
+    """[...] the log-probability ``log_pi`` [..., A] gives each ``action`` [...]: a product with the one-hot
+    action rather than a gather, whose gradient (a scatter) costs the CPU more than the whole product."""
+    return jnp.sum(log_pi * jax.nn.one_hot(action, log_pi.shape[-1], dtype=log_pi.dtype), axis=-1)
+
+
 def sample(key, logits):
     """[...] one action per row of ``logits`` [..., A], drawn from softmax(logits): one uniform per row against
     the cumulative probabilities. The same law as ``jax.random.categorical``, which draws a Gumbel variate for
@@ -325,10 +331,10 @@ def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=Non
     x = job_features(cfg, o)
     logits, value = apply(cfg, params, x, o["active"], o["allreduce"])
     logits = logits / temperature
-    chosen = jnp.argmax(logits, axis=1) if key is None else sample(key, logits)
+    picked = jnp.argmax(logits, axis=1) if key is None else sample(key, logits)
     known = jnp.where(o["allreduce"], "allreduce" in kinds, "ps" in kinds)
-    action = jnp.where(known, chosen, teacher_actions(cfg, o))
-    log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=1)[:, 0]
+    action = jnp.where(known, picked, teacher_actions(cfg, o))
+    log_prob = chosen(jax.nn.log_softmax(logits), action)
     return {"action": action, "log_prob": log_prob, "value": value, "x": x, "known": known}
 
 

@@ -49,22 +49,36 @@ def placements(workers: int, gpus_per_worker: int, per_node: int):
         yield throughput.even_spread(gpus, nodes)
 
 
-def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site=None):
-    """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference
-    (``site``: a site's calibrated curves, which replace the measured lookup for the models they hold)."""
-    best_rate, best_work = 0.0, np.inf
+def allreduce_rates(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int,
+                    site=None) -> np.ndarray:
+    """[max_workers] epochs per second on 1..max_workers workers, each at its best placement, before
+    interference (``site``: a site's calibrated curves, which replace the measured lookup for the models they
+    hold)."""
+    rates = []
     for w in range(1, max_workers + 1):
         own = site.epochs_per_s(model, w * gpus_per_worker) if site is not None else None
-        rate = own if own is not None else max(catalog.allreduce_epoch_rate(model, batch, p)
-                                               for p in placements(w, gpus_per_worker, per_node))
-        best_rate = max(best_rate, rate)
-        best_work = min(best_work, w * gpus_per_worker / rate)
-    return best_rate, best_work
+        rates.append(own if own is not None else max(catalog.allreduce_epoch_rate(model, batch, p)
+                                                     for p in placements(w, gpus_per_worker, per_node)))
+    return np.array(rates, float)
+
+
+def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site=None):
+    """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference
+    (:func:`allreduce_rates`)."""
+    rates = allreduce_rates(model, batch, max_workers, gpus_per_worker, per_node, site)
+    gpus = np.arange(1, max_workers + 1) * gpus_per_worker
+    with np.errstate(divide="ignore"):
+        return float(rates.max()), float(np.min(gpus / rates))
+
+
+def ps_rates(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int) -> np.ndarray:
+    """[max_ps + 1, max_workers + 1] epochs per second at (PS, workers) of the speed table (counts clamped to it)."""
+    p, w = np.meshgrid(np.arange(max_ps + 1), np.arange(max_workers + 1), indexing="ij")
+    return lookup(table, type_idx, p, w) / BATCHES_PER_EPOCH[type_idx]
 
 
 def best_ps(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int):
-    p, w = np.meshgrid(np.arange(max_ps + 1), np.arange(max_workers + 1), indexing="ij")
-    speed = lookup(table, type_idx, p, w) / BATCHES_PER_EPOCH[type_idx]  # epochs/s, counts clamped to the table
+    speed = ps_rates(type_idx, table, max_ps, max_workers)
     rate = float(speed.max())
     gpus = np.arange(max_workers + 1)[None, :] * WORKER_DEMAND[type_idx, 0]
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from dl2d.sim.bound import lower_bound, placements
+from dl2d.sim.bound import allreduce_rates, lower_bound, ps_rates
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import Trace
 from dl2d.workload import catalog
-from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, PS_DEMAND, WORKER_DEMAND
-from dl2d.workload.speed import lookup, speed_table
+from dl2d.workload.jobtypes import PS_DEMAND, WORKER_DEMAND
+from dl2d.workload.speed import speed_table
 
 #: At most this many buckets unless the caller says otherwise: the program has jobs x buckets x sizes columns.
 DEFAULT_MAX_BUCKETS = 400
@@ -64,17 +64,6 @@ class LPBound:
     columns: int
     tail_share: float  # of the work the program left after the last bucket (0: the horizon was long enough)
     solve_s: float
-
-
-def _allreduce_sizes(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site):
-    """[(workers, epochs/s at the best placement)] before interference (as bound.best_allreduce)."""
-    out = []
-    for w in range(1, max_workers + 1):
-        own = site.epochs_per_s(model, w * gpus_per_worker) if site is not None else None
-        rate = own if own is not None else max(catalog.allreduce_epoch_rate(model, batch, p)
-                                               for p in placements(w, gpus_per_worker, per_node))
-        out.append((w, rate))
-    return out
 
 
 def upper_hull(points: np.ndarray) -> np.ndarray:
@@ -125,9 +114,8 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
             g = max(int(round(catalog.WORKER_DEMAND[t, 0])), 1)
             key = ("ar", names[i], float(trace.batch_size[i]))
             if key not in cache:
-                sizes = _allreduce_sizes(names[i], key[2], cfg.max_workers, g, per_node, cfg.site_speeds)
-                w = np.array([s[0] for s in sizes], float)
-                rate = np.array([s[1] for s in sizes], float)
+                rate = allreduce_rates(names[i], key[2], cfg.max_workers, g, per_node, cfg.site_speeds)
+                w = np.arange(1, cfg.max_workers + 1, dtype=float)
                 keep = upper_hull(np.stack([w, rate], axis=1))
                 cache[key] = (rate[keep], w[keep, None] * catalog.WORKER_DEMAND[t][None, :].astype(float))
         else:
@@ -135,7 +123,7 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
             if key not in cache:
                 p, w = np.meshgrid(np.arange(cfg.max_ps + 1), np.arange(cfg.max_workers + 1), indexing="ij")
                 p, w = p.ravel(), w.ravel()
-                rate = lookup(table, t, p, w) / BATCHES_PER_EPOCH[t]
+                rate = ps_rates(t, table, cfg.max_ps, cfg.max_workers).ravel()
                 demand = w[:, None] * WORKER_DEMAND[t][None, :] + p[:, None] * PS_DEMAND[t][None, :]
                 keep = pareto(rate, demand.astype(float))
                 cache[key] = (rate[keep], demand[keep].astype(float))
