@@ -3,8 +3,8 @@
 A slot's decision is every active job's (workers, PS) pair. A rollout is `jax.lax.scan` over slots inside
 `jax.vmap` over clusters (each its own trace and noise, auto-reset), GAE advantages, then clipped-PPO epochs over
 shuffled minibatches: an iteration is two jitted functions (purejaxrl's shape, ``train_step(runner_state) ->
-(runner_state, metrics)``, cut in two so that the update runs on the rows the batch's busiest slot needs:
-:func:`compact`).
+(runner_state, metrics)``, cut in two so that the update runs on the active jobs' rows only, packed on the
+host between them: :func:`pack`).
 
 The reward is the average JCT's own: minus the job-slots spent active (each job that finishes counts the
 fraction of the slot it needed), over ``max_jobs``. Summed over an episode it is minus the total JCT in slots
@@ -143,13 +143,6 @@ def log_prob(logits, action, active):
     return jnp.sum(jnp.where(active, job_log_probs(logits, action), 0.0))
 
 
-def entropy(log_pi, active):
-    """[...] each slot's mean per-job entropy over its active jobs, from the log-probabilities ``log_pi`` [..., J,
-    A] (a slot or a batch of them)."""
-    h = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
-    return jnp.sum(jnp.where(active, h, 0.0), axis=-1) / jnp.maximum(jnp.sum(active, axis=-1), 1)
-
-
 # ------------------------------------------------------------------------------------------ rollout
 
 def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states, key):
@@ -200,26 +193,36 @@ def masked_mean(x, mask):
     return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
-    """Clipped PPO: per job (``credit`` "job": each active job's ratio against its own advantage) or per slot
-    (the slot's ratio, the product over its jobs, against the slot's advantage); the per-job values against
-    their returns; entropy per job."""
-    logits, values = T.apply(tcfg, net, batch["x"], batch["active"], batch["allreduce"])
+def _slot_sum(x, mb):
+    """[S] the sum of row values ``x`` [R] over each of the minibatch's slots."""
+    return jax.ops.segment_sum(x, mb["slot"], num_segments=mb["slots"].shape[0])
+
+
+def _forward(tcfg: T.TargetConfig, net, mb):
+    return T.apply_rows(tcfg, net, mb["x"], mb["active"], mb["allreduce"], mb["slot"], mb["slots"].shape[0])
+
+
+def ppo_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, mb):
+    """Clipped PPO on a minibatch of packed rows (:func:`pack`): per job (``credit`` "job": each active job's
+    ratio against its own advantage) or per slot (the slot's ratio, the product over its jobs, against the
+    slot's advantage); the per-job values against their returns; entropy per job, averaged in each slot."""
+    logits, values = _forward(tcfg, net, mb)
     log_pi = jax.nn.log_softmax(logits / pcfg.temperature)  # once, for the ratio and the entropy
-    act = batch["active"]
-    learn = batch.get("learn", act)  # the jobs whose pairs are learned from (online: the policy's own, carried out)
-    logp = T.chosen(log_pi, batch["idx"])
+    act = mb["active"]
+    learn = mb.get("learn", act)  # the jobs whose pairs are learned from (online: the policy's own, carried out)
+    logp = T.chosen(log_pi, mb["idx"])
     if pcfg.credit == "job":
-        ratio, adv, mask = jnp.exp(logp - batch["logp"]), batch["adv"], learn
+        ratio, adv, mask = jnp.exp(logp - mb["logp"]), mb["adv"], learn
     else:
-        slot_logp = lambda lp: jnp.sum(jnp.where(act, lp, 0.0), axis=1)  # noqa: E731
-        ratio, adv, mask = (jnp.exp(slot_logp(logp) - slot_logp(batch["logp"])), batch["adv"],
-                            jnp.ones(act.shape[0], bool))
+        slot_logp = lambda lp: _slot_sum(jnp.where(act, lp, 0.0), mb)
+        ratio, adv, mask = (jnp.exp(slot_logp(logp) - slot_logp(mb["logp"])), mb["adv"],
+                            jnp.ones(mb["slots"].shape, bool))
     clipped = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - pcfg.clip, 1 + pcfg.clip) * adv)
     pg = -masked_mean(clipped, mask)
-    vf = 0.5 * masked_mean((values - batch["ret"]) ** 2, act)
-    ent = jnp.mean(entropy(log_pi, learn))
-    kl = masked_mean(batch["logp"] - logp, learn)
+    vf = 0.5 * masked_mean((values - mb["ret"]) ** 2, act)
+    h = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
+    ent = jnp.mean(_slot_sum(jnp.where(learn, h, 0.0), mb) / jnp.maximum(_slot_sum(learn.astype(h.dtype), mb), 1))
+    kl = masked_mean(mb["logp"] - logp, learn)
     return pg + pcfg.vf_coef * vf - pcfg.ent_coef * ent, {"pg": pg, "vf": vf, "entropy": ent, "approx_kl": kl}
 
 
@@ -227,34 +230,95 @@ def make_optimizer(pcfg: PPOConfig):
     return optax.chain(optax.clip_by_global_norm(pcfg.max_grad_norm), optax.adam(pcfg.lr, eps=1e-5))
 
 
-def minibatch_epochs(pcfg: PPOConfig, loss_fn, net, opt_state, batch, key):
-    """``pcfg.epochs`` passes over ``batch`` (leading axis: samples) in ``pcfg.minibatches`` shuffled
-    minibatches, one optimizer step on ``loss_fn(net, minibatch) -> (loss, aux)`` each; (net, opt_state, the
-    (loss, aux) of every step, [epochs, minibatches])."""
-    opt = make_optimizer(pcfg)
-    n = batch["idx"].shape[0]
+def epoch_orders(pcfg: PPOConfig, key, n: int):
+    """[epochs, minibatches, n // minibatches] the slots of every minibatch of every epoch: each epoch a
+    shuffle of the ``n`` slots of the batch (a remainder left out)."""
     size = n // pcfg.minibatches
+    return jax.vmap(lambda k: jax.random.permutation(k, n)[: size * pcfg.minibatches]
+                    .reshape(pcfg.minibatches, size))(jax.random.split(key, pcfg.epochs))
 
-    def epoch(carry, k):
-        perm = jax.random.permutation(k, n)[: size * pcfg.minibatches].reshape(pcfg.minibatches, size)
 
-        def minibatch(carry, idx):
+def row_bucket(rows: int) -> int:
+    """The packed minibatch size ``rows`` active jobs are padded to: the next power of two, at least 256. Each
+    new size costs the update a compilation (about 3 s on 2 cores), so the grid is coarse: a run visits a few
+    sizes, and the padding is under half of the rows."""
+    return max(256, 1 << max(rows - 1, 0).bit_length())
+
+
+def pack(active, orders) -> dict:
+    """Where every minibatch's rows come from, its active jobs only (NumPy, on the host): for ``active`` [n, J]
+    and :func:`epoch_orders` [E, M, S], {"row_slot", "row_job" (the batch's slot and job of each row), "slot"
+    (the row's slot within its minibatch, S for a padding row), "valid"} [E, M, R] and "slots" [E, M, S], R the
+    most active jobs of any minibatch rounded up by :func:`row_bucket`. Every loss reads a slot's active jobs
+    only (the set network pools over them, the losses mask the rest), so it is the same update on fewer rows:
+    once a policy finishes jobs, a slot has a few active jobs of J."""
+    active, orders = np.asarray(active, bool), np.asarray(orders)
+    E, M, S = orders.shape
+    sel = active[orders]  # [E, M, S, J]
+    counts = sel.sum(axis=(2, 3))
+    R = row_bucket(int(counts.max(initial=0)))
+    e, m, loc, job = np.nonzero(sel)  # row-major: each minibatch's rows in its slots' order, jobs in order
+    start = np.concatenate([[0], np.cumsum(counts.ravel())[:-1]])
+    pos = np.arange(len(e)) - start[e * M + m]
+    plan = {"row_slot": np.zeros((E, M, R), np.int32), "row_job": np.zeros((E, M, R), np.int32),
+            "slot": np.full((E, M, R), S, np.int32), "valid": np.zeros((E, M, R), bool)}
+    plan["row_slot"][e, m, pos] = orders[e, m, loc]
+    plan["row_job"][e, m, pos] = job
+    plan["slot"][e, m, pos] = loc
+    plan["valid"][e, m, pos] = True
+    return {**plan, "slots": orders.astype(np.int32)}
+
+
+def dense_plan(orders, jobs: int) -> dict:
+    """:func:`pack`'s plan with every job of every slot a row (inactive ones masked), in JAX (traceable)."""
+    E, M, S = orders.shape
+    return {"row_slot": jnp.repeat(orders, jobs, axis=-1), "row_job": jnp.tile(jnp.arange(jobs), (E, M, S)),
+            "slot": jnp.tile(jnp.repeat(jnp.arange(S), jobs), (E, M, 1)), "valid": jnp.ones((E, M, S * jobs), bool),
+            "slots": orders}
+
+
+def minibatch(batch: dict, plan: dict) -> dict:
+    """One minibatch of packed rows: ``batch``'s per-job fields (leading axes: slots, jobs) at the plan's rows,
+    its per-slot fields at the plan's slots, padding rows inactive; with the plan's "slot" and "slots"."""
+    n, jobs = batch["active"].shape
+    out = {}
+    for k, v in batch.items():
+        if v.ndim >= 2 and v.shape[:2] == (n, jobs):
+            out[k] = v[plan["row_slot"], plan["row_job"]]
+        elif v.ndim >= 1 and v.shape[0] == n:
+            out[k] = v[plan["slots"]]
+    out["active"] = out["active"] & plan["valid"]
+    if "learn" in out:
+        out["learn"] = out["learn"] & plan["valid"]
+    return {**out, "slot": plan["slot"], "slots": plan["slots"]}
+
+
+def minibatch_epochs(pcfg: PPOConfig, loss_fn, net, opt_state, batch, plan):
+    """One optimizer step on ``loss_fn(net, minibatch) -> (loss, aux)`` for every minibatch of ``plan``
+    (:func:`pack` or :func:`dense_plan`, [epochs, minibatches, ...]) in order: (net, opt_state, the (loss,
+    aux) of every step, [epochs, minibatches])."""
+    opt = make_optimizer(pcfg)
+
+    def epoch(carry, plan_e):
+        def step(carry, plan_m):
             net, opt_state = carry
-            out, grads = jax.value_and_grad(loss_fn, has_aux=True)(net, jax.tree_util.tree_map(lambda a: a[idx],
-                                                                                                 batch))
+            out, grads = jax.value_and_grad(loss_fn, has_aux=True)(net, minibatch(batch, plan_m))
             upd, opt_state = opt.update(grads, opt_state, net)
             return (optax.apply_updates(net, upd), opt_state), out
 
-        return jax.lax.scan(minibatch, carry, perm)
+        return jax.lax.scan(step, carry, plan_e)
 
-    (net, opt_state), outs = jax.lax.scan(epoch, (net, opt_state), jax.random.split(key, pcfg.epochs))
+    (net, opt_state), outs = jax.lax.scan(epoch, (net, opt_state), plan)
     return net, opt_state, outs
 
 
-def update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, batch, key):
-    """``pcfg.epochs`` passes of clipped PPO over ``batch`` (leading axis: samples) in shuffled minibatches."""
+def update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, batch, key=None, plan=None):
+    """``pcfg.epochs`` passes of clipped PPO over ``batch`` (leading axes: slots, jobs) in shuffled minibatches:
+    those of ``plan`` (:func:`pack`), or every row of the slots :func:`epoch_orders` draws from ``key``."""
+    if plan is None:
+        plan = dense_plan(epoch_orders(pcfg, key, batch["active"].shape[0]), batch["active"].shape[1])
     net, opt_state, (loss, aux) = minibatch_epochs(pcfg, lambda n, mb: ppo_loss(tcfg, pcfg, n, mb), net,
-                                                   opt_state, batch, key)
+                                                   opt_state, batch, plan)
     return net, opt_state, jax.tree_util.tree_map(jnp.mean, {"loss": loss, **aux})
 
 
@@ -294,51 +358,26 @@ def _with_returns(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, 
 
 @partial(jax.jit, static_argnames=("tcfg", "pcfg"))
 def collect(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
-    """An iteration's rollout and its returns: (the runner after it, the flat batch, the update's key, the
-    rollout's statistics)."""
+    """An iteration's rollout and its returns: (the runner after it, the flat batch, the update's minibatches
+    (:func:`epoch_orders`), the rollout's statistics)."""
     net, opt_state, states, key = runner
     key, k_roll, k_upd = jax.random.split(key, 3)
     states, traj = rollout(tcfg, pcfg, env, net, states, k_roll)
     flat = _with_returns(tcfg, pcfg, env, net, states, traj)
-    return ((net, opt_state, states, key), flat, k_upd,
+    return ((net, opt_state, states, key), flat, epoch_orders(pcfg, k_upd, flat["active"].shape[0]),
             {"reward": traj["reward"].sum(-1).mean(), **_episode_stats(traj)})
 
 
-def busy_rows(active) -> int:
-    """How many job rows the update needs: the most jobs active in any slot of the batch, rounded up to a
-    multiple of 8 (so that a run compiles the update for a few sizes only), at most the batch's J."""
-    most = int(np.max(np.sum(np.asarray(active), axis=-1), initial=0))
-    return int(min(active.shape[-1], max(8, -(-most // 8) * 8)))
-
-
-def compact(batch: dict, rows: int) -> dict:
-    """``batch`` (leading axes: samples, jobs) with each slot's jobs reordered active first and cut to ``rows``
-    (at least every slot's active count, :func:`busy_rows`). Every loss reads a slot's active jobs only (the set
-    network pools over them, the losses mask the rest), so it is the same batch for them, with fewer rows: on
-    DL2 traces a slot has 4-8 active jobs of 40 once the policy finishes jobs, and the update was most of an
-    iteration's time."""
-    act = batch["active"]
-    n, jobs = act.shape
-    order = jnp.argsort(~act, axis=1, stable=True)[:, :rows]
-
-    def cut(v):
-        if v.ndim < 2 or v.shape[:2] != (n, jobs):
-            return v
-        return jnp.take_along_axis(v, order.reshape(n, rows, *([1] * (v.ndim - 2))), axis=1)
-
-    return {k: cut(v) for k, v in batch.items()}
-
-
-@partial(jax.jit, static_argnames=("tcfg", "pcfg", "rows"))
-def _ppo_update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, flat, key, rows: int):
-    return update(tcfg, pcfg, net, opt_state, compact(flat, rows), key)
+@partial(jax.jit, static_argnames=("tcfg", "pcfg"))
+def _ppo_update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, flat, plan):
+    return update(tcfg, pcfg, net, opt_state, flat, plan=plan)
 
 
 def train_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
-    """One PPO iteration: rollout and GAE (one jitted function), then the update (another) on the batch cut to
-    the rows its busiest slot needs (:func:`compact`). ``runner`` = (net, opt_state, states, key)."""
-    (net, opt_state, states, key), flat, k_upd, stats = collect(tcfg, pcfg, env, runner)
-    net, opt_state, upd = _ppo_update(tcfg, pcfg, net, opt_state, flat, k_upd, busy_rows(flat["active"]))
+    """One PPO iteration: rollout and GAE (one jitted function), then the update (another) on the active jobs'
+    rows only (:func:`pack`). ``runner`` = (net, opt_state, states, key)."""
+    (net, opt_state, states, key), flat, orders, stats = collect(tcfg, pcfg, env, runner)
+    net, opt_state, upd = _ppo_update(tcfg, pcfg, net, opt_state, flat, pack(flat["active"], orders))
     return (net, opt_state, states, key), {**upd, **stats}
 
 
@@ -353,22 +392,23 @@ def _features(tcfg, env, state):
     return x, obs["active"], obs["allreduce"]
 
 
-def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, batch):
-    """Cross-entropy of the teacher's levels over the active jobs, and the value's error on the returns (so
-    that RL starts with a critic of the policy it starts from, not a random one that would undo the warm-up)."""
-    logits, value = T.apply(tcfg, net, batch["x"], batch["active"], batch["allreduce"])
+def sl_loss(tcfg: T.TargetConfig, pcfg: PPOConfig, net, mb):
+    """Cross-entropy of the teacher's levels over the active jobs of a minibatch of packed rows (:func:`pack`),
+    and the value's error on the returns (so that RL starts with a critic of the policy it starts from, not a
+    random one that would undo the warm-up)."""
+    logits, value = _forward(tcfg, net, mb)
     lp = jax.nn.log_softmax(logits)
-    nll = -T.chosen(lp, batch["teacher"])
-    act = batch["active"]
-    acc = jnp.sum(act & (jnp.argmax(logits, -1) == batch["teacher"])) / jnp.maximum(act.sum(), 1)
-    vf = 0.5 * masked_mean((value - batch["ret"]) ** 2, act)
+    nll = -T.chosen(lp, mb["teacher"])
+    act = mb["active"]
+    acc = jnp.sum(act & (jnp.argmax(logits, -1) == mb["teacher"])) / jnp.maximum(act.sum(), 1)
+    vf = 0.5 * masked_mean((value - mb["ret"]) ** 2, act)
     return masked_mean(nll, act) + pcfg.vf_coef * vf, acc
 
 
-@partial(jax.jit, static_argnames=("tcfg", "pcfg", "rows"))
-def _sl_update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, flat, key, rows: int):
+@partial(jax.jit, static_argnames=("tcfg", "pcfg"))
+def _sl_update(tcfg: T.TargetConfig, pcfg: PPOConfig, net, opt_state, flat, plan):
     net, opt_state, (loss, acc) = minibatch_epochs(pcfg, lambda n, mb: sl_loss(tcfg, pcfg, n, mb), net, opt_state,
-                                                   compact(flat, rows), key)
+                                                   flat, plan)
     return net, opt_state, {"sl_loss": loss.mean(), "sl_acc": acc[-1].mean()}
 
 
@@ -376,8 +416,8 @@ def sl_step(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, runner):
     """One supervised warm-up iteration: a rollout of the current policy, then ``epochs`` x ``minibatches``
     gradient steps towards the teacher's levels on the states it visited (DAgger's on-policy states), the value
     fitted beside."""
-    (net, opt_state, states, key), flat, k_upd, stats = collect(tcfg, pcfg, env, runner)
-    net, opt_state, upd = _sl_update(tcfg, pcfg, net, opt_state, flat, k_upd, busy_rows(flat["active"]))
+    (net, opt_state, states, key), flat, orders, stats = collect(tcfg, pcfg, env, runner)
+    net, opt_state, upd = _sl_update(tcfg, pcfg, net, opt_state, flat, pack(flat["active"], orders))
     return (net, opt_state, states, key), {**upd, "episodes": stats["episodes"], "episode_jct": stats["episode_jct"]}
 
 

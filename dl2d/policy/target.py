@@ -200,35 +200,58 @@ def init_params(cfg: TargetConfig, key, jobs: int = 4) -> dict:
     return TargetNet(cfg).init(key, jnp.zeros((jobs, cfg.feature_dim)), jnp.ones(jobs, bool))["params"]
 
 
+def _set_layers(p, x, m, pool, spread):
+    """:class:`_SetNet`'s output on job rows ``x`` [R, F] (``m`` [R, 1]: 1 for an active job), its slots' sums
+    taken by ``pool`` ([R, h] -> [S, h]) and a slot's row put back on its jobs by ``spread`` ([S, h] -> [R, h]):
+    one matrix product per layer on all the rows (several times faster on the CPU than a vmap of the module per
+    slot, above all in the gradient), and the mix layer's kernel split into the job's half and the pooled half
+    (the pooled part once per slot, not spread to every job first). The same arithmetic as the Flax module's,
+    so the same parameters."""
+    e = jax.nn.relu(x @ p["embed"]["kernel"] + p["embed"]["bias"])
+    h = e.shape[-1]
+    pooled = pool(e * m) / jnp.maximum(pool(m), 1.0)
+    k = p["mix"]["kernel"]
+    return jax.nn.relu(e @ k[:h] + spread(pooled @ k[h:] + p["mix"]["bias"]))
+
+
 def _set_forward(p, x, active):
-    """:class:`_SetNet`'s output for ``x`` [..., J, F] (any leading batch dims), as rows [B x J, hidden]: its
-    matrix products on the rows flattened (one product per layer, not one per slot of a batch: several times
-    faster on the CPU, above all in the gradient), and the mix layer's kernel split into the job's half and the
-    pooled half (the pooled part once per slot, not broadcast to every job first). The same arithmetic as the
-    Flax module's, so the same parameters."""
+    """:func:`_set_layers` on ``x`` [..., J, F] (any leading batch dims, each a slot of J jobs): rows [B x J,
+    hidden]."""
     *lead, J, F = x.shape
     B = int(np.prod(lead)) if lead else 1
-    m = active.reshape(B, J, 1).astype(x.dtype)
-    e = jax.nn.relu(x.reshape(B * J, F) @ p["embed"]["kernel"] + p["embed"]["bias"])
-    h = e.shape[-1]
-    pooled = jnp.sum(e.reshape(B, J, h) * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
-    k = p["mix"]["kernel"]
-    z = (e @ k[:h]).reshape(B, J, h) + (pooled @ k[h:] + p["mix"]["bias"])[:, None, :]
-    return jax.nn.relu(z).reshape(B * J, h)
+    m = active.reshape(B * J, 1).astype(x.dtype)
+    return _set_layers(p, x.reshape(B * J, F), m, lambda v: jnp.sum(v.reshape(B, J, -1), axis=1),
+                       lambda s: jnp.broadcast_to(s[:, None, :], (B, J, s.shape[-1])).reshape(B * J, -1))
+
+
+def _heads(cfg: TargetConfig, params, forward, allreduce):
+    """(logits [R, A], values [R]) of the actor's and critic's rows ``forward(set_params)``, an all-reduce job's
+    pairs other than the first PS level closed (it has no PS: the pair means workers only)."""
+    logits = forward(params["actor"]) @ params["logits"]["kernel"] + params["logits"]["bias"]
+    v = (forward(params["critic"]) @ params["value"]["kernel"] + params["value"]["bias"])[:, 0]
+    ps_index = jnp.arange(cfg.num_actions) % len(cfg.ps_levels)
+    return jnp.where(allreduce.reshape(-1, 1) & (ps_index > 0), -1e9, logits), v
 
 
 def apply(cfg: TargetConfig, params, x, active, allreduce):
     """(logits [..., J, L x Lp], values [..., J], 0 for an inactive job) of one slot or of a batch of slots
     (``x`` [..., J, F], ``active``/``allreduce`` [..., J]): :class:`TargetNet`'s function, computed by
-    :func:`_set_forward`; an all-reduce job's pairs other than the first PS level are closed (it has no PS: the
-    pair means workers only)."""
+    :func:`_set_forward`."""
     shape = active.shape
-    logits = _set_forward(params["actor"], x, active) @ params["logits"]["kernel"] + params["logits"]["bias"]
-    v = (_set_forward(params["critic"], x, active) @ params["value"]["kernel"] + params["value"]["bias"])[:, 0]
-    logits = logits.reshape(*shape, cfg.num_actions)
-    ps_index = jnp.arange(cfg.num_actions) % len(cfg.ps_levels)
-    return (jnp.where(allreduce[..., None] & (ps_index > 0), -1e9, logits),
-            jnp.where(active, v.reshape(shape), 0.0))
+    logits, v = _heads(cfg, params, lambda p: _set_forward(p, x, active), allreduce)
+    return logits.reshape(*shape, cfg.num_actions), jnp.where(active, v.reshape(shape), 0.0)
+
+
+def apply_rows(cfg: TargetConfig, params, x, active, allreduce, slot, slots: int):
+    """:func:`apply` on packed rows: the jobs of ``slots`` slots as rows ``x`` [R, F], ``slot`` [R] the slot
+    of each (a row of ``slot`` >= ``slots`` is padding: inactive, pooled nowhere); (logits [R, A], values [R], 0
+    for an inactive row). A batch whose slots have few active jobs each is a fraction of its dense rows (PPO's
+    update: :func:`dl2d.policy.ppo.pack`)."""
+    m = active.reshape(-1, 1).astype(x.dtype)
+    pool = lambda v: jax.ops.segment_sum(v, slot, num_segments=slots)  # rows past `slots` dropped
+    spread = lambda s: jnp.take(s, slot, axis=0, mode="clip")
+    logits, v = _heads(cfg, params, lambda p: _set_layers(p, x, m, pool, spread), allreduce)
+    return logits, jnp.where(active, v, 0.0)
 
 
 def chosen(log_pi, action):
@@ -256,28 +279,40 @@ def sizes(cfg: TargetConfig, action, allreduce, dtype=jnp.float32):
 
 # ------------------------------------------------------------------------------------------ the fill (pure)
 
+def _most(limit, fixed, unit, free):
+    """The largest whole count c in [0, ``limit``] with ``c * unit + fixed`` <= ``free`` (+ 1e-6) in every
+    resource [3], -1 when not even 0 fits: the quotient's floor, checked and moved by one with the same sum the
+    condition reads (so a rounding of the division never grants what the sum would refuse)."""
+    room = free + 1e-6 - fixed
+    per = jnp.where(unit > 0, room / jnp.where(unit > 0, unit, 1.0), jnp.inf)
+    c = jnp.clip(jnp.floor(jnp.min(per)), 0.0, limit)
+    fits = lambda n: jnp.all(n * unit + fixed <= free + 1e-6)
+    return jnp.where((c + 1 <= limit) & fits(c + 1), c + 1,
+                     jnp.where(fits(c), c, jnp.where((c >= 1) & fits(c - 1), c - 1, -1.0)))
+
+
 def fill(cfg: TargetConfig, workers, ps, active, worker_demand, ps_demand, capacity, order_key):
     """(workers [J], PS [J]) granted: jobs in ``order_key`` order (smallest first; inactive last) take the most
     workers up to their target ``workers`` that still fit the aggregate ``capacity`` [3], with the most PS up
     to their target ``ps`` beside them (at least one for a PS job: ``ps`` > 0; nothing when even one worker
-    and one PS do not fit). Pure; never over capacity, never more than a target, nothing for an inactive job."""
+    and one PS do not fit). Pure; never over capacity, never more than a target, nothing for an inactive job.
+    Each job's counts are computed, not searched: the most workers with one PS beside them (demands are not
+    negative, so a count that fits with more PS fits with one), then the most PS beside those workers."""
     order = jnp.argsort(jnp.where(active, order_key, jnp.inf))
-    k = jnp.arange(cfg.max_workers + 1, dtype=worker_demand.dtype)
-    q = jnp.arange(cfg.max_ps + 1, dtype=worker_demand.dtype)
+    dt = worker_demand.dtype
 
     def body(free, j):
-        need = (k[:, None, None] * worker_demand[j][None, None, :] + q[None, :, None] * ps_demand[j][None, None, :])
-        pair = jnp.where(ps[j] > 0, (k[:, None] == 0) == (q[None, :] == 0), q[None, :] == 0)  # PS with workers
-        ok = (jnp.all(need <= free[None, None, :] + 1e-6, axis=2) & (k[:, None] <= workers[j])
-              & (q[None, :] <= ps[j]) & pair & active[j])
-        score = jnp.where(ok, k[:, None] * (cfg.max_ps + 1) + q[None, :], -1.0)
-        best = jnp.argmax(score.ravel())
-        w, p = jnp.where(score.ravel()[best] >= 0, jnp.array([best // (cfg.max_ps + 1), best % (cfg.max_ps + 1)]), 0)
-        w, p = w.astype(worker_demand.dtype), p.astype(worker_demand.dtype)
-        return free - w * worker_demand[j] - p * ps_demand[j], (j, w, p)
+        wd, pd = worker_demand[j], ps_demand[j]
+        w_cap = jnp.minimum(jnp.floor(workers[j]), cfg.max_workers).astype(dt)
+        p_cap = jnp.minimum(jnp.floor(ps[j]), cfg.max_ps).astype(dt)
+        is_ps = ps[j] > 0  # then workers only with PS beside them (a PS target below one: nothing)
+        w = _most(w_cap, jnp.where(is_ps, 1.0, 0.0).astype(dt) * pd, wd, free)
+        w = jnp.where(active[j] & jnp.where(is_ps, (w >= 1) & (p_cap >= 1), w >= 0), w, 0.0).astype(dt)
+        p = jnp.where(is_ps & (w > 0), _most(p_cap, w * wd, pd, free), 0.0).astype(dt)
+        return free - w * wd - p * pd, (j, w, p)
 
-    _, (idx, w, p) = jax.lax.scan(body, jnp.asarray(capacity, worker_demand.dtype), order)
-    zero = jnp.zeros(workers.shape, worker_demand.dtype)
+    _, (idx, w, p) = jax.lax.scan(body, jnp.asarray(capacity, dt), order)
+    zero = jnp.zeros(workers.shape, dt)
     return zero.at[idx].set(w), zero.at[idx].set(p)
 
 

@@ -22,6 +22,53 @@ CFG = T.TargetConfig(max_workers=8, max_ps=8, hidden=32)
 FILL = jax.jit(T.fill, static_argnums=0)
 
 
+def grid_fill(cfg, workers, ps, active, worker_demand, ps_demand, capacity, order_key):
+    """The fill as a search over every (workers, PS) pair of each job, the reference for T.fill's counts."""
+    order = jnp.argsort(jnp.where(active, order_key, jnp.inf))
+    k = jnp.arange(cfg.max_workers + 1, dtype=worker_demand.dtype)
+    q = jnp.arange(cfg.max_ps + 1, dtype=worker_demand.dtype)
+
+    def body(free, j):
+        need = (k[:, None, None] * worker_demand[j][None, None, :] + q[None, :, None] * ps_demand[j][None, None, :])
+        pair = jnp.where(ps[j] > 0, (k[:, None] == 0) == (q[None, :] == 0), q[None, :] == 0)
+        ok = (jnp.all(need <= free[None, None, :] + 1e-6, axis=2) & (k[:, None] <= workers[j])
+              & (q[None, :] <= ps[j]) & pair & active[j])
+        score = jnp.where(ok, k[:, None] * (cfg.max_ps + 1) + q[None, :], -1.0)
+        best = jnp.argmax(score.ravel())
+        w, p = jnp.where(score.ravel()[best] >= 0, jnp.array([best // (cfg.max_ps + 1), best % (cfg.max_ps + 1)]), 0)
+        w, p = w.astype(worker_demand.dtype), p.astype(worker_demand.dtype)
+        return free - w * worker_demand[j] - p * ps_demand[j], (j, w, p)
+
+    _, (idx, w, p) = jax.lax.scan(body, jnp.asarray(capacity, worker_demand.dtype), order)
+    zero = jnp.zeros(workers.shape, worker_demand.dtype)
+    return zero.at[idx].set(w), zero.at[idx].set(p)
+
+
+GRID_FILL = jax.jit(grid_fill, static_argnums=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_the_fill_grants_what_a_search_over_every_pair_grants(data):
+    """The fill computes each job's counts; a search over all of them is the reference, on demands and
+    capacities drawn from a grid of quarters (where a sum lands exactly on the capacity) and from any float."""
+    jobs = 5
+    f = data.draw(st.sampled_from([st.floats(0, 4, allow_nan=False, width=32),
+                                   st.integers(0, 16).map(lambda n: n / 4)]))
+    wd = np.array(data.draw(st.lists(st.tuples(f, f, f), min_size=jobs, max_size=jobs)), np.float32)
+    pd = np.array(data.draw(st.lists(st.tuples(st.just(0.0), f, f), min_size=jobs, max_size=jobs)), np.float32)
+    target_w = np.array(data.draw(st.lists(st.sampled_from(CFG.levels), min_size=jobs, max_size=jobs)), np.float32)
+    target_p = np.array(data.draw(st.lists(st.sampled_from((0, 0.5) + CFG.ps_levels), min_size=jobs,
+                                           max_size=jobs)), np.float32)
+    active = np.array(data.draw(st.lists(st.booleans(), min_size=jobs, max_size=jobs)))
+    cap = np.array(data.draw(st.tuples(f, f, f)), np.float32) * 4
+    key = np.array(data.draw(st.lists(st.floats(0, 100, width=32), min_size=jobs, max_size=jobs)), np.float32)
+    args = [jnp.asarray(a) for a in (target_w, target_p, active, wd, pd, cap, key)]
+    got, want = FILL(CFG, *args), GRID_FILL(CFG, *args)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_the_fill_never_exceeds_capacity_or_a_target_and_serves_the_shortest_first(data):
@@ -248,28 +295,73 @@ def test_the_batched_network_is_the_flax_module_slot_by_slot():
     np.testing.assert_allclose(one_logits, logits[3], atol=1e-5)
 
 
+def test_the_packed_rows_are_every_active_job_of_each_minibatch_in_order():
+    b = random_batch()
+    pc = P.PPOConfig(epochs=2, minibatches=3)
+    orders = np.asarray(P.epoch_orders(pc, jax.random.PRNGKey(0), 24))
+    assert orders.shape == (2, 3, 8) and sorted(orders[1].ravel()) == list(range(24))  # each epoch a shuffle
+    act = np.asarray(b["active"])
+    plan = P.pack(act, orders)
+    R = plan["valid"].shape[-1]
+    most = max(int(act[orders[e, m]].sum()) for e in range(2) for m in range(3))
+    assert R == P.row_bucket(most) and most <= R < 2 * most + 256
+    for e in range(2):
+        for m in range(3):
+            want = [(s, j) for s in orders[e, m] for j in np.flatnonzero(act[s])]
+            v = plan["valid"][e, m]
+            assert list(zip(plan["row_slot"][e, m][v], plan["row_job"][e, m][v])) == want
+            assert np.array_equal(orders[e, m][plan["slot"][e, m][v]], plan["row_slot"][e, m][v])
+            assert np.all(plan["slot"][e, m][~v] == 8)  # padding pools nowhere
+    assert [P.row_bucket(n) for n in (0, 1, 256, 257, 600, 1024, 1025)] == [256, 256, 256, 512, 1024, 1024, 2048]
+
+
+def step_of(plan, m):
+    """Minibatch ``m`` of a plan's first epoch."""
+    return {k: v[0, m] for k, v in plan.items()}
+
+
 @pytest.mark.parametrize("credit", ["job", "slot"])
-def test_the_compacted_batch_gives_the_same_losses_and_gradients(credit):
+def test_the_packed_minibatch_gives_the_dense_losses_and_gradients(credit):
+    """The update reads the active jobs' rows only: the same losses and gradients as with every job's row."""
     b = random_batch()
     if credit == "slot":  # one advantage per slot
         b["adv"] = jnp.asarray(np.random.default_rng(1).normal(size=24), jnp.float32)
-    rows = P.busy_rows(b["active"])
-    assert rows == 10  # slot 0 has every job active: nothing may be cut
-    b["active"] = b["active"].at[0].set(b["active"][1])  # now the busiest slot has fewer
-    most = int(np.max(np.sum(np.asarray(b["active"]), axis=1)))
-    rows = P.busy_rows(b["active"])
-    assert rows == min(10, max(8, -(-most // 8) * 8)) and rows >= most
-    small = P.compact(b, rows)
-    assert small["x"].shape == (24, rows, CFG.feature_dim) and small["done"].shape == (24,)
-    assert np.array_equal(np.sum(np.asarray(small["active"]), 1), np.sum(np.asarray(b["active"]), 1))
+    b["learn"] = b["active"] & jnp.asarray(np.random.default_rng(2).random(b["active"].shape) < 0.8)
+    pc = P.PPOConfig(credit=credit, ent_coef=0.01, epochs=1, minibatches=2)
+    orders = P.epoch_orders(pc, jax.random.PRNGKey(5), 24)
+    packed, dense = P.pack(b["active"], orders), P.dense_plan(orders, 10)
+    assert packed["valid"].shape[-1] == 256 and dense["valid"].shape[-1] == 120
     net = T.init_params(CFG, jax.random.PRNGKey(4))
-    pc = P.PPOConfig(credit=credit, ent_coef=0.01)
     for loss in (lambda n, mb: P.ppo_loss(CFG, pc, n, mb), lambda n, mb: P.sl_loss(CFG, pc, n, mb)):
-        (full, _), g_full = jax.value_and_grad(loss, has_aux=True)(net, b)
-        (cut, _), g_cut = jax.value_and_grad(loss, has_aux=True)(net, small)
-        assert float(cut) == pytest.approx(float(full), rel=1e-5)
-        for a, c in zip(jax.tree_util.tree_leaves(g_full), jax.tree_util.tree_leaves(g_cut)):
-            np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+        for m in range(2):
+            (full, _), g_full = jax.value_and_grad(loss, has_aux=True)(net, P.minibatch(b, step_of(dense, m)))
+            (cut, _), g_cut = jax.value_and_grad(loss, has_aux=True)(net, P.minibatch(b, step_of(packed, m)))
+            assert float(cut) == pytest.approx(float(full), rel=1e-5)
+            for a, c in zip(jax.tree_util.tree_leaves(g_full), jax.tree_util.tree_leaves(g_cut)):
+                np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+    # the whole update: packed on the host, or every row from the key
+    key = jax.random.PRNGKey(5)
+    opt = P.make_optimizer(pc).init(net)
+    net_d, _, st_d = P.update(CFG, pc, net, opt, b, key=key)
+    net_p, _, st_p = P.update(CFG, pc, net, opt, b, plan=P.pack(b["active"], P.epoch_orders(pc, key, 24)))
+    assert float(st_p["loss"]) == pytest.approx(float(st_d["loss"]), rel=1e-5)
+    for a, c in zip(jax.tree_util.tree_leaves(net_d), jax.tree_util.tree_leaves(net_p)):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_rows_through_the_network_are_the_dense_slots():
+    b = random_batch()
+    net = T.init_params(CFG, jax.random.PRNGKey(3))
+    logits, values = T.apply(CFG, net, b["x"], b["active"], b["allreduce"])
+    act = np.asarray(b["active"])
+    s, j = np.nonzero(act)
+    pad = 7  # padding rows: inactive, pooled nowhere
+    slot = np.concatenate([s, np.full(pad, 24)])
+    rows = lambda v: jnp.concatenate([v[s, j], jnp.zeros((pad, *v.shape[2:]), v.dtype)])
+    lr, vr = T.apply_rows(CFG, net, rows(b["x"]), rows(b["active"]), rows(b["allreduce"]), jnp.asarray(slot), 24)
+    np.testing.assert_allclose(lr[: len(s)], np.asarray(logits)[s, j], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(vr[: len(s)], np.asarray(values)[s, j], rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(vr[len(s):]) == 0)
 
 
 def test_sampling_draws_the_softmax_and_never_a_closed_pair():
