@@ -3,14 +3,17 @@ the NumPy simulator (tasks placed on servers): the traces `dl2ctl train --policy
 checkpoint's meta says which world, cluster, jobs and load), at seeds no training or validation used.
 
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
+        [--allreduce-placement pack]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import numpy as np
 
+from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
 from dl2d.policy import target_train as TT
 from dl2d.policy.checkpoint import load_target
@@ -23,6 +26,8 @@ def main() -> None:
     ap.add_argument("checkpoint")
     ap.add_argument("--seeds", default="20000-20004", help="first-last trace seeds")
     ap.add_argument("--heuristics", default="slurm,tiresias,drf,optimus,elastic")
+    ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
+                    help="where all-reduce workers go (default: the world's)")
     args = ap.parse_args()
     ck = load_target(args.checkpoint)
     setup = TT.TrainSetup(**ck.meta["setup"])
@@ -31,6 +36,8 @@ def main() -> None:
     except ValueError as e:
         raise SystemExit(str(e)) from None
     cfg = TT.sim_config(setup)
+    if args.allreduce_placement is not None:
+        cfg = dataclasses.replace(cfg, allreduce_placement=args.allreduce_placement)
     traces = [TT.make_trace(setup, cfg, s) for s in seeds]
     makers = {n: (lambda n=n: registry.make_heuristic(n)) for n in args.heuristics.split(",") if n}
     makers["learned"] = lambda: TargetPolicy(ck.config, ck.params)
@@ -41,7 +48,7 @@ def main() -> None:
         print(json.dumps({"policy": name, **out[name]}), flush=True)
     best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
     print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [seeds.start, seeds.stop - 1],
-                      "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4)}))
+                      "allreduce_placement": cfg.allreduce_placement, "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4)}))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
 from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 from dl2d.sim.trace import MAX_TRACE_JOBS
@@ -197,6 +198,9 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--restart-seconds", type=click.FloatRange(0, MAX_SECONDS), callback=finite_number,
               default=None,
               help="Training a job loses when it is resized or moved [default: today 30, dl2 0].")
+@click.option("--allreduce-placement", type=click.Choice(ALLREDUCE_PLACEMENTS), default="spread", show_default=True,
+              help="Where an all-reduce job's new workers go: spread (the least loaded server, DL2's rule) or pack "
+                   "(the most loaded server that fits, so a job spans the fewest nodes, as Slurm places it).")
 @click.option("--speed-model", metavar="measured|parametric|FILE", default="measured", show_default=True,
               help="Training speeds of PS jobs: measured (the DL2 testbed data, interpolated) or parametric "
                    "(Optimus-style fit); or a speed-model FILE from `dl2ctl calibrate`: its curves are the truth and "
@@ -216,8 +220,9 @@ def sparkline(values, width: int = 24) -> str:
               help="Print the results as JSON on stdout (no table, no progress bar).")
 @click.pass_context
 def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jobs, seed, arrivals, max_arrivals,
-        epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds, speed_model,
-        slot_noise, tetris_threshold, save_trace, per_type, lp_bound, as_json) -> None:
+        epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
+        allreduce_placement, speed_model, slot_noise, tetris_threshold, save_trace, per_type, lp_bound,
+        as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
     A job's completion time (JCT) runs from its arrival slot to the moment it finishes, fractions of a slot
@@ -328,7 +333,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
             limits = {"max_workers": cfg.max_workers, "max_ps": cfg.max_ps}
     overhead = the_world.resize_overhead_s if restart_seconds is None else restart_seconds
     sim_cfg = the_world.sim_config(slot_seconds=slot_seconds, speed_model=speed_model, slot_noise=slot_noise,
-                                   resize_overhead_s=overhead, **limits)
+                                   resize_overhead_s=overhead, allreduce_placement=allreduce_placement, **limits)
     sim_cfg = replace(sim_cfg, cluster=spec, site_speeds=site)
     bound = lower_bound(trace, sim_cfg)
     if lp_bound:
@@ -374,6 +379,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
         "sim": {"slot_seconds": slot_seconds, "speed_model": site.source if site else speed_model,
                 "slot_noise": slot_noise, "seed": seed,
                 "max_workers": sim_cfg.max_workers, "max_ps": sim_cfg.max_ps, "restart_seconds": overhead,
+                "allreduce_placement": allreduce_placement,
                 "shared_node_slowdown": sim_cfg.shared_node_slowdown},
         "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),
                         "avg_jct_hours": round(bound.avg_jct_slots * slot_seconds / 3600, 3),

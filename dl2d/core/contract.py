@@ -18,6 +18,10 @@ class CapacityError(RuntimeError):
     """An allocation asked for more than the cluster has: a scheduler bug, never silently accepted."""
 
 
+#: Where an all-reduce job's new workers are placed (SlotView.allreduce_placement, SimConfig's too).
+ALLREDUCE_PLACEMENTS = ("spread", "pack")
+
+
 @dataclass(frozen=True)
 class SlotView:
     """What a scheduler knows at the start of a slot (row j = the j-th job by arrival).
@@ -57,6 +61,9 @@ class SlotView:
     # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
+    #: where an all-reduce job's new workers go (dl2d.core.placement): "spread", the least loaded server (DL2's
+    #: rule for every task), or "pack", the most loaded one that fits (the fewest servers per job)
+    allreduce_placement: str = field(default="spread", kw_only=True)
 
     def __post_init__(self):
         n = len(self.job_ids)
@@ -70,6 +77,9 @@ class SlotView:
                              f"{self.max_workers + 1}), got {np.shape(self.est_speed)}")
         if self.requested_workers is not None and np.shape(self.requested_workers) != (n,):
             raise ValueError(f"requested_workers has shape {np.shape(self.requested_workers)}, expected ({n},)")
+        if self.allreduce_placement not in ALLREDUCE_PLACEMENTS:
+            raise ValueError(f"allreduce_placement must be one of {', '.join(ALLREDUCE_PLACEMENTS)}, got "
+                             f"{self.allreduce_placement!r}")
         for name in ("prev_worker_servers", "prev_ps_servers"):
             servers = getattr(self, name)
             if servers is not None and len(servers) != n:

@@ -2,7 +2,9 @@
 
 Free resources are an array [servers, 3] of (GPUs, CPU cores, memory GB). Placement is DL2's default: each
 task goes to the least-loaded server that can hold it (load = the sum of used fractions of the three
-resources), so a task is never split across servers and nothing ever exceeds a server's capacity.
+resources), so a task is never split across servers and nothing ever exceeds a server's capacity. A view's
+``allreduce_placement`` "pack" places an all-reduce job's new workers on the most loaded server that fits
+instead (after the servers the job holds), so the job spans the fewest servers (:meth:`Placer.add_preferring`).
 """
 from __future__ import annotations
 
@@ -66,14 +68,37 @@ class Placer:
     def fits_on(self, server: int, demand) -> bool:
         return all(f >= float(d) - 1e-9 for f, d in zip(self._free[server], demand))
 
-    def add_preferring(self, demand, servers) -> int:
-        """Place one task on the first of ``servers`` it fits on, else where `add` would; -1 if nowhere.
-        (An all-reduce job's workers go where the job already is: it keeps its placement and stays packed.)"""
+    def add_preferring(self, demand, servers, pack: int = 0) -> int:
+        """Place one task on the first of ``servers`` it fits on, else where `add` would; -1 if nowhere. (An
+        all-reduce job's workers go where the job already is: it keeps its placement and stays packed.) With
+        ``pack`` > 0, the workers the job still wants this one included, a new server is chosen to hold them
+        on the fewest servers instead (:meth:`_packing_server`)."""
         for s in servers:
             if self.fits_on(s, demand):
                 self._move(s, -1.0, demand)
                 return s
-        return self.add(demand)
+        if pack <= 0:
+            return self.add(demand)
+        s = self._packing_server(demand, pack)
+        if s >= 0:
+            self._move(s, -1.0, demand)
+        return s
+
+    def _packing_server(self, demand, want: int) -> int:
+        """The server for the first of ``want`` tasks of one demand that will fill it: of the servers that hold
+        all of them, the one that holds the fewest (best fit, leaving whole servers free for the next job);
+        when none does, the one that holds the most (the job spans the fewest servers); the lowest index on a
+        tie; -1 when none holds one."""
+        dem = [float(x) for x in demand]
+        best, best_key = -1, None
+        for _, s, (_, free) in self._order:
+            room = min((int((f + 1e-9) // x) for f, x in zip(free, dem) if x > 0), default=want)
+            if room <= 0:
+                continue
+            key = (0, room, s) if room >= want else (1, -room, s)
+            if best_key is None or key < best_key:
+                best, best_key = s, key
+        return best
 
     def _move(self, s: int, sign: float, demand) -> None:
         """Server s's free resources change by ``sign * demand``: it leaves its class for another."""

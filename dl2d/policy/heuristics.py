@@ -35,6 +35,7 @@ class AllocationBuilder:
         self._w_share, self._p_share = view.worker_demand * inv, view.ps_demand * inv
         self.allreduce = view.allreduce
         self._prev = view.prev_worker_servers
+        self._pack = view.allreduce_placement == "pack"
 
     def workers(self, j: int) -> int:
         return len(self.worker_servers[j])
@@ -53,11 +54,14 @@ class AllocationBuilder:
         ok_p = self.ps(j) < self.view.max_ps
         return {"worker": ok_w, "ps": ok_p, "bundle": ok_w and ok_p}[kind]
 
-    def add(self, j: int, kind: str) -> bool:
+    def add(self, j: int, kind: str, want: int = 1) -> bool:
+        """Add one task of ``kind`` to job j, if it fits; ``want``: the workers the job is being given in all,
+        this one included (an all-reduce job packed: the server its workers will fill)."""
         if not self.within_limits(j, kind):
             return False
         if self.allreduce[j]:  # one worker, where the job was or already is
-            s = self.placer.add_preferring(self.view.worker_demand[j], self._preferred_servers(j))
+            s = self.placer.add_preferring(self.view.worker_demand[j], self._preferred_servers(j),
+                                           want if self._pack else 0)
             if s < 0:
                 return False
             self.worker_servers[j].append(s)
@@ -76,7 +80,7 @@ class AllocationBuilder:
         first that does not fit; returns how many were added."""
         if self.allreduce[j] or kind not in ("worker", "ps"):
             n = 0
-            while n < count and self.add(j, kind):
+            while n < count and self.add(j, kind, count - n):
                 n += 1
             return n
         held, limit = (self.worker_servers, self.view.max_workers) if kind == "worker" else \

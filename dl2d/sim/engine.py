@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from dl2d.core.contract import Allocation, SlotView, validate
+from dl2d.core.contract import ALLREDUCE_PLACEMENTS, Allocation, SlotView, validate
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place_servers
 from dl2d.sim import allreduce, hetero, network
@@ -46,6 +46,9 @@ class SimConfig:
     resize_overhead_s: float = 0.0
     # a multi-server all-reduce job sharing a server with another one trains this much slower (dl2d.sim.allreduce)
     shared_node_slowdown: float = 0.0
+    # where the schedulers place an all-reduce job's new workers (dl2d.core.contract.ALLREDUCE_PLACEMENTS):
+    # "spread" on the least loaded server (DL2's rule), "pack" on the most loaded that fits
+    allreduce_placement: str = "spread"
     max_slots: int = 50_000
     # Cross-node PS <-> worker communication (dl2d.sim.network). Traffic is always measured and reported;
     # with this on it also slows jobs whose traffic crosses servers. Off by default.
@@ -76,6 +79,9 @@ class SimConfig:
             raise ValueError("resize_overhead_s must be a finite number >= 0")
         if not 0 <= self.shared_node_slowdown < 1:
             raise ValueError("shared_node_slowdown must be in [0, 1)")
+        if self.allreduce_placement not in ALLREDUCE_PLACEMENTS:
+            raise ValueError(f"allreduce_placement must be one of {', '.join(ALLREDUCE_PLACEMENTS)}, got "
+                             f"{self.allreduce_placement!r}")
         if any(c <= 0 for c in self.server_speed_classes):
             raise ValueError("server_speed_classes must be > 0")
         if self.speed_walk_sigma < 0 or not 0 <= self.speed_walk_reversion <= 1 or self.speed_walk_bound < 0:
@@ -139,7 +145,7 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         **demand_fields(trace.type_idx[idx]), est_speed=trace_speed_estimate(trace, cfg)[idx],
         requested_workers=trace.requested[idx], slot_seconds=cfg.slot_seconds,
         prev_worker_servers=tuple(state.worker_servers[i] for i in idx),
-        prev_ps_servers=tuple(state.ps_servers[i] for i in idx),
+        prev_ps_servers=tuple(state.ps_servers[i] for i in idx), allreduce_placement=cfg.allreduce_placement,
     )
 
 

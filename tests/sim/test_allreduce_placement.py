@@ -1,0 +1,100 @@
+"""Where an all-reduce job's new workers go (SlotView.allreduce_placement, SimConfig's, `dl2ctl sim
+--allreduce-placement`): "spread" on the least loaded server (DL2's rule), "pack" on the most loaded one that
+fits, so a job spans the fewest servers and whole servers stay free for the next one."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dl2d.cli.main import cli
+from dl2d.core.placement import Placer
+from dl2d.policy.heuristics import AllocationBuilder
+from dl2d.sim import engine as E
+from dl2d.sim import trace as T
+from dl2d.sim.worlds import world
+from dl2d.workload import philly
+from tests.testkit.sim import bound_case, make_view, run_slots
+
+GPU = np.array([1.0, 4.0, 16.0])  # one worker: a GPU, 4 cores, 16 GB
+NODE = np.array([4.0, 48.0, 192.0])
+
+
+def place_job(placer: Placer, workers: int, pack: bool) -> list[int]:
+    """A new all-reduce job's workers placed one at a time as AllocationBuilder places them: each where the
+    job already is, if it fits there."""
+    servers: list[int] = []
+    for n in range(workers):
+        s = placer.add_preferring(GPU, servers, workers - n if pack else 0)
+        assert s >= 0
+        servers.append(s)
+    return servers
+
+
+@pytest.mark.parametrize("pack, spans", [(True, 1), (False, 2)])
+def test_pack_fills_the_servers_in_use_and_keeps_whole_servers_for_the_next_job(pack, spans):
+    free = np.tile(NODE, (4, 1))
+    free[0] -= GPU  # one GPU of server 0 is taken by a running job
+    placer = Placer(free, NODE)
+    small = place_job(placer, 1, pack)
+    assert small == ([0] if pack else [1])  # pack: beside the running job; spread: an empty server
+    big = place_job(placer, 8, pack)
+    assert len(set(big)) == 2
+    last = place_job(placer, 4, pack)
+    assert len(set(last)) == spans  # pack: one whole server was left; spread: two halves
+    assert np.all(placer.free >= -1e-9) and placer.free[:, 0].sum() == 2
+
+
+def test_pack_breaks_ties_by_the_lowest_server_and_returns_minus_one_when_nothing_fits():
+    placer = Placer(np.tile(NODE, (3, 1)), NODE)
+    assert placer.add_preferring(GPU, [], pack=2) == 0
+    placer = Placer(np.zeros((2, 3)), NODE)
+    assert placer.add_preferring(GPU, [], pack=1) == -1
+    assert np.all(placer.free == 0)
+
+
+def as_asked(view):
+    """Each job, in arrival order, the workers it asked for, placed as many at once (AllocationBuilder's
+    add_up_to, as the target-size policy places its sizes)."""
+    b = AllocationBuilder(view)
+    for j in np.argsort(view.arrival_slot, kind="stable"):
+        b.add_up_to(int(j), "worker", int(view.requested[j]))
+    return b.allocation()
+
+
+def test_the_simulator_packs_all_reduce_jobs_on_the_fewest_servers():
+    """Today's world, 40 Philly jobs at 2x load on 16 nodes of 4 GPUs, each job its asked size: the same 40
+    slots under both rules; with "pack" every job spans the fewest servers its workers need, with "spread" jobs
+    that arrive after small ones took empty servers span more."""
+    config, _ = bound_case("today")
+    trace = T.from_workload(philly.generate(40, load=2.0, seed=11), config.slot_seconds, seed=11)
+    extra = {}
+    for rule in ("spread", "pack"):
+        cfg = dataclasses.replace(config, allreduce_placement=rule)
+        _, steps = run_slots(trace, as_asked, 40, cfg)
+        assert all(v.allreduce_placement == rule for v, _ in steps)
+        extra[rule] = [len(set(alloc.worker_servers[j])) - -(-len(alloc.worker_servers[j]) // 4)
+                       for view, alloc in steps for j in range(len(view)) if alloc.worker_servers[j]]
+    assert len(extra["pack"]) == len(extra["spread"]) > 100
+    assert sum(extra["spread"]) > 10 and sum(extra["pack"]) == 0
+
+
+def test_a_bad_rule_is_refused_by_the_config_the_view_and_the_command():
+    with pytest.raises(ValueError, match="allreduce_placement must be one of spread, pack, got 'tight'"):
+        E.SimConfig(allreduce_placement="tight")
+    with pytest.raises(ValueError, match="allreduce_placement must be one of spread, pack"):
+        dataclasses.replace(make_view(["resnet-50"]), allreduce_placement="tight")
+    res = CliRunner().invoke(cli, ["sim", "--allreduce-placement", "tight"])
+    assert res.exit_code == 2 and "--allreduce-placement" in res.output
+
+
+def test_dl2ctl_sim_runs_and_reports_the_rule():
+    res = CliRunner().invoke(cli, ["sim", "--jobs", "8", "--cluster", "t4-16", "--allreduce-placement", "pack",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["sim"]["allreduce_placement"] == "pack" and len(out["results"]) == 1
+    assert world("today").sim_config().allreduce_placement == "spread"  # the default is unchanged
