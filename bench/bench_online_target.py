@@ -6,7 +6,7 @@ seed. Reports the average JCTs, the updates and reverts, and the revert rule's s
 fallback, per slot).
 
     python bench/bench_online_target.py [--world today|dl2] [--seeds 30000-30004] [--jobs 40] [--window 8]
-        [--fallback drf]
+        [--fallback drf] [--allreduce-placement pack]
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0, help="the learner samples at this temperature")
     ap.add_argument("--fallback", default="drf")
     ap.add_argument("--heuristics", default="elastic,optimus", help="more heuristics to run on the same traces")
+    ap.add_argument("--allreduce-placement", choices=("spread", "pack"), default=None,
+                    help="where all-reduce workers go (default: the world's)")
     args = ap.parse_args()
 
     from dl2d.policy import registry
@@ -40,6 +42,10 @@ def main() -> None:
 
     setup = TT.TrainSetup(world=args.world, jobs=args.jobs, **({"cluster": args.cluster} if args.cluster else {}))
     cfg = TT.sim_config(setup)
+    if args.allreduce_placement is not None:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, allreduce_placement=args.allreduce_placement)
     try:  # seeds the shipped checkpoint never trained or validated on
         seeds = TT.held_out_seeds(args.seeds, load_target(pretrained(args.world)).meta)
     except ValueError as e:

@@ -4,6 +4,7 @@ checkpoint's meta says which world, cluster, jobs and load), at seeds no trainin
 
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
         [--allreduce-placement pack]
+    python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds validation
 """
 from __future__ import annotations
 
@@ -24,17 +25,23 @@ from dl2d.sim import engine as E
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
-    ap.add_argument("--seeds", default="20000-20004", help="first-last trace seeds")
+    ap.add_argument("--seeds", default="20000-20004",
+                    help="first-last trace seeds, never used in training or validation; or 'validation': the "
+                         "checkpoint's own validation seeds (what its training chose by, so not held out)")
     ap.add_argument("--heuristics", default="slurm,tiresias,drf,optimus,elastic")
     ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
                     help="where all-reduce workers go (default: the world's)")
     args = ap.parse_args()
     ck = load_target(args.checkpoint)
     setup = TT.TrainSetup(**ck.meta["setup"])
-    try:
-        seeds = TT.held_out_seeds(args.seeds, ck.meta)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    if args.seeds == "validation":
+        lo, hi = ck.meta["validation_seeds"]
+        seeds = range(int(lo), int(hi) + 1)
+    else:
+        try:
+            seeds = TT.held_out_seeds(args.seeds, ck.meta)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     cfg = TT.sim_config(setup)
     if args.allreduce_placement is not None:
         cfg = dataclasses.replace(cfg, allreduce_placement=args.allreduce_placement)
@@ -48,6 +55,7 @@ def main() -> None:
         print(json.dumps({"policy": name, **out[name]}), flush=True)
     best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
     print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [seeds.start, seeds.stop - 1],
+                      "held_out": args.seeds != "validation",
                       "allreduce_placement": cfg.allreduce_placement, "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4)}))
 
 

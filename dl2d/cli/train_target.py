@@ -5,12 +5,15 @@ environment (dl2d.policy.target_train), in either world, on a site's own speed m
 The options it reads are checked here, before anything is built; the training is the library's. The result is a
 ``dl2d-target-policy`` checkpoint that `dl2ctl sim --policy dl2-target --checkpoint FILE` and the daemon
 (``policy = "dl2-target"``, ``checkpoint = FILE``) load; its meta records how it was made and its validation JCT
-beside the teacher's (Optimus, through the same fill, on the same traces).
+beside the teacher's (Optimus, through the same fill, on the same traces). The report adds the validation traces'
+lower bound (dl2d.sim.lp_bound), which says how much room the teacher left: at load 1 in today's world Optimus
+comes within about 2 % of it, so a policy can only tie there.
 """
 from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -18,6 +21,8 @@ import click
 #: Validation JCTs this close (relative) to the teacher's count as a tie, not as better or worse: a policy that
 #: reproduces its teacher differs from it by float rounding only.
 TIE = 0.005
+#: A teacher this close (relative) to the validation traces' nominal lower bound leaves a policy little to gain.
+LITTLE_ROOM = 0.05
 
 
 def load_site(value: str | None, world: str):
@@ -48,6 +53,26 @@ def load_site(value: str | None, world: str):
         raise click.BadParameter(f"{value}: none of its classes is in the training traces, so it would change "
                                  "nothing", param_hint="--speed-model")
     return site
+
+
+def validation_bound(setup, cfg) -> dict | None:
+    """The mean LP lower bound on the average JCT of the validation traces (dl2d.sim.lp_bound), in slots: at the
+    slot noise's upper end ("every_run", a bound for any run) and at nominal speed ("nominal", what any policy
+    can expect at best); how much room the teacher left. None where the program does not apply (heterogeneous
+    servers)."""
+    import dataclasses
+
+    import numpy as np
+
+    from dl2d.policy import target_train as TT
+    from dl2d.sim.lp_bound import lp_lower_bound
+
+    traces = [TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()]
+    try:
+        return {label: round(float(np.mean([lp_lower_bound(t, c).avg_jct_slots for t in traces])), 3)
+                for label, c in (("every_run", cfg), ("nominal", dataclasses.replace(cfg, slot_noise=0.0)))}
+    except ValueError:
+        return None
 
 
 def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load: float, clusters: int, slots: int,
@@ -118,9 +143,12 @@ def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load
         raise rescue(lambda path: save_target(path, ckpt), out_path, e) from None
     ratio = result.val_jct / result.teacher_val_jct
     verdict = "better" if ratio < 1 - TIE else "worse" if ratio > 1 + TIE else "tie"
+    with err.status("the lower bound of the validation traces", spinner="dots") if not as_json else nullcontext():
+        bound = validation_bound(setup, cfg)
     summary = {"policy": "dl2-target", "world": world, "cluster": meta["cluster"], "servers": cfg.cluster.num_servers,
                "jobs": jobs, "speed_model": meta["speed_model"], "chosen": meta["chosen"],
-               "val_jct_slots": {"optimus": round(result.teacher_val_jct, 4), "learned": round(result.val_jct, 4)},
+               "val_jct_slots": {"optimus": round(result.teacher_val_jct, 4), "learned": round(result.val_jct, 4),
+                                 **({"lower_bound": bound} if bound else {})},
                "vs_teacher": round(ratio, 4), "verdict": verdict,
                "curve": [{k: r[k] for k in ("phase", "iter", "val_mean")} for r in result.curve],
                "cluster_slots_per_s": round(result.cluster_slots_per_s) if result.cluster_slots_per_s else None,
@@ -135,9 +163,17 @@ def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load
     table.add_column("vs teacher", justify="right")
     table.add_row("optimus (teacher)", f"{result.teacher_val_jct:.2f}", "1.000")
     table.add_row(f"learned ({meta['chosen']})", f"{result.val_jct:.2f}", f"{ratio:.3f}")
+    if bound:
+        table.add_row("lower bound, nominal speed (LP)", f"{bound['nominal']:.2f}",
+                      f"{bound['nominal'] / result.teacher_val_jct:.3f}")
+        table.add_row("lower bound, every run (LP)", f"{bound['every_run']:.2f}",
+                      f"{bound['every_run'] / result.teacher_val_jct:.3f}")
     Console().print(table)
     if verdict != "better":
+        room = result.teacher_val_jct / bound["nominal"] - 1 if bound else None
+        advice = ("train longer (--rl-iters) or on more traces (--clusters)" if room is None or room >= LITTLE_ROOM else
+                  f"the teacher is {room:.1%} above the lower bound at nominal speed, so little is left to learn on "
+                  "these traces")
         click.echo(f"the learned policy {'matches' if verdict == 'tie' else 'is behind'} its teacher on the "
-                   f"validation traces (within {TIE:.1%} counts as a tie): train longer (--rl-iters) or on more "
-                   "traces (--clusters)", err=True)
+                   f"validation traces (within {TIE:.1%} counts as a tie); {advice}", err=True)
     click.echo(f"checkpoint written to {out_path}")

@@ -48,6 +48,9 @@ def test_trains_on_the_site_twin_and_records_it(trained):
     assert res["val_jct_slots"]["optimus"] > 0 and res["val_jct_slots"]["learned"] > 0
     ratio = res["val_jct_slots"]["learned"] / res["val_jct_slots"]["optimus"]
     assert res["verdict"] == ("better" if ratio < 0.995 else "worse" if ratio > 1.005 else "tie")
+    bound = res["val_jct_slots"]["lower_bound"]  # how much room the teacher left: below every policy
+    assert 0 < bound["every_run"] <= bound["nominal"]
+    assert bound["every_run"] <= min(res["val_jct_slots"]["optimus"], res["val_jct_slots"]["learned"])
     ck = load_target(out)
     assert ck.config.max_workers == 64 and ck.meta["world"] == "today" and ck.meta["speed_model"] == str(site)
     assert ck.meta["validation_seeds"] == [10_000, 10_000] and ck.meta["train_seeds"] == [0, 1]
@@ -107,3 +110,18 @@ def test_bad_input_names_the_option_and_writes_nothing(tmp_path, args, message):
 def test_target_options_are_refused_for_the_dl2_policy(tmp_path):
     r = invoke("train", "--world", "today", "--lr", "0.1", "--out", str(tmp_path / "o.ckpt"))
     assert r.exit_code == 2 and "--world, --lr only apply to --policy dl2-target" in r.output
+
+
+def test_the_report_shows_the_validation_traces_lower_bound(tmp_path):
+    """Without --json: the table holds the teacher, the learned policy and the LP bound of the validation
+    traces (at nominal speed and at the noise's upper end), each against the teacher."""
+    out = tmp_path / "p.msgpack"
+    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
+            for line in r.output.splitlines() if line.startswith("│")}
+    teacher = float(rows["optimus (teacher)"][0])
+    every, nominal = (float(rows[f"lower bound, {k} (LP)"][0]) for k in ("every run", "nominal speed"))
+    assert 0 < every <= nominal and every <= teacher
+    assert rows["lower bound, every run (LP)"][1] == f"{every / teacher:.3f}"
+    assert f"checkpoint written to {out}" in r.output and load_target(out).params
