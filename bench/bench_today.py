@@ -10,7 +10,7 @@ workload seed 2000) are used by no training and by no tuning (elastic's settings
 seeds 100-103).
 
     python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online[:T]] [--folders workloads,...]
-        [--philly-jobs 1280] [--skip-philly] [--out FILE.json]
+        [--philly-jobs 1280] [--skip-philly] [--allreduce-placement spread|pack] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -123,14 +123,17 @@ def main() -> None:
     ap.add_argument("--skip-philly", action="store_true")
     ap.add_argument("--folders", default=",".join(FOLDERS), help="the Pollux folders to run (none: '')")
     ap.add_argument("--out", type=Path, help="write every row as JSON here")
+    ap.add_argument("--allreduce-placement", choices=("spread", "pack"), default=None,
+                    help="where all-reduce workers go (default: the world's)")
     args = ap.parse_args()
+    placement = {} if args.allreduce_placement is None else {"allreduce_placement": args.allreduce_placement}
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     today = world("today")
     console = Console(stderr=True)
     t0 = time.time()
     rows: dict[str, list] = {}
     with console.status("simulating") as status:
-        cfg = today.sim_config("t4-16", max_slots=MAX_SLOTS)
+        cfg = today.sim_config("t4-16", max_slots=MAX_SLOTS, **placement)
         for folder in filter(None, args.folders.split(",")):
             if folder not in FOLDERS:
                 ap.error(f"--folders: {folder!r} is not one of {', '.join(FOLDERS)}")
@@ -138,7 +141,7 @@ def main() -> None:
                 trace = from_workload(packaged_workload(k, folder), cfg.slot_seconds, seed=k)
                 rows.setdefault(folder, []).append(one(trace, cfg, policies, k, f"{folder}/{k}", status, console))
         if not args.skip_philly:
-            cfg = today.sim_config("t4-128", max_slots=MAX_SLOTS)
+            cfg = today.sim_config("t4-128", max_slots=MAX_SLOTS, **placement)
             gpus = int(cfg.cluster.capacity[0])
             jobs = philly.generate(args.philly_jobs, load=2.0, cluster_gpus=gpus, seed=args.philly_seed,
                                    max_gpus=today.max_workers)
