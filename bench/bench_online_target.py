@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from dl2d.core.contract import ALLREDUCE_PLACEMENTS
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,7 +30,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0, help="the learner samples at this temperature")
     ap.add_argument("--fallback", default="drf")
     ap.add_argument("--heuristics", default="elastic,optimus", help="more heuristics to run on the same traces")
-    ap.add_argument("--allreduce-placement", choices=("spread", "pack"), default=None,
+    ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
                     help="where all-reduce workers go (default: the world's)")
     args = ap.parse_args()
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
 from dl2d.sim import engine as E
 from dl2d.sim.bound import lower_bound
@@ -123,7 +124,7 @@ def main() -> None:
     ap.add_argument("--skip-philly", action="store_true")
     ap.add_argument("--folders", default=",".join(FOLDERS), help="the Pollux folders to run (none: '')")
     ap.add_argument("--out", type=Path, help="write every row as JSON here")
-    ap.add_argument("--allreduce-placement", choices=("spread", "pack"), default=None,
+    ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
                     help="where all-reduce workers go (default: the world's)")
     args = ap.parse_args()
     placement = {} if args.allreduce_placement is None else {"allreduce_placement": args.allreduce_placement}

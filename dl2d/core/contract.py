@@ -22,6 +22,12 @@ class CapacityError(RuntimeError):
 ALLREDUCE_PLACEMENTS = ("spread", "pack")
 
 
+def check_allreduce_placement(value: str) -> None:
+    """ValueError naming the choices unless ``value`` is one of :data:`ALLREDUCE_PLACEMENTS`."""
+    if value not in ALLREDUCE_PLACEMENTS:
+        raise ValueError(f"allreduce_placement must be one of {', '.join(ALLREDUCE_PLACEMENTS)}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SlotView:
     """What a scheduler knows at the start of a slot (row j = the j-th job by arrival).
@@ -62,7 +68,7 @@ class SlotView:
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     #: where an all-reduce job's new workers go (dl2d.core.placement): "spread", the least loaded server (DL2's
-    #: rule for every task), or "pack", the most loaded one that fits (the fewest servers per job)
+    #: rule for every task), or "pack", the best fit for the workers the job still wants (the fewest servers)
     allreduce_placement: str = field(default="spread", kw_only=True)
 
     def __post_init__(self):
@@ -77,9 +83,7 @@ class SlotView:
                              f"{self.max_workers + 1}), got {np.shape(self.est_speed)}")
         if self.requested_workers is not None and np.shape(self.requested_workers) != (n,):
             raise ValueError(f"requested_workers has shape {np.shape(self.requested_workers)}, expected ({n},)")
-        if self.allreduce_placement not in ALLREDUCE_PLACEMENTS:
-            raise ValueError(f"allreduce_placement must be one of {', '.join(ALLREDUCE_PLACEMENTS)}, got "
-                             f"{self.allreduce_placement!r}")
+        check_allreduce_placement(self.allreduce_placement)
         for name in ("prev_worker_servers", "prev_ps_servers"):
             servers = getattr(self, name)
             if servers is not None and len(servers) != n:

@@ -3,8 +3,9 @@
 Free resources are an array [servers, 3] of (GPUs, CPU cores, memory GB). Placement is DL2's default: each
 task goes to the least-loaded server that can hold it (load = the sum of used fractions of the three
 resources), so a task is never split across servers and nothing ever exceeds a server's capacity. A view's
-``allreduce_placement`` "pack" places an all-reduce job's new workers on the most loaded server that fits
-instead (after the servers the job holds), so the job spans the fewest servers (:meth:`Placer.add_preferring`).
+``allreduce_placement`` "pack" places an all-reduce job's new workers on the server that best fits the workers it
+still wants instead (after the servers the job holds), so the job spans the fewest servers
+(:meth:`Placer.add_preferring`).
 """
 from __future__ import annotations
 
@@ -68,18 +69,18 @@ class Placer:
     def fits_on(self, server: int, demand) -> bool:
         return all(f >= float(d) - 1e-9 for f, d in zip(self._free[server], demand))
 
-    def add_preferring(self, demand, servers, pack: int = 0) -> int:
+    def add_preferring(self, demand, servers, pack_for: int = 0) -> int:
         """Place one task on the first of ``servers`` it fits on, else where `add` would; -1 if nowhere. (An
         all-reduce job's workers go where the job already is: it keeps its placement and stays packed.) With
-        ``pack`` > 0, the workers the job still wants this one included, a new server is chosen to hold them
+        ``pack_for`` > 0, the workers the job still wants this one included, a new server is chosen to hold them
         on the fewest servers instead (:meth:`_packing_server`)."""
         for s in servers:
             if self.fits_on(s, demand):
                 self._move(s, -1.0, demand)
                 return s
-        if pack <= 0:
+        if pack_for <= 0:
             return self.add(demand)
-        s = self._packing_server(demand, pack)
+        s = self._packing_server(demand, pack_for)
         if s >= 0:
             self._move(s, -1.0, demand)
         return s

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from dl2d.core.contract import ALLREDUCE_PLACEMENTS, Allocation, SlotView, validate
+from dl2d.core.contract import Allocation, SlotView, check_allreduce_placement, validate
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place_servers
 from dl2d.sim import allreduce, hetero, network
@@ -47,7 +47,7 @@ class SimConfig:
     # a multi-server all-reduce job sharing a server with another one trains this much slower (dl2d.sim.allreduce)
     shared_node_slowdown: float = 0.0
     # where the schedulers place an all-reduce job's new workers (dl2d.core.contract.ALLREDUCE_PLACEMENTS):
-    # "spread" on the least loaded server (DL2's rule), "pack" on the most loaded that fits
+    # "spread" on the least loaded server (DL2's rule), "pack" on the best fit for the workers the job still wants
     allreduce_placement: str = "spread"
     max_slots: int = 50_000
     # Cross-node PS <-> worker communication (dl2d.sim.network). Traffic is always measured and reported;
@@ -79,9 +79,7 @@ class SimConfig:
             raise ValueError("resize_overhead_s must be a finite number >= 0")
         if not 0 <= self.shared_node_slowdown < 1:
             raise ValueError("shared_node_slowdown must be in [0, 1)")
-        if self.allreduce_placement not in ALLREDUCE_PLACEMENTS:
-            raise ValueError(f"allreduce_placement must be one of {', '.join(ALLREDUCE_PLACEMENTS)}, got "
-                             f"{self.allreduce_placement!r}")
+        check_allreduce_placement(self.allreduce_placement)
         if any(c <= 0 for c in self.server_speed_classes):
             raise ValueError("server_speed_classes must be > 0")
         if self.speed_walk_sigma < 0 or not 0 <= self.speed_walk_reversion <= 1 or self.speed_walk_bound < 0:

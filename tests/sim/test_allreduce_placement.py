@@ -50,9 +50,9 @@ def test_pack_fills_the_servers_in_use_and_keeps_whole_servers_for_the_next_job(
 
 def test_pack_breaks_ties_by_the_lowest_server_and_returns_minus_one_when_nothing_fits():
     placer = Placer(np.tile(NODE, (3, 1)), NODE)
-    assert placer.add_preferring(GPU, [], pack=2) == 0
+    assert placer.add_preferring(GPU, [], pack_for=2) == 0
     placer = Placer(np.zeros((2, 3)), NODE)
-    assert placer.add_preferring(GPU, [], pack=1) == -1
+    assert placer.add_preferring(GPU, [], pack_for=1) == -1
     assert np.all(placer.free == 0)
 
 
