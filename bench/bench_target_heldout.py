@@ -5,6 +5,9 @@ checkpoint's meta says which world, cluster, jobs and load), at seeds no trainin
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
         [--allreduce-placement pack]
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds validation
+
+The summary line gives the traces' LP lower bound on the average JCT (dl2d.sim.lp_bound: at nominal speed and at
+the slot noise's upper end) and how far above its nominal value the learned policy and the best heuristic are.
 """
 from __future__ import annotations
 
@@ -54,9 +57,13 @@ def main() -> None:
         out[name] = {"per_trace": jcts, "mean": round(float(np.mean(jcts)), 2)}
         print(json.dumps({"policy": name, **out[name]}), flush=True)
     best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
+    bound = TT.lower_bound(traces, cfg)
     print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [seeds.start, seeds.stop - 1],
-                      "held_out": args.seeds != "validation",
-                      "allreduce_placement": cfg.allreduce_placement, "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4)}))
+                      "held_out": args.seeds != "validation", "allreduce_placement": cfg.allreduce_placement,
+                      "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4),
+                      "lower_bound": bound,
+                      "learned_vs_bound": bound and round(out["learned"]["mean"] / bound["nominal"] - 1, 4),
+                      "best_vs_bound": bound and round(out[best]["mean"] / bound["nominal"] - 1, 4)}))
 
 
 if __name__ == "__main__":

@@ -198,10 +198,10 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--restart-seconds", type=click.FloatRange(0, MAX_SECONDS), callback=finite_number,
               default=None,
               help="Training a job loses when it is resized or moved [default: today 30, dl2 0].")
-@click.option("--allreduce-placement", type=click.Choice(ALLREDUCE_PLACEMENTS), default="spread", show_default=True,
-              help="Where an all-reduce job's new workers go: spread (the least loaded server, DL2's rule) or pack "
-                   "(the server that best fits the workers the job still wants, so it spans the fewest nodes, as "
-                   "Slurm places a job).")
+@click.option("--allreduce-placement", type=click.Choice(ALLREDUCE_PLACEMENTS), default="pack", show_default=True,
+              help="Where an all-reduce job's new workers go: pack (the server that best fits the workers the job "
+                   "still wants, so it spans the fewest nodes, as Slurm places a job) or spread (the least loaded "
+                   "server, DL2's rule, which PS jobs always follow).")
 @click.option("--speed-model", metavar="measured|parametric|FILE", default="measured", show_default=True,
               help="Training speeds of PS jobs: measured (the DL2 testbed data, interpolated) or parametric "
                    "(Optimus-style fit); or a speed-model FILE from `dl2ctl calibrate`: its curves are the truth and "

@@ -56,23 +56,10 @@ def load_site(value: str | None, world: str):
 
 
 def validation_bound(setup, cfg) -> dict | None:
-    """The mean LP lower bound on the average JCT of the validation traces (dl2d.sim.lp_bound), in slots: at the
-    slot noise's upper end ("every_run", a bound for any run) and at nominal speed ("nominal", what any policy
-    can expect at best); how much room the teacher left. None where the program does not apply (heterogeneous
-    servers)."""
-    import dataclasses
-
-    import numpy as np
-
+    """The validation traces' LP lower bound (target_train.lower_bound): how much room the teacher left."""
     from dl2d.policy import target_train as TT
-    from dl2d.sim.lp_bound import lp_lower_bound
 
-    traces = [TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()]
-    try:
-        return {label: round(float(np.mean([lp_lower_bound(t, c).avg_jct_slots for t in traces])), 3)
-                for label, c in (("every_run", cfg), ("nominal", dataclasses.replace(cfg, slot_noise=0.0)))}
-    except ValueError:
-        return None
+    return TT.lower_bound([TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()], cfg)
 
 
 def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load: float, clusters: int, slots: int,

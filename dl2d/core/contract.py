@@ -67,9 +67,11 @@ class SlotView:
     # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
-    #: where an all-reduce job's new workers go (dl2d.core.placement): "spread", the least loaded server (DL2's
-    #: rule for every task), or "pack", the best fit for the workers the job still wants (the fewest servers)
-    allreduce_placement: str = field(default="spread", kw_only=True)
+    #: where an all-reduce job's new workers go (dl2d.core.placement): "pack" (the default), the best fit for the
+    #: workers the job still wants (the fewest servers, as Slurm places a job), a job moved to fewer servers
+    #: when it restarts anyway or when a move buys that; or "spread", the least loaded server (DL2's rule for
+    #: every task, which PS jobs always follow)
+    allreduce_placement: str = field(default="pack", kw_only=True)
 
     def __post_init__(self):
         n = len(self.job_ids)

@@ -3,9 +3,9 @@
 Free resources are an array [servers, 3] of (GPUs, CPU cores, memory GB). Placement is DL2's default: each
 task goes to the least-loaded server that can hold it (load = the sum of used fractions of the three
 resources), so a task is never split across servers and nothing ever exceeds a server's capacity. A view's
-``allreduce_placement`` "pack" places an all-reduce job's new workers on the server that best fits the workers it
-still wants instead (after the servers the job holds), so the job spans the fewest servers
-(:meth:`Placer.add_preferring`).
+``allreduce_placement`` "pack" (the default) places an all-reduce job's new workers on the server that best fits
+the workers it still wants instead (after the servers the job holds), so the job spans the fewest servers
+(:meth:`Placer.add_preferring`, :meth:`Placer.packed_span`).
 """
 from __future__ import annotations
 
@@ -100,6 +100,23 @@ class Placer:
             if best_key is None or key < best_key:
                 best, best_key = s, key
         return best
+
+    def packed_span(self, demand, count: int) -> int:
+        """The servers ``count`` tasks of one demand would span if placed now as `add_preferring` packs them
+        (each server chosen by :meth:`_packing_server`, then filled), nothing placed; a large number when they
+        do not all fit."""
+        dem = [float(x) for x in demand]
+        rooms = {s: min((int((f + 1e-9) // x) for f, x in zip(free, dem) if x > 0), default=count)
+                 for _, s, (_, free) in self._order}
+        span = 0
+        while count > 0:
+            fits = [(0, r, s) if r >= count else (1, -r, s) for s, r in rooms.items() if r > 0]
+            if not fits:
+                return len(self._free) + 1
+            _, _, s = min(fits)
+            count -= min(rooms.pop(s), count)
+            span += 1
+        return span
 
     def _move(self, s: int, sign: float, demand) -> None:
         """Server s's free resources change by ``sign * demand``: it leaves its class for another."""

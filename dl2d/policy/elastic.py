@@ -61,7 +61,7 @@ def elastic_srtf(view: SlotView, efficiency: float = EFFICIENCY, keep_gain: floa
     want = np.where(keep, prev, want)
     order = np.lexsort((view.arrival_slot, remaining_time_estimate(view)))
     for j in (int(j) for j in order):
-        while b.workers(j) < want[j] and b.add(j, "bundle"):
+        while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):
             pass
     heap = []
 

@@ -36,6 +36,7 @@ class AllocationBuilder:
         self.allreduce = view.allreduce
         self._prev = view.prev_worker_servers
         self._pack = view.allreduce_placement == "pack"
+        self._afresh: set[int] = set()  # all-reduce jobs resized this slot: placed without last slot's servers
 
     def workers(self, j: int) -> int:
         return len(self.worker_servers[j])
@@ -54,14 +55,18 @@ class AllocationBuilder:
         ok_p = self.ps(j) < self.view.max_ps
         return {"worker": ok_w, "ps": ok_p, "bundle": ok_w and ok_p}[kind]
 
-    def add(self, j: int, kind: str, want: int = 1) -> bool:
-        """Add one task of ``kind`` to job j, if it fits; ``want``: the workers the job is being given in all,
-        this one included (an all-reduce job packed: the server its workers will fill)."""
+    def add(self, j: int, kind: str, want: int | None = None) -> bool:
+        """Add one task of ``kind`` to job j, if it fits. ``want``, where the caller knows it: the workers the job
+        is still to be given, this one included. An all-reduce job packed goes to the server those workers will
+        fill, and a job given a new size (a restart whatever its servers) is placed afresh rather than beside
+        last slot's workers (:meth:`_preferred_servers`)."""
         if not self.within_limits(j, kind):
             return False
         if self.allreduce[j]:  # one worker, where the job was or already is
+            if self._pack and want is not None and not self.worker_servers[j] and self._moves_to_pack(j, want):
+                self._afresh.add(j)
             s = self.placer.add_preferring(self.view.worker_demand[j], self._preferred_servers(j),
-                                           want if self._pack else 0)
+                                           (want or 1) if self._pack else 0)
             if s < 0:
                 return False
             self.worker_servers[j].append(s)
@@ -92,13 +97,15 @@ class AllocationBuilder:
         held[j].extend(servers)
         return len(servers)
 
-    def add_gang(self, j: int, workers: int, ps: int) -> bool:
-        """Add ``workers`` workers and ``ps`` PS to job j all together, or nothing (a job that starts whole)."""
+    def add_gang(self, j: int, workers: int, ps: int, stay: bool = False) -> bool:
+        """Add ``workers`` workers and ``ps`` PS to job j all together, or nothing (a job that starts whole). A
+        packed all-reduce job's workers are placed knowing how many are still to come (`add`'s ``want``);
+        with ``stay``, a running job's tasks go back where they were (a scheduler that never moves a job)."""
         pairs = min(workers, ps)
         plan = ["bundle"] * pairs + ["worker"] * (workers - pairs) + ["ps"] * (ps - pairs)
         w0, p0 = self.workers(j), self.ps(j)
         for kind in plan:
-            if not self.add(j, kind):
+            if not self.add(j, kind, None if stay else workers - (self.workers(j) - w0)):
                 while self.workers(j) > w0:
                     self.placer.remove(self.worker_servers[j].pop(), self.view.worker_demand[j])
                 while self.ps(j) > p0:
@@ -106,10 +113,23 @@ class AllocationBuilder:
                 return False
         return True
 
+    def _moves_to_pack(self, j: int, want: int) -> bool:
+        """Whether all-reduce job j, about to be given ``want`` workers, is placed afresh instead of beside last
+        slot's workers: when its size changes (a restart wherever it goes), or when it keeps its size but its
+        old servers are more than a fresh packed placement would take now (a restart that buys a faster
+        placement: fewer servers, less all-reduce traffic between them)."""
+        before = self._prev[j] if self._prev is not None else ()
+        if want != len(before):
+            return True
+        span = len(set(before))
+        fewest = -(-want * float(self.view.worker_demand[j][0]) // max(float(self.view.capacity[:, 0].max()), 1.0))
+        return span > fewest and self.placer.packed_span(self.view.worker_demand[j], want) < span
+
     def _preferred_servers(self, j: int) -> list[int]:
-        """Last slot's servers of job j not yet given back to it this slot, then the ones it has now."""
+        """Last slot's servers of job j not yet given back to it this slot (unless it is placed afresh), then the
+        ones it has now."""
         now = list(self.worker_servers[j])
-        before = list(self._prev[j]) if self._prev is not None else []
+        before = list(self._prev[j]) if self._prev is not None and j not in self._afresh else []
         for s in now:
             if s in before:
                 before.remove(s)

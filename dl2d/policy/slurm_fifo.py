@@ -42,7 +42,7 @@ def slurm_fifo(view: SlotView) -> Allocation:
     order = np.argsort(view.arrival_slot, kind="stable")
     running = [int(j) for j in order if view.prev_workers[j] > 0]
     for j in running:  # running jobs keep what they have, where they have it
-        b.add_gang(j, int(view.prev_workers[j]), int(view.prev_ps[j]))
+        b.add_gang(j, int(view.prev_workers[j]), int(view.prev_ps[j]), stay=True)
     free_gpus = float(b.placer.free[:, 0].sum())
     ends = sorted((left[j], gpus[j]) for j in running)
     shadow, spare = None, None  # the reservation of the first job that does not fit: its start, GPUs to spare

@@ -47,8 +47,8 @@ class SimConfig:
     # a multi-server all-reduce job sharing a server with another one trains this much slower (dl2d.sim.allreduce)
     shared_node_slowdown: float = 0.0
     # where the schedulers place an all-reduce job's new workers (dl2d.core.contract.ALLREDUCE_PLACEMENTS):
-    # "spread" on the least loaded server (DL2's rule), "pack" on the best fit for the workers the job still wants
-    allreduce_placement: str = "spread"
+    # "pack" on the best fit for the workers the job still wants (SlotView's), "spread" on the least loaded server
+    allreduce_placement: str = "pack"
     max_slots: int = 50_000
     # Cross-node PS <-> worker communication (dl2d.sim.network). Traffic is always measured and reported;
     # with this on it also slows jobs whose traffic crosses servers. Off by default.

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from dl2d.cli.main import cli
 from dl2d.core.placement import Placer
 from dl2d.policy.heuristics import AllocationBuilder
+from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.worlds import world
@@ -82,6 +83,55 @@ def test_the_simulator_packs_all_reduce_jobs_on_the_fewest_servers():
     assert sum(extra["spread"]) > 10 and sum(extra["pack"]) == 0
 
 
+def extra_servers(policy, rule: str) -> list[int]:
+    """Per placed job and slot of 40 slots of today's world (40 Philly jobs at 2x load on 16 nodes of 4 GPUs):
+    the servers its workers span beyond the fewest that hold them."""
+    config, _ = bound_case("today")
+    trace = T.from_workload(philly.generate(40, load=2.0, seed=11), config.slot_seconds, seed=11)
+    _, steps = run_slots(trace, policy, 40, dataclasses.replace(config, allreduce_placement=rule))
+    return [len(set(alloc.worker_servers[j])) - -(-len(alloc.worker_servers[j]) // 4)
+            for view, alloc in steps for j in range(len(view)) if alloc.worker_servers[j]]
+
+
+def test_policies_that_place_a_job_task_by_task_pack_it_knowing_its_size():
+    """Slurm as it is starts a job whole (AllocationBuilder.add_gang) and elastic grows a job to its efficient
+    size one bundle at a time: both tell each worker's placement how many are still to come, so a packed job
+    goes where all of them fit. (Told nothing, each worker took the fullest server it fitted on: Slurm's jobs
+    then spanned 107 servers more than they needed over these slots, more than spread's 60.)"""
+    assert sum(extra_servers(make_heuristic("slurm"), "spread")) > 20
+    assert sum(extra_servers(make_heuristic("slurm"), "pack")) == 0
+    spread, pack = (sum(extra_servers(make_heuristic("elastic"), rule)) for rule in ("spread", "pack"))
+    assert pack < 0.6 * spread  # elastic's spare GPUs still go one at a time, by marginal gain
+
+
+def bound_view(n: int):
+    """A view of ``n`` all-reduce jobs of today's world, all arrived, on 4 idle servers of 4 GPUs."""
+    config = world("today").sim_config()
+    trace = T.from_workload(philly.generate(n, load=1.0, seed=3), config.slot_seconds, seed=3)
+    state = dataclasses.replace(E.SimState.initial(n), slot=int(trace.arrival_slot.max()))
+    view = E.view_of(trace, state, config)
+    assert len(view) == n and view.allreduce.all()
+    return dataclasses.replace(view, free=view.capacity[:4].copy(), capacity=view.capacity[:4].copy())
+
+
+def test_a_job_split_over_servers_moves_to_fewer_when_it_restarts_anyway_or_when_a_move_buys_that():
+    """Packed, an all-reduce job that ran on two servers (2 + 2 workers) while a whole server is free is
+    placed on one server when it keeps its size (a restart that buys a faster placement) and when it is
+    resized (a restart wherever it goes); a job already on the fewest servers stays where it was, and
+    Slurm's own (`add_gang(stay=True)`: it never moves a running job) keeps it where it was."""
+    view = dataclasses.replace(bound_view(3), prev_workers=np.array([4, 1, 0]),
+                               prev_worker_servers=((0, 0, 1, 1), (2,), ()))
+    b = AllocationBuilder(view)
+    assert b.add_up_to(0, "worker", 4) == 4 and len(set(b.worker_servers[0])) == 1  # kept 4, moved
+    assert b.add_up_to(1, "worker", 1) == 1 and b.worker_servers[1] == [2]  # already packed: stays
+    b = AllocationBuilder(view)
+    assert b.add_up_to(0, "worker", 3) == 3 and len(set(b.worker_servers[0])) == 1  # resized: placed afresh
+    b = AllocationBuilder(view)
+    assert b.add_gang(0, 4, 0, stay=True) and sorted(b.worker_servers[0]) == [0, 0, 1, 1]
+    spread = AllocationBuilder(dataclasses.replace(view, allreduce_placement="spread"))
+    assert spread.add_up_to(0, "worker", 4) == 4 and sorted(spread.worker_servers[0]) == [0, 0, 1, 1]
+
+
 def test_a_bad_rule_is_refused_by_the_config_the_view_and_the_command():
     with pytest.raises(ValueError, match="allreduce_placement must be one of spread, pack, got 'tight'"):
         E.SimConfig(allreduce_placement="tight")
@@ -97,4 +147,5 @@ def test_dl2ctl_sim_runs_and_reports_the_rule():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["sim"]["allreduce_placement"] == "pack" and len(out["results"]) == 1
-    assert world("today").sim_config().allreduce_placement == "spread"  # the default is unchanged
+    assert world("today").sim_config().allreduce_placement == "pack"  # the default
+    assert E.SimConfig().allreduce_placement == "pack"
