@@ -37,6 +37,7 @@ class AllocationBuilder:
         self._prev = view.prev_worker_servers
         self._pack = view.allreduce_placement == "pack"
         self._afresh: set[int] = set()  # all-reduce jobs resized this slot: placed without last slot's servers
+        self._stay: set[int] = set()  # jobs that go back where they were (add_gang's stay): never re-packed
 
     def workers(self, j: int) -> int:
         return len(self.worker_servers[j])
@@ -104,6 +105,8 @@ class AllocationBuilder:
         pairs = min(workers, ps)
         plan = ["bundle"] * pairs + ["worker"] * (workers - pairs) + ["ps"] * (ps - pairs)
         w0, p0 = self.workers(j), self.ps(j)
+        if stay:
+            self._stay.add(j)
         for kind in plan:
             if not self.add(j, kind, None if stay else workers - (self.workers(j) - w0)):
                 while self.workers(j) > w0:
@@ -122,8 +125,56 @@ class AllocationBuilder:
         if want != len(before):
             return True
         span = len(set(before))
-        fewest = -(-want * float(self.view.worker_demand[j][0]) // max(float(self.view.capacity[:, 0].max()), 1.0))
-        return span > fewest and self.placer.packed_span(self.view.worker_demand[j], want) < span
+        return span > self._fewest_servers(j, want) and self.placer.packed_span(self.view.worker_demand[j], want) < span
+
+    def _fewest_servers(self, j: int, workers: int) -> int:
+        per_server = max(float(self.view.capacity[:, 0].max()), 1.0) / max(float(self.view.worker_demand[j][0]), 1e-9)
+        return -(-workers // max(int(per_server + 1e-9), 1))
+
+    def _repack(self) -> None:
+        """Packed: all-reduce jobs whose workers span more servers than they need (grown task by task, their
+        size unknown to the placement, or interleaved with other jobs' tasks) are placed again as wholes, the
+        largest first. Those that restart this slot anyway (resized, or not where they ran) are taken off
+        together and placed again (all put back as they were if one no longer fits); then each that would
+        not move is placed again alone, kept only where it spans fewer servers (a restart that buys that)."""
+        loose = [j for j in range(len(self.view)) if self.allreduce[j] and self.worker_servers[j]
+                 and j not in self._stay
+                 and len(set(self.worker_servers[j])) > self._fewest_servers(j, len(self.worker_servers[j]))]
+        prev = self._prev or ((),) * len(self.view)
+        staying = [j for j in loose if sorted(prev[j]) == sorted(self.worker_servers[j])]
+        moving = sorted((j for j in loose if j not in staying), key=lambda j: (-len(self.worker_servers[j]), j))
+        old = {j: list(self.worker_servers[j]) for j in loose}
+        self._take_off(moving)
+        if not all(self._place_whole(j, len(old[j])) for j in moving):
+            self._take_off(moving)
+            for j in moving:
+                self._put(j, old[j])
+        for j in sorted(staying, key=lambda j: (-len(old[j]), j)):
+            self._take_off([j])
+            if not (self._place_whole(j, len(old[j])) and len(set(self.worker_servers[j])) < len(set(old[j]))):
+                self._take_off([j])
+                self._put(j, old[j])
+
+    def _take_off(self, jobs) -> None:
+        for j in jobs:
+            for s in self.worker_servers[j]:
+                self.placer.remove(s, self.view.worker_demand[j])
+            self.worker_servers[j] = []
+
+    def _put(self, j: int, servers) -> None:
+        for s in servers:
+            self.placer.add_preferring(self.view.worker_demand[j], [s])
+        self.worker_servers[j] = list(servers)
+
+    def _place_whole(self, j: int, count: int) -> bool:
+        """Place ``count`` workers of job j packed (the job has none now); False when they do not all fit."""
+        for k in range(count):
+            here = self.worker_servers[j]
+            s = self.placer.add_preferring(self.view.worker_demand[j], sorted(set(here), key=here.index), count - k)
+            if s < 0:
+                return False
+            here.append(s)
+        return True
 
     def _preferred_servers(self, j: int) -> list[int]:
         """Last slot's servers of job j not yet given back to it this slot (unless it is placed afresh), then the
@@ -141,6 +192,10 @@ class AllocationBuilder:
         return float(used.max())
 
     def allocation(self) -> Allocation:
+        """What was added, as an Allocation; packed, all-reduce jobs spread further than they need are placed
+        again first (:meth:`_repack`)."""
+        if self._pack:
+            self._repack()
         return Allocation(
             workers=np.array([len(s) for s in self.worker_servers], int),
             ps=np.array([len(s) for s in self.ps_servers], int),

@@ -76,7 +76,8 @@ def site_trace(seed: int) -> T.Trace:
 
 
 DL2 = world("dl2").sim_config("tiny")
-TODAY = replace(world("today").sim_config(), cluster=NODES)
+# DL2's spread placement: jobs share servers and move at the same size, the effects the match must cover
+TODAY = replace(world("today").sim_config(), cluster=NODES, allreduce_placement="spread")
 CASES = {  # name: (trace, engine config, policy)
     "dl2-drf": (dl2_trace(1), DL2, "drf"),
     "dl2-optimus-long-restarts": (dl2_trace(2), replace(DL2, resize_overhead_s=1500.0), "optimus"),
@@ -84,6 +85,7 @@ CASES = {  # name: (trace, engine config, policy)
     "today-elastic": (today_trace(6), TODAY, "elastic"),
     "mixed-drf": (mixed_trace(5), replace(TODAY, cluster=WIDE), "drf"),
     "site-elastic": (site_trace(4), replace(TODAY, site_speeds=SITE), "elastic"),
+    "today-elastic-pack": (today_trace(6), replace(TODAY, allreduce_placement="pack"), "elastic"),
 }
 
 
