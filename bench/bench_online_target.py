@@ -6,7 +6,7 @@ seed. Reports the average JCTs, the updates and reverts, and the revert rule's s
 fallback, per slot).
 
     python bench/bench_online_target.py [--world today|dl2] [--seeds 30000-30004] [--jobs 40] [--window 8]
-        [--fallback drf] [--allreduce-placement pack]
+        [--fallback drf] [--allreduce-placement spread]
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ the NumPy simulator (tasks placed on servers): the traces `dl2ctl train --policy
 checkpoint's meta says which world, cluster, jobs and load), at seeds no training or validation used.
 
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
-        [--allreduce-placement pack]
+        [--allreduce-placement spread]
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds validation
 
 The summary line gives the traces' LP lower bound on the average JCT (dl2d.sim.lp_bound: at nominal speed and at
