@@ -132,6 +132,19 @@ def test_a_job_split_over_servers_moves_to_fewer_when_it_restarts_anyway_or_when
     assert spread.add_up_to(0, "worker", 4) == 4 and sorted(spread.worker_servers[0]) == [0, 0, 1, 1]
 
 
+def test_jobs_grown_one_task_at_a_time_are_handed_over_on_the_fewest_servers():
+    """Three all-reduce jobs that ran interleaved over all four servers; DRF gives them a worker each in turn
+    (each first where it ran) until the 16 GPUs are taken: packed, each job's workers end on the fewest servers
+    that hold them (re-placed as wholes when the builder hands over); spread, they stay interleaved."""
+    view = dataclasses.replace(bound_view(3), prev_workers=np.array([4, 4, 4]),
+                               prev_worker_servers=((0, 1, 2, 3),) * 3)
+    for rule, most in (("pack", 2), ("spread", 4)):
+        alloc = make_heuristic("drf")(dataclasses.replace(view, allreduce_placement=rule))
+        assert sum(alloc.workers) == 16
+        spans = [len(set(s)) for s in alloc.worker_servers]
+        assert max(spans) == most, (rule, spans)
+
+
 def test_a_bad_rule_is_refused_by_the_config_the_view_and_the_command():
     with pytest.raises(ValueError, match="allreduce_placement must be one of spread, pack, got 'tight'"):
         E.SimConfig(allreduce_placement="tight")
