@@ -85,6 +85,17 @@ class Placer:
             self._move(s, -1.0, demand)
         return s
 
+    @staticmethod
+    def _room(free, demand, default: int) -> int:
+        """How many tasks of ``demand`` (floats) fit in ``free``; ``default`` when it asks for nothing."""
+        return min((int((f + 1e-9) // x) for f, x in zip(free, demand) if x > 0), default=default)
+
+    @staticmethod
+    def _pack_key(room: int, want: int, s: int) -> tuple:
+        """The packing order of a server that holds ``room`` of the ``want`` tasks still to place (smallest
+        first): one that holds them all, the fewest first (best fit); else the one that holds the most."""
+        return (0, room, s) if room >= want else (1, -room, s)
+
     def _packing_server(self, demand, want: int) -> int:
         """The server for the first of ``want`` tasks of one demand that will fill it: of the servers that hold
         all of them, the one that holds the fewest (best fit, leaving whole servers free for the next job);
@@ -92,11 +103,11 @@ class Placer:
         tie; -1 when none holds one."""
         dem = [float(x) for x in demand]
         best, best_key = -1, None
-        for _, s, (_, free) in self._order:
-            room = min((int((f + 1e-9) // x) for f, x in zip(free, dem) if x > 0), default=want)
+        for _, s, (_, free) in self._order:  # the lowest server of each class: its equals hold as many
+            room = self._room(free, dem, want)
             if room <= 0:
                 continue
-            key = (0, room, s) if room >= want else (1, -room, s)
+            key = self._pack_key(room, want, s)
             if best_key is None or key < best_key:
                 best, best_key = s, key
         return best
@@ -104,17 +115,21 @@ class Placer:
     def packed_span(self, demand, count: int) -> int:
         """The servers ``count`` tasks of one demand would span if placed now as `add_preferring` packs them
         (each server chosen by :meth:`_packing_server`, then filled), nothing placed; a large number when they
-        do not all fit."""
+        do not all fit. Servers of a class hold as many each: a class gives its lowest ones first."""
         dem = [float(x) for x in demand]
-        rooms = {s: min((int((f + 1e-9) // x) for f, x in zip(free, dem) if x > 0), default=count)
-                 for _, s, (_, free) in self._order}
+        pools = []  # [room, the class's servers still unused, ascending]
+        for key, (_, servers) in self._classes.items():
+            room = self._room(key[1], dem, count)
+            if room > 0:
+                pools.append([room, heapq.nsmallest(min(len(servers), -(-count // room)), servers)])
         span = 0
         while count > 0:
-            fits = [(0, r, s) if r >= count else (1, -r, s) for s, r in rooms.items() if r > 0]
-            if not fits:
+            live = [p for p in pools if p[1]]
+            if not live:
                 return len(self._free) + 1
-            _, _, s = min(fits)
-            count -= min(rooms.pop(s), count)
+            room, servers = min(live, key=lambda p: self._pack_key(p[0], count, p[1][0]))
+            servers.pop(0)
+            count -= min(room, count)
             span += 1
         return span
 

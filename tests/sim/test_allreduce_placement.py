@@ -57,6 +57,34 @@ def test_pack_breaks_ties_by_the_lowest_server_and_returns_minus_one_when_nothin
     assert np.all(placer.free == 0)
 
 
+@pytest.mark.parametrize("free_gpus, count, span", [
+    ((4, 4, 4, 4), 8, 2),  # two servers of one class: both are counted (each holds four)
+    ((4, 4, 4, 4), 16, 4),
+    ((4, 4, 4, 4), 17, 5),  # does not fit: more than the servers
+    ((4, 2, 4, 1), 6, 2),  # 4 + 2: the best fit of what is left
+    ((4, 2, 4, 1), 2, 1),
+    ((4, 2, 4, 1), 11, 4),
+])
+def test_packed_span_counts_every_server_of_a_class(free_gpus, count, span):
+    free = np.tile(NODE, (len(free_gpus), 1))
+    free[:, 0] = free_gpus
+    placer = Placer(free, NODE)
+    assert placer.packed_span(GPU, count) == span
+    assert np.array_equal(placer.free, free)  # nothing placed
+
+
+def test_a_job_on_more_servers_than_it_needs_moves_to_two_whole_ones():
+    """An 8-worker job on three servers (3 + 3 + 2) while the cluster is otherwise idle moves to two whole
+    servers when its size stays (a fresh packing of eight takes two servers of the same class)."""
+    base = bound_view(1)
+    view = dataclasses.replace(base, free=np.tile(base.capacity[0], (4, 1)), capacity=np.tile(base.capacity[0], (4, 1)),
+                               max_workers=max(base.max_workers, 8), prev_workers=np.array([8]),
+                               prev_worker_servers=((0, 0, 0, 1, 1, 1, 2, 2),))
+    b = AllocationBuilder(view)
+    assert b.add_up_to(0, "worker", 8) == 8
+    assert len(set(b.worker_servers[0])) == 2
+
+
 def as_asked(view):
     """Each job, in arrival order, the workers it asked for, placed as many at once (AllocationBuilder's
     add_up_to, as the target-size policy places its sizes)."""
