@@ -28,10 +28,10 @@ TEACHERS = registry.names(heuristic=True)
 CLUSTERS = tuple(PRESETS)
 TRAINABLE = ("dl2", "dl2-target")
 #: Options that only one of the policies reads: given with the other, they are an error, not silently ignored.
-DL2_ONLY = ("teacher", "sl_epochs", "sl_traces", "rl_steps", "max_jobs", "hidden", "n_step", "entropy_weight",
+DL2_ONLY = ("sl_epochs", "sl_traces", "rl_steps", "max_jobs", "hidden", "n_step", "entropy_weight",
             "epsilon", "updates_per_slot", "rl_lr", "advantage", "val_every")
 TARGET_ONLY = ("world", "speed_model", "load", "clusters", "slots", "sl_iters", "rl_iters", "lr", "sl_lr",
-               "val_traces", "eval_every")
+               "val_traces", "eval_every", "credit")
 
 
 def _command(ctx: click.Context) -> str:
@@ -108,12 +108,16 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
               show_default=True, help="dl2-target: PPO learning rate.")
 @click.option("--sl-lr", type=click.FloatRange(min=0, min_open=True), callback=finite_number, default=1e-3,
               show_default=True, help="dl2-target: warm-up learning rate.")
+@click.option("--credit", type=click.Choice(("job", "slot")), default="job", show_default=True,
+              help="dl2-target: PPO's credit: each job's size against its own advantage (job), or the slot's "
+                   "allocation as one action against the slot's (slot).")
 @click.option("--val-traces", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="dl2-target: validation traces (seeds val-seed..): the policy kept is the best on them.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=10, show_default=True,
               help="dl2-target: validate every N iterations (and after the first and last of each phase).")
-@click.option("--teacher", type=click.Choice(TEACHERS), default="drf", show_default=True,
-              help="Heuristic the policy imitates in the supervised warm-up.")
+@click.option("--teacher", type=click.Choice(TEACHERS), default=None,
+              help="Heuristic the policy imitates in the supervised warm-up [default: drf for dl2; optimus for "
+                   "dl2-target, which learns from optimus or elastic].")
 @click.option("--sl-epochs", type=click.IntRange(min=0), default=None,
               help="Supervised epochs [default: 20, or 0 with --init].")
 @click.option("--sl-traces", type=click.IntRange(min=1), default=2, show_default=True,
@@ -157,8 +161,8 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
                    "simulated slot [default: config's, critic].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.pass_context
-def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_iters, lr, sl_lr, val_traces, eval_every,
-          teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
+def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_iters, lr, sl_lr, credit, val_traces,
+          eval_every, teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
           init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr, advantage,
           as_json) -> None:
     """Train a learned policy: imitate a heuristic, then learn by reinforcement in the simulator; save a checkpoint.
@@ -176,19 +180,26 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
     if val_seed is None:
         val_seed = seed + 10_000
     if policy == "dl2-target":
+        from dl2d.policy.teachers import TEACHERS as TARGET_TEACHERS
+
+        teacher = teacher or "optimus"
+        if teacher not in TARGET_TEACHERS:
+            raise click.BadParameter(f"{teacher!r} is not one --policy dl2-target learns from; choose from "
+                                     f"{', '.join(TARGET_TEACHERS)}", param_hint="--teacher")
         problem = out_problem(out_path)
         if problem:
             raise click.BadParameter(f"{problem}: the checkpoint could not be written after training",
                                      param_hint="--out")
         from dl2d.cli import train_target
 
-        train_target.run(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
-                         slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr, seed=seed,
+        train_target.run(world=world, teacher=teacher, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
+                         slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr, credit=credit, seed=seed,
                          val_seed=val_seed, val_traces=val_traces, eval_every=eval_every, speed_model=speed_model,
                          init_path=init_path, out_path=out_path, as_json=as_json, command=_command(ctx),
                          rescue=_rescue)
         return
     cluster = cluster or "small"
+    teacher = teacher or "drf"
     if sl_epochs is None:
         sl_epochs = 0 if init_path else 20
     if sl_epochs == 0 and rl_steps == 0 and init_path is None:

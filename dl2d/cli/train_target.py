@@ -5,9 +5,9 @@ environment (dl2d.policy.target_train), in either world, on a site's own speed m
 The options it reads are checked here, before anything is built; the training is the library's. The result is a
 ``dl2d-target-policy`` checkpoint that `dl2ctl sim --policy dl2-target --checkpoint FILE` and the daemon
 (``policy = "dl2-target"``, ``checkpoint = FILE``) load; its meta records how it was made and its validation JCT
-beside the teacher's (Optimus, through the same fill, on the same traces). The report adds the validation traces'
-lower bound (dl2d.sim.lp_bound), which says how much room the teacher left: at load 1 in today's world Optimus
-comes within about 2 % of it, so a policy can only tie there.
+beside the teacher's (``--teacher``: Optimus or elastic, dl2d.policy.teachers, through the same fill, on the same
+traces). The report adds the validation traces' lower bound (dl2d.sim.lp_bound), which says how much room the
+teacher left: at load 1 in today's world both come within about 2 % of it, so a policy can only tie there.
 """
 from __future__ import annotations
 
@@ -62,16 +62,16 @@ def validation_bound(setup, cfg) -> dict | None:
     return TT.lower_bound([TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()], cfg)
 
 
-def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load: float, clusters: int, slots: int,
-        sl_iters: int, rl_iters: int, sl_lr: float, lr: float, seed: int, val_seed: int, val_traces: int,
+def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, jobs: int, load: float, clusters: int, slots: int,
+        sl_iters: int, rl_iters: int, sl_lr: float, lr: float, credit: str, seed: int, val_seed: int, val_traces: int,
         eval_every: int, speed_model: str | None, init_path: Path | None, out_path: Path, as_json: bool,
         command: str, rescue) -> None:
     from dl2d.policy import target_train as TT
 
     try:
         setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
-                              slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
-                              eval_every=eval_every, seed=seed, rng=seed, val_seed=val_seed, val_traces=val_traces)
+                              teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
+                              credit=credit, eval_every=eval_every, seed=seed, rng=seed, val_seed=val_seed, val_traces=val_traces)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     overlap = TT.seed_overlap(setup)
@@ -81,7 +81,7 @@ def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load
                                  "held out", param_hint="--val-seed")
     site = load_site(speed_model, world)
     cfg = TT.sim_config(setup, site)
-    tc = TT.target_config(cfg)
+    tc = TT.target_config(cfg, setup.teacher)
     init_params = None
     if init_path is not None:
         from dl2d.policy.checkpoint import CheckpointError, load_target
@@ -110,7 +110,7 @@ def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load
         if init_params is not None:
             tasks["init"] = progress.add_task("initial checkpoint", total=1, info="")
         if sl_iters:
-            tasks["sl"] = progress.add_task("warm-up from optimus", total=sl_iters, info="")
+            tasks["sl"] = progress.add_task(f"warm-up from {teacher}", total=sl_iters, info="")
         if rl_iters:
             tasks["rl"] = progress.add_task("PPO", total=rl_iters, info="")
 
@@ -134,7 +134,7 @@ def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load
         bound = validation_bound(setup, cfg)
     summary = {"policy": "dl2-target", "world": world, "cluster": meta["cluster"], "servers": cfg.cluster.num_servers,
                "jobs": jobs, "speed_model": meta["speed_model"], "chosen": meta["chosen"],
-               "val_jct_slots": {"optimus": round(result.teacher_val_jct, 4), "learned": round(result.val_jct, 4),
+               "teacher": teacher, "val_jct_slots": {teacher: round(result.teacher_val_jct, 4), "learned": round(result.val_jct, 4),
                                  **({"lower_bound": bound} if bound else {})},
                "vs_teacher": round(ratio, 4), "verdict": verdict,
                "curve": [{k: r[k] for k in ("phase", "iter", "val_mean")} for r in result.curve],
@@ -148,7 +148,7 @@ def run(*, world: str, cluster: str | None, servers: int | None, jobs: int, load
     table.add_column("policy")
     table.add_column("avg JCT (slots)", justify="right")
     table.add_column("vs teacher", justify="right")
-    table.add_row("optimus (teacher)", f"{result.teacher_val_jct:.2f}", "1.000")
+    table.add_row(f"{teacher} (teacher)", f"{result.teacher_val_jct:.2f}", "1.000")
     table.add_row(f"learned ({meta['chosen']})", f"{result.val_jct:.2f}", f"{ratio:.3f}")
     if bound:
         table.add_row("lower bound, nominal speed (LP)", f"{bound['nominal']:.2f}",

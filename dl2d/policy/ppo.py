@@ -15,8 +15,8 @@ jobs) against the slot's advantage; or "job", each job's pair against that job's
 its own value: far less variance, but a job is not charged for what its size costs the others, which
 ``team_weight`` adds back in part).
 
-Supervised warm-up (:func:`sl_step`): cross-entropy towards the best heuristic's allocation (Optimus's,
-:func:`dl2d.policy.target.teacher_actions`) on the states the current policy visits, the value fitted beside.
+Supervised warm-up (:func:`sl_step`): cross-entropy towards a heuristic's allocation (``TargetConfig.teacher``:
+Optimus's or elastic's, dl2d.policy.teachers) on the states the current policy visits, the value fitted beside.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
         nxt, episode_jct = X.autoreset(env, nxt, done)
         return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": job_log_probs(logits, idx),
                      "value": value, "reward": r, "done": done, "episode_jct": episode_jct,
-                     "allreduce": obs["allreduce"], "teacher": T.teacher_actions(tcfg, obs)}
+                     "allreduce": obs["allreduce"], "teacher": T.teacher_pairs(tcfg, obs)}
 
     def one_slot(carry, _):
         s, k = carry
@@ -450,5 +450,6 @@ def evaluate(tcfg: T.TargetConfig, env: X.EnvParams, net, states, slots: int):
 
 @partial(jax.jit, static_argnames=("tcfg", "slots"))
 def evaluate_teacher(tcfg: T.TargetConfig, env: X.EnvParams, states, slots: int):
-    """The teacher's sizes through the same fill: the heuristic's episodes in the same environment."""
-    return _episodes(tcfg, env, states, slots, lambda obs: T.teacher_actions(tcfg, obs))
+    """The teacher's (``tcfg.teacher``) sizes through the same fill: the heuristic's episodes in the same
+    environment."""
+    return _episodes(tcfg, env, states, slots, lambda obs: T.teacher_pairs(tcfg, obs))

@@ -13,9 +13,9 @@ Everything the network sees comes from :func:`job_features`, a pure function of 
 JAX environment provides (training, dl2d.policy.ppo) and a :class:`~dl2d.core.contract.SlotView` holds too (the
 NumPy simulator's and the daemon's side: :func:`view_obs`, :class:`TargetPolicy`, registered as ``dl2-target``
 in dl2d.policy.dl2_target): the remaining work at one worker, age, last size, demand, the job's estimated
-speed-up at each level and PS level (the speed model the scheduler believes, never the truth), and what
-Optimus would give it this slot (:func:`with_optimus`, one-hot over the levels).
-:func:`teacher_actions` is that Optimus pair, the warm-up's target.
+speed-up at each level and PS level (the speed model the scheduler believes, never the truth), and what its
+teacher would give it this slot, one-hot over the levels (``TargetConfig.teacher``, dl2d.policy.teachers:
+Optimus, :func:`with_optimus` / :func:`teacher_actions`, or elastic), the warm-up's target too.
 """
 from __future__ import annotations
 
@@ -48,24 +48,32 @@ class TargetConfig:
     max_workers: int = 16
     max_ps: int = 16
     hidden: int = 64
+    #: the heuristic whose pair the features show (one-hot) and the warm-up imitates (dl2d.policy.teachers); a
+    #: checkpoint without it was trained with Optimus's
+    teacher: str = "optimus"
 
-    #: Each field's bounds: a checkpoint's config is checked against them before any network is built.
+    #: Each integer field's bounds: a checkpoint's config is checked against them before any network is built.
     BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
+    #: The teachers' names (dl2d.policy.teachers.TEACHERS, which a test keeps equal).
+    TEACHERS = ("optimus", "elastic")
 
     def __post_init__(self):
         for name, (lo, hi) in self.BOUNDS.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
                 raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+        if self.teacher not in self.TEACHERS:
+            raise ValueError(f"teacher must be one of {', '.join(self.TEACHERS)}, got {self.teacher!r}")
 
     def to_dict(self) -> dict:
-        return {name: int(getattr(self, name)) for name in self.BOUNDS}
+        return {**{name: int(getattr(self, name)) for name in self.BOUNDS}, "teacher": self.teacher}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetConfig":
-        unknown = sorted(repr(k) for k in d if k not in cls.BOUNDS)
+        known = (*cls.BOUNDS, "teacher")
+        unknown = sorted(repr(k) for k in d if k not in known)
         if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(cls.BOUNDS)}")
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
         return cls(**d)
 
     @property
@@ -120,7 +128,7 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
             rank / n_act, jnp.broadcast_to(jnp.log1p(n_act.astype(c.dtype)), act.shape),
             jnp.broadcast_to(jnp.log1p(demand), act.shape)]
     ps_gain = jnp.log1p(jnp.maximum(obs["ps_curves"], 0.0) / one[:, None])
-    teacher = teacher_actions(cfg, obs)  # the best heuristic's pair, one-hot: following it is easy to learn
+    teacher = teacher_pairs(cfg, obs)  # the teacher's pair, one-hot: following it is easy to learn
     opt_w = jax.nn.one_hot(teacher // len(cfg.ps_levels), cfg.num_levels, dtype=c.dtype)
     opt_p = jax.nn.one_hot(teacher % len(cfg.ps_levels), len(cfg.ps_levels), dtype=c.dtype)
     x = jnp.concatenate([jnp.stack(cols, axis=1), eff, speedup, ps_gain, opt_w, opt_p], axis=1)
@@ -155,6 +163,13 @@ def level_index(levels, counts) -> jnp.ndarray:
     """[J] the index of the largest of ``levels`` (ascending) at most ``counts`` (0 below the first)."""
     lv = jnp.asarray(levels, jnp.float32)
     return jnp.maximum(jnp.sum(lv[None, :] <= jnp.asarray(counts, jnp.float32)[:, None], axis=1) - 1, 0)
+
+
+def teacher_pairs(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
+    """[J] the pair ``cfg.teacher`` gives each job this slot (dl2d.policy.teachers)."""
+    from dl2d.policy.teachers import teacher
+
+    return teacher(cfg.teacher)(cfg, obs)
 
 
 def teacher_actions(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
@@ -359,8 +374,8 @@ _CLUSTER_KEYS = frozenset({"slot_seconds", "capacity_gpus", "capacity"})
 def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=None, temperature: float = 1.0) -> dict:
     """One slot's choice for every job of ``obs`` (a :func:`view_obs`, padded): the greedy pair, or (``key``)
     one sampled from softmax(logits / ``temperature``), its log-probability under that; a job of a kind the
-    policy never trained on (``kinds``: "ps", "allreduce") gets its teacher's, Optimus's, pair (the network's
-    choice for it is a guess: today's policy starved PS jobs). Pure (JAX): {"action", "log_prob", "value",
+    policy never trained on (``kinds``: "ps", "allreduce") gets its teacher's pair (the network's choice for it
+    is a guess: today's policy starved PS jobs). Pure (JAX): {"action", "log_prob", "value",
     "x" (the features), "known"} [J]."""
     o = with_optimus(obs)
     x = job_features(cfg, o)
@@ -368,7 +383,7 @@ def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=Non
     logits = logits / temperature
     picked = jnp.argmax(logits, axis=1) if key is None else sample(key, logits)
     known = jnp.where(o["allreduce"], "allreduce" in kinds, "ps" in kinds)
-    action = jnp.where(known, picked, teacher_actions(cfg, o))
+    action = jnp.where(known, picked, teacher_pairs(cfg, o))
     log_prob = chosen(jax.nn.log_softmax(logits), action)
     return {"action": action, "log_prob": log_prob, "value": value, "x": x, "known": known}
 

@@ -2,10 +2,10 @@
 `dl2ctl train --policy dl2-target` and bench/bench_ppo.py share.
 
 What it does: builds the world's training traces (one per parallel cluster, every cluster restarting its trace
-when it finishes) and held-out validation traces, runs supervised warm-up towards Optimus (``sl_iters``) and
-then slot-level PPO (``rl_iters``) on the JAX environment, evaluates the greedy policy on the validation traces
-every ``eval_every`` iterations, and keeps the parameters with the lowest validation JCT. The teacher (Optimus
-through the same fill) runs the same validation traces in the same environment, so the result says whether the
+when it finishes) and held-out validation traces, runs supervised warm-up towards the teacher (``teacher``:
+Optimus or elastic, dl2d.policy.teachers; ``sl_iters``) and then slot-level PPO (``rl_iters``) on the JAX
+environment, evaluates the greedy policy on the validation traces every ``eval_every`` iterations, and keeps the
+parameters with the lowest validation JCT. The teacher (through the same fill) runs the same validation traces in the same environment, so the result says whether the
 policy beat it.
 
 A site's speed model (``site``: `dl2ctl calibrate`'s curves) makes the environment a twin of that site: its
@@ -43,7 +43,8 @@ class TrainSetup:
     load: float = 1.0  # today: the Philly workload's load on the cluster's GPUs
     clusters: int = 64  # parallel training clusters, one training trace each
     slots: int = 32  # slots per rollout
-    sl_iters: int = 30  # supervised warm-up iterations towards Optimus
+    teacher: str = "optimus"  # the heuristic the warm-up imitates (dl2d.policy.teachers)
+    sl_iters: int = 30  # supervised warm-up iterations towards the teacher
     rl_iters: int = 80  # PPO iterations
     sl_lr: float = 1e-3
     lr: float = 1e-4
@@ -129,8 +130,8 @@ def lower_bound(traces, cfg: SimConfig) -> dict | None:
         return None
 
 
-def target_config(cfg: SimConfig) -> T.TargetConfig:
-    return T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps)
+def target_config(cfg: SimConfig, teacher: str = "optimus") -> T.TargetConfig:
+    return T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps, teacher=teacher)
 
 
 def average_jcts(final, cut: int) -> tuple[list[float], int]:
@@ -161,7 +162,7 @@ class TrainResult:
     params: dict  # the chosen parameters (lowest validation JCT)
     chosen: dict  # the evaluation row they come from
     curve: list[dict]  # every evaluation
-    teacher_val: list[float]  # Optimus through the same fill, on the validation traces
+    teacher_val: list[float]  # the teacher through the same fill, on the validation traces
     cluster_slots_per_s: float | None  # in training iterations (the first of each phase, which compiles, excluded)
 
     @property
@@ -179,7 +180,7 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
     ``on_progress(phase, iteration, iterations)`` after every iteration; ``on_eval(row)`` after every evaluation;
     ``extra_eval(net) -> dict`` adds fields to every evaluation row (bench_ppo: the held-out test traces)."""
     cfg = sim_config(setup, site)
-    tc = target_config(cfg)
+    tc = target_config(cfg, setup.teacher)
     rl = P.PPOConfig(clusters=setup.clusters, slots=setup.slots, lr=setup.lr, ent_coef=setup.ent_coef,
                        credit=setup.credit, team_weight=setup.team_weight)
     sl = dataclasses.replace(rl, lr=setup.sl_lr)
@@ -244,7 +245,7 @@ def checkpoint_meta(setup: TrainSetup, result: TrainResult, command: str, site=N
             "train_seeds": [setup.seed, setup.seed + setup.clusters - 1],
             "validation_seeds": [setup.val_seed, setup.val_seed + setup.val_traces - 1],
             "chosen": f"{chosen['phase']} iteration {chosen['iter']}", "validation_jct": chosen["val_jct"],
-            "validation_jct_mean": chosen["val_mean"], "teacher": "optimus",
+            "validation_jct_mean": chosen["val_mean"], "teacher": setup.teacher,
             "teacher_validation_jct": result.teacher_val,
             "teacher_validation_jct_mean": round(result.teacher_val_jct, 3),
             "speed_model": getattr(site, "source", None) if site is not None else None,

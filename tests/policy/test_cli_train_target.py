@@ -88,7 +88,7 @@ def test_the_site_curves_are_the_training_environments_truth(tmp_path):
     (["--speed-model", "SITE", "--world", "dl2"], "--world today only"),
     (["--speed-model", "ONLY_LABELS"], "none of its classes"),
     (["--speed-model", "MISSING"], "--speed-model"),
-    (["--teacher", "drf"], "--teacher only applies to --policy dl2"),
+    (["--teacher", "drf"], "'drf' is not one --policy dl2-target learns from"),
     (["--sl-iters", "0", "--rl-iters", "0"], "nothing to train"),
     (["--val-seed", "1"], "validation must be held out"),
     (["--clusters", "0"], "--clusters"),

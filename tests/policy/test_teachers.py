@@ -1,0 +1,76 @@
+"""The warm-up's teachers (dl2d.policy.teachers): the JAX elastic gives the sizes dl2d.policy.elastic gives, on
+the views of a simulated run in today's world, its spare-GPU pass and keep rule included; names are checked."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from dl2d.policy import target as T
+from dl2d.policy import target_train as TT
+from dl2d.policy import teachers as TE
+from dl2d.policy.elastic import EFFICIENCY, efficient_sizes, elastic_srtf, size_curves
+from tests.testkit.sim import run_slots
+
+
+def test_the_jax_elastic_gives_elastics_sizes_on_a_simulated_run():
+    """On every view of 120 slots of elastic's own run, and on each view again with the jobs' previous sizes
+    drawn at random (so the keep rule meets sizes both above and below the efficient ones)."""
+    setup = TT.TrainSetup(jobs=30)
+    cfg = TT.sim_config(setup)
+    tc = TT.target_config(cfg)
+    _, steps = run_slots(TT.make_trace(setup, cfg, 7), elastic_srtf, 120, cfg)
+    rule = jax.jit(lambda o: TE.elastic(tc, o))
+    rng = np.random.default_rng(0)
+    lv, checked, above, kept = np.array(tc.levels), 0, 0, 0
+    for view, _ in steps:
+        if not len(view):
+            continue
+        redrawn = dataclasses.replace(view, prev_workers=rng.integers(0, 9, len(view)))
+        for v in (view, redrawn):
+            want = np.asarray(elastic_srtf(v).workers)
+            sizes = lv[np.asarray(rule(T.view_obs(tc, v))) // len(tc.ps_levels)]
+            assert np.array_equal(sizes, want), f"slot {v.slot}"
+            eff = efficient_sizes(size_curves(v), EFFICIENCY)
+            checked += len(v)
+            above += int(np.sum(sizes > eff))  # the spare-GPU pass grew them
+            kept += int(np.sum((v.prev_workers > 0) & (sizes == v.prev_workers) & (sizes != eff)))  # the keep rule
+    assert checked > 1000 and above > 0 and kept > 0
+
+
+def test_an_unknown_teacher_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown teacher 'drf'; choices: optimus, elastic"):
+        TE.teacher("drf")
+    with pytest.raises(ValueError, match="teacher must be one of optimus, elastic, got 'drf'"):
+        T.TargetConfig(teacher="drf")
+    assert tuple(TE.TEACHERS) == T.TargetConfig.TEACHERS
+
+
+def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_optimus(tmp_path):
+    """The features show the teacher's pair (so a checkpoint records which): a config saved with elastic loads
+    with elastic, one written before the field existed loads as Optimus's, and the features' one-hot block is
+    each teacher's own pair."""
+    from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
+
+    old = T.TargetConfig.from_dict({"max_workers": 8, "max_ps": 8, "hidden": 16})
+    assert old.teacher == "optimus"
+    cfg = T.TargetConfig(max_workers=8, max_ps=8, hidden=16, teacher="elastic")
+    save_target(tmp_path / "p.msgpack", TargetCheckpoint(cfg, T.init_params(cfg, jax.random.PRNGKey(0)), {}))
+    assert load_target(tmp_path / "p.msgpack").config == cfg
+
+    setup = TT.TrainSetup(jobs=30, load=3.0)  # contended: the teachers differ
+    sim = TT.sim_config(setup)
+    _, steps = run_slots(TT.make_trace(setup, sim, 7), elastic_srtf, 60, sim)
+    nl, np_ = len(old.levels), len(old.ps_levels)
+    differ = 0
+    for view, _ in steps[::6]:
+        pairs = {}
+        for c in (old, cfg):
+            o = T.with_optimus(jax.tree.map(jax.numpy.asarray, T.view_obs(c, view)))
+            x = np.asarray(T.job_features(c, o))
+            pairs[c.teacher] = np.asarray(TE.teacher(c.teacher)(c, o))
+            assert np.array_equal(x[:, -nl - np_:-np_].argmax(1), pairs[c.teacher] // np_)
+        differ += not np.array_equal(pairs["optimus"], pairs["elastic"])
+    assert differ  # the two teachers' blocks are not the same block
