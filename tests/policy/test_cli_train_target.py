@@ -125,3 +125,21 @@ def test_the_report_shows_the_validation_traces_lower_bound(tmp_path):
     assert 0 < every <= nominal and every <= teacher
     assert rows["lower bound, every run (LP)"][1] == f"{every / teacher:.3f}"
     assert f"checkpoint written to {out}" in r.output and load_target(out).params
+
+
+def test_trains_from_elastic_with_the_slots_credit_and_records_both(tmp_path):
+    """--teacher elastic: the features and the warm-up are elastic's, the report compares with elastic, the
+    checkpoint's config says so; resuming it needs the same teacher (its features are elastic's)."""
+    out = tmp_path / "e.msgpack"
+    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "1", "--teacher", "elastic", "--credit", "slot",
+               "--out", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])
+    assert res["teacher"] == "elastic" and set(res["val_jct_slots"]) >= {"elastic", "learned"}
+    ck = load_target(out)
+    assert ck.config.teacher == "elastic" and ck.meta["teacher"] == "elastic" and ck.meta["setup"]["credit"] == "slot"
+    assert "--teacher elastic" in ck.meta["command"] and "--credit slot" in ck.meta["command"]
+    again = CliRunner().invoke(cli, [*TINY, "--sl-iters", "0", "--rl-iters", "1", "--init", str(out),
+                                     "--out", str(tmp_path / "f.msgpack")])
+    assert again.exit_code == 2 and "'teacher': 'elastic'" in again.output and "'teacher': 'optimus'" in again.output
+    assert not (tmp_path / "f.msgpack").exists()
