@@ -31,7 +31,7 @@ TRAINABLE = ("dl2", "dl2-target")
 DL2_ONLY = ("sl_epochs", "sl_traces", "rl_steps", "max_jobs", "hidden", "n_step", "entropy_weight",
             "epsilon", "updates_per_slot", "rl_lr", "advantage", "val_every")
 TARGET_ONLY = ("world", "speed_model", "load", "clusters", "slots", "sl_iters", "rl_iters", "lr", "sl_lr",
-               "val_traces", "eval_every", "credit")
+               "val_traces", "eval_every", "credit", "prior")
 
 
 def _command(ctx: click.Context) -> str:
@@ -108,6 +108,9 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
               show_default=True, help="dl2-target: PPO learning rate.")
 @click.option("--sl-lr", type=click.FloatRange(min=0, min_open=True), callback=finite_number, default=1e-3,
               show_default=True, help="dl2-target: warm-up learning rate.")
+@click.option("--prior", type=click.FloatRange(0, 50), callback=finite_number, default=0.0, show_default=True,
+              help="dl2-target: added to the logit of the teacher's pair, so the policy starts as its teacher and "
+                   "falls back on it where it has not learned better (0: none).")
 @click.option("--credit", type=click.Choice(("job", "slot")), default="job", show_default=True,
               help="dl2-target: PPO's credit: each job's size against its own advantage (job), or the slot's "
                    "allocation as one action against the slot's (slot).")
@@ -161,10 +164,10 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
                    "simulated slot [default: config's, critic].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.pass_context
-def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_iters, lr, sl_lr, credit, val_traces,
-          eval_every, teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed, val_every, out_path,
-          init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr, advantage,
-          as_json) -> None:
+def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_iters, lr, sl_lr, prior, credit,
+          val_traces, eval_every, teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed,
+          val_every, out_path, init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr,
+          advantage, as_json) -> None:
     """Train a learned policy: imitate a heuristic, then learn by reinforcement in the simulator; save a checkpoint.
 
     \b
@@ -192,11 +195,11 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
                                      param_hint="--out")
         from dl2d.cli import train_target
 
-        train_target.run(world=world, teacher=teacher, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
-                         slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr, credit=credit, seed=seed,
-                         val_seed=val_seed, val_traces=val_traces, eval_every=eval_every, speed_model=speed_model,
-                         init_path=init_path, out_path=out_path, as_json=as_json, command=_command(ctx),
-                         rescue=_rescue)
+        train_target.run(world=world, teacher=teacher, cluster=cluster, servers=servers, jobs=jobs, load=load,
+                         clusters=clusters, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
+                         prior=prior, credit=credit, seed=seed, val_seed=val_seed, val_traces=val_traces,
+                         eval_every=eval_every, speed_model=speed_model, init_path=init_path, out_path=out_path,
+                         as_json=as_json, command=_command(ctx), rescue=_rescue)
         return
     cluster = cluster or "small"
     teacher = teacher or "drf"

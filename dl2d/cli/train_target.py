@@ -62,16 +62,17 @@ def validation_bound(setup, cfg) -> dict | None:
     return TT.lower_bound([TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()], cfg)
 
 
-def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, jobs: int, load: float, clusters: int, slots: int,
-        sl_iters: int, rl_iters: int, sl_lr: float, lr: float, credit: str, seed: int, val_seed: int, val_traces: int,
-        eval_every: int, speed_model: str | None, init_path: Path | None, out_path: Path, as_json: bool,
-        command: str, rescue) -> None:
+def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, jobs: int, load: float,
+        clusters: int, slots: int, sl_iters: int, rl_iters: int, sl_lr: float, lr: float, prior: float, credit: str,
+        seed: int, val_seed: int, val_traces: int, eval_every: int, speed_model: str | None, init_path: Path | None,
+        out_path: Path, as_json: bool, command: str, rescue) -> None:
     from dl2d.policy import target_train as TT
 
     try:
         setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
                               teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
-                              credit=credit, eval_every=eval_every, seed=seed, rng=seed, val_seed=val_seed, val_traces=val_traces)
+                              prior=prior, credit=credit, eval_every=eval_every, seed=seed, rng=seed,
+                              val_seed=val_seed, val_traces=val_traces)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     overlap = TT.seed_overlap(setup)
@@ -81,7 +82,7 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
                                  "held out", param_hint="--val-seed")
     site = load_site(speed_model, world)
     cfg = TT.sim_config(setup, site)
-    tc = TT.target_config(cfg, setup.teacher)
+    tc = TT.target_config(cfg, setup.teacher, setup.prior)
     init_params = None
     if init_path is not None:
         from dl2d.policy.checkpoint import CheckpointError, load_target

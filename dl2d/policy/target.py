@@ -51,6 +51,9 @@ class TargetConfig:
     #: the heuristic whose pair the features show (one-hot) and the warm-up imitates (dl2d.policy.teachers); a
     #: checkpoint without it was trained with Optimus's
     teacher: str = "optimus"
+    #: added to the logit of the teacher's pair (read from the features' one-hot block): the policy starts as
+    #: its teacher and learns where to leave it, and on jobs unlike its training's falls back on it; 0: none
+    prior: float = 0.0
 
     #: Each integer field's bounds: a checkpoint's config is checked against them before any network is built.
     BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
@@ -64,13 +67,16 @@ class TargetConfig:
                 raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
         if self.teacher not in self.TEACHERS:
             raise ValueError(f"teacher must be one of {', '.join(self.TEACHERS)}, got {self.teacher!r}")
+        if isinstance(self.prior, bool) or not isinstance(self.prior, (int, float)) or not 0 <= self.prior <= 50:
+            raise ValueError(f"prior must be a number in [0, 50], got {self.prior!r}")
 
     def to_dict(self) -> dict:
-        return {**{name: int(getattr(self, name)) for name in self.BOUNDS}, "teacher": self.teacher}
+        return {**{name: int(getattr(self, name)) for name in self.BOUNDS}, "teacher": self.teacher,
+                "prior": float(self.prior)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetConfig":
-        known = (*cls.BOUNDS, "teacher")
+        known = (*cls.BOUNDS, "teacher", "prior")
         unknown = sorted(repr(k) for k in d if k not in known)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -239,10 +245,21 @@ def _set_forward(p, x, active):
                        lambda s: jnp.broadcast_to(s[:, None, :], (B, J, s.shape[-1])).reshape(B * J, -1))
 
 
-def _heads(cfg: TargetConfig, params, forward, allreduce):
+def teacher_one_hot(cfg: TargetConfig, x) -> jnp.ndarray:
+    """[R, A] the teacher's pair, one-hot, from feature rows ``x`` [R, F] (their last two blocks:
+    :func:`job_features`)."""
+    nl, np_ = cfg.num_levels, len(cfg.ps_levels)
+    w, p = x[:, -nl - np_:-np_], x[:, -np_:]
+    return (w[:, :, None] * p[:, None, :]).reshape(x.shape[0], nl * np_)
+
+
+def _heads(cfg: TargetConfig, params, forward, allreduce, x):
     """(logits [R, A], values [R]) of the actor's and critic's rows ``forward(set_params)``, an all-reduce job's
-    pairs other than the first PS level closed (it has no PS: the pair means workers only)."""
+    pairs other than the first PS level closed (it has no PS: the pair means workers only); the teacher's pair
+    raised by ``cfg.prior`` (feature rows ``x`` [R, F])."""
     logits = forward(params["actor"]) @ params["logits"]["kernel"] + params["logits"]["bias"]
+    if cfg.prior:
+        logits = logits + cfg.prior * teacher_one_hot(cfg, x)
     v = (forward(params["critic"]) @ params["value"]["kernel"] + params["value"]["bias"])[:, 0]
     ps_index = jnp.arange(cfg.num_actions) % len(cfg.ps_levels)
     return jnp.where(allreduce.reshape(-1, 1) & (ps_index > 0), -1e9, logits), v
@@ -253,7 +270,7 @@ def apply(cfg: TargetConfig, params, x, active, allreduce):
     (``x`` [..., J, F], ``active``/``allreduce`` [..., J]): :class:`TargetNet`'s function, computed by
     :func:`_set_forward`."""
     shape = active.shape
-    logits, v = _heads(cfg, params, lambda p: _set_forward(p, x, active), allreduce)
+    logits, v = _heads(cfg, params, lambda p: _set_forward(p, x, active), allreduce, x.reshape(-1, x.shape[-1]))
     return logits.reshape(*shape, cfg.num_actions), jnp.where(active, v.reshape(shape), 0.0)
 
 
@@ -265,7 +282,7 @@ def apply_rows(cfg: TargetConfig, params, x, active, allreduce, slot, slots: int
     m = active.reshape(-1, 1).astype(x.dtype)
     pool = lambda v: jax.ops.segment_sum(v, slot, num_segments=slots)  # rows past `slots` dropped
     spread = lambda s: jnp.take(s, slot, axis=0, mode="clip")
-    logits, v = _heads(cfg, params, lambda p: _set_layers(p, x, m, pool, spread), allreduce)
+    logits, v = _heads(cfg, params, lambda p: _set_layers(p, x, m, pool, spread), allreduce, x)
     return logits, jnp.where(active, v, 0.0)
 
 

@@ -129,15 +129,16 @@ def test_the_report_shows_the_validation_traces_lower_bound(tmp_path):
 
 def test_trains_from_elastic_with_the_slots_credit_and_records_both(tmp_path):
     """--teacher elastic: the features and the warm-up are elastic's, the report compares with elastic, the
-    checkpoint's config says so; resuming it needs the same teacher (its features are elastic's)."""
+    checkpoint's config says so (and its --prior); resuming it needs the same teacher and prior."""
     out = tmp_path / "e.msgpack"
     r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "1", "--teacher", "elastic", "--credit", "slot",
-               "--out", str(out), "--json")
+               "--prior", "8", "--out", str(out), "--json")
     assert r.exit_code == 0, r.output
     res = json.loads(r.output[r.output.index("{"):])
     assert res["teacher"] == "elastic" and set(res["val_jct_slots"]) >= {"elastic", "learned"}
     ck = load_target(out)
     assert ck.config.teacher == "elastic" and ck.meta["teacher"] == "elastic" and ck.meta["setup"]["credit"] == "slot"
+    assert ck.config.prior == 8.0
     assert "--teacher elastic" in ck.meta["command"] and "--credit slot" in ck.meta["command"]
     again = CliRunner().invoke(cli, [*TINY, "--sl-iters", "0", "--rl-iters", "1", "--init", str(out),
                                      "--out", str(tmp_path / "f.msgpack")])

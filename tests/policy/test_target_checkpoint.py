@@ -98,8 +98,8 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
 
 
 def test_the_shipped_todays_world_policy_loads_and_scores_its_recorded_validation_jct():
-    """The default world's pretrained checkpoint (made by `dl2ctl train --policy dl2-target` with its defaults,
-    recorded in its meta) is what dl2-target builds with no checkpoint, and on its first validation trace, in
+    """The default world's pretrained checkpoint (made by `dl2ctl train --policy dl2-target`, the command and the
+    checkpoint it started from recorded in its meta) is what dl2-target builds with no checkpoint, and on its first validation trace, in
     the JAX environment it was validated in, the greedy policy gets the JCT its meta records."""
     from dl2d.policy import ppo as P
     from dl2d.policy import target_train as TT
@@ -111,7 +111,7 @@ def test_the_shipped_todays_world_policy_loads_and_scores_its_recorded_validatio
     assert meta["world"] == "today" and meta["command"].startswith("dl2ctl train --policy dl2-target")
     setup = TT.TrainSetup(**{**meta["setup"], "val_traces": 1})
     cfg = TT.sim_config(setup)
-    assert ckpt.config == TT.target_config(cfg)
+    assert ckpt.config == TT.target_config(cfg, setup.teacher, setup.prior)
     env, states = X.from_traces([TT.make_trace(setup, cfg, setup.val_seed)], cfg, setup.jobs, placement=False)
     final, reached = TT.run_to_end(lambda s, n: P.evaluate(ckpt.config, env, ckpt.params, s, n), states,
                                    setup.max_eval_slots)

@@ -74,3 +74,25 @@ def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_op
             assert np.array_equal(x[:, -nl - np_:-np_].argmax(1), pairs[c.teacher] // np_)
         differ += not np.array_equal(pairs["optimus"], pairs["elastic"])
     assert differ  # the two teachers' blocks are not the same block
+
+
+def test_a_prior_on_the_teachers_pair_makes_an_untrained_policy_its_teacher():
+    """TargetConfig.prior raises the teacher's pair's logit: an untrained network with a large one picks the
+    teacher's pair for every job (an all-reduce job's closed pairs stay closed), without it a pair of its own."""
+    setup = TT.TrainSetup(jobs=30, load=3.0)
+    sim = TT.sim_config(setup)
+    _, steps = run_slots(TT.make_trace(setup, sim, 7), elastic_srtf, 40, sim)
+    view = steps[-1][0]
+    picks = {}
+    for prior in (0.0, 20.0):
+        cfg = T.TargetConfig(max_workers=16, max_ps=16, hidden=16, teacher="elastic", prior=prior)
+        params = T.init_params(cfg, jax.random.PRNGKey(3))
+        o = jax.tree.map(jax.numpy.asarray, T.view_obs(cfg, view))
+        out = T.decide(cfg, params, o, ("ps", "allreduce"))
+        picks[prior] = np.asarray(out["action"])
+        teacher = np.asarray(TE.elastic(cfg, T.with_optimus(o)))
+    assert np.array_equal(picks[20.0], teacher)
+    assert not np.array_equal(picks[0.0], teacher)
+    assert T.TargetConfig.from_dict(T.TargetConfig(prior=8.0).to_dict()).prior == 8.0
+    with pytest.raises(ValueError, match="prior must be a number in \\[0, 50\\]"):
+        T.TargetConfig(prior=-1.0)
