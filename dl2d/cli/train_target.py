@@ -135,7 +135,8 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
         bound = validation_bound(setup, cfg)
     summary = {"policy": "dl2-target", "world": world, "cluster": meta["cluster"], "servers": cfg.cluster.num_servers,
                "jobs": jobs, "speed_model": meta["speed_model"], "chosen": meta["chosen"],
-               "teacher": teacher, "val_jct_slots": {teacher: round(result.teacher_val_jct, 4), "learned": round(result.val_jct, 4),
+               "teacher": teacher,
+               "val_jct_slots": {teacher: round(result.teacher_val_jct, 4), "learned": round(result.val_jct, 4),
                                  **({"lower_bound": bound} if bound else {})},
                "vs_teacher": round(ratio, 4), "verdict": verdict,
                "curve": [{k: r[k] for k in ("phase", "iter", "val_mean")} for r in result.curve],

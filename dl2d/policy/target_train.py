@@ -5,8 +5,9 @@ What it does: builds the world's training traces (one per parallel cluster, ever
 when it finishes) and held-out validation traces, runs supervised warm-up towards the teacher (``teacher``:
 Optimus or elastic, dl2d.policy.teachers; ``sl_iters``) and then slot-level PPO (``rl_iters``) on the JAX
 environment, evaluates the greedy policy on the validation traces every ``eval_every`` iterations, and keeps the
-parameters with the lowest validation JCT. The teacher (through the same fill) runs the same validation traces in the same environment, so the result says whether the
-policy beat it.
+parameters with the lowest validation JCT. The teacher (through the same fill) runs the same validation traces in
+the same environment, so the result says whether the policy beat it. ``prior`` starts the policy as its teacher
+(dl2d.policy.target.TargetConfig.prior).
 
 A site's speed model (``site``: `dl2ctl calibrate`'s curves) makes the environment a twin of that site: its
 curves are the truth and the scheduler's belief for the models it holds, in training and validation alike.
@@ -66,6 +67,7 @@ class TrainSetup:
         if self.sl_iters < 0 or self.rl_iters < 0 or self.sl_iters + self.rl_iters == 0:
             raise ValueError("nothing to train: sl_iters and rl_iters are both 0")
         world_named(self.world)  # a ValueError naming the worlds
+        T.TargetConfig(teacher=self.teacher, prior=self.prior)  # a ValueError naming a bad teacher or prior
 
     def training_seeds(self) -> range:
         return range(self.seed, self.seed + self.clusters)

@@ -45,6 +45,8 @@ def test_an_unknown_teacher_is_refused_by_name():
         TE.teacher("drf")
     with pytest.raises(ValueError, match="teacher must be one of optimus, elastic, got 'drf'"):
         T.TargetConfig(teacher="drf")
+    with pytest.raises(ValueError, match="teacher must be one of"):
+        TT.TrainSetup(teacher="drf")  # refused before any trace is built
     assert tuple(TE.TEACHERS) == T.TargetConfig.TEACHERS
 
 
