@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--cluster", default=None, help="the world's cluster preset (default: its training cluster)")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--margin", type=float, default=0.2)
-    ap.add_argument("--temperature", type=float, default=1.0, help="the learner samples at this temperature")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="the learner samples at this temperature (default: the daemon's, policy.online_temperature)")
     ap.add_argument("--fallback", default="drf")
     ap.add_argument("--heuristics", default="elastic,optimus", help="more heuristics to run on the same traces")
     ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
@@ -52,6 +53,7 @@ def main() -> None:
         seeds = TT.held_out_seeds(args.seeds, load_target(pretrained(args.world)).meta)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    temperature = PolicyOptions().online_temperature if args.temperature is None else args.temperature
     rows = []
     for seed in seeds:
         trace = TT.make_trace(setup, cfg, seed)
@@ -64,7 +66,7 @@ def main() -> None:
         def daemon_like(window, trace=trace, seed=seed):
             learner = registry.build("dl2-target", PolicyOptions(online_rl=True, fallback=args.fallback, seed=seed, world=args.world,
                                                                  online_window=window, revert_margin=args.margin,
-                                                                 online_temperature=args.temperature))
+                                                                 online_temperature=temperature))
             ratios, scheduler = [], as_scheduler(learner)
 
             def decide(view):

@@ -73,7 +73,7 @@ class PolicySection:
     save_path: str = ""  # default <state_dir>/policy-online.msgpack; loaded at start when present
     online_window: int = 8  # dl2-target online: slots per update and per check of the revert rule
     revert_margin: float = 0.2  # dl2-target online: revert when a window scores below 1 - this of the fallback's
-    online_temperature: float = 1.0  # dl2-target online: sample from softmax(logits / this); below 1 explores less
+    online_temperature: float = 0.5  # dl2-target online: sample from softmax(logits / this); below 1 explores less
     seed: int = 0
     world: str = "today"  # today (a GPU cluster of today) | dl2: the pretrained policy a learned one uses by default
 

@@ -93,7 +93,7 @@ class PolicyOptions:
     fallback: str = "drf"  # the heuristic an online learner is measured against (dl2d.policy.target_online)
     online_window: int = 8  # slots per online update, and per check of the revert rule (dl2-target)
     revert_margin: float = 0.2  # revert when a window scores below 1 - margin of the fallback's (dl2-target)
-    online_temperature: float = 1.0  # dl2-target online: samples from softmax(logits / this); < 1 explores less
+    online_temperature: float = 0.5  # dl2-target online: samples from softmax(logits / this); < 1 explores less
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:
