@@ -156,7 +156,7 @@ def rollout(tcfg: T.TargetConfig, pcfg: PPOConfig, env: X.EnvParams, net, states
         nxt, episode_jct = X.autoreset(env, nxt, done)
         return nxt, {"x": x, "active": obs["active"], "idx": idx, "logp": job_log_probs(logits, idx),
                      "value": value, "reward": r, "done": done, "episode_jct": episode_jct,
-                     "allreduce": obs["allreduce"], "teacher": T.teacher_pairs(tcfg, obs)}
+                     "allreduce": obs["allreduce"], "teacher": T.features_teacher(tcfg, x)}
 
     def one_slot(carry, _):
         s, k = carry

@@ -178,6 +178,15 @@ def teacher_pairs(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     return teacher(cfg.teacher)(cfg, obs)
 
 
+def features_teacher(cfg: TargetConfig, x) -> jnp.ndarray:
+    """[..., J] the teacher's pair read back from the one-hot blocks of feature rows ``x`` [..., J, F] (what
+    :func:`job_features` put there from :func:`teacher_pairs`; 0 for an inactive row), so that a caller holding
+    the features does not compute the teacher a second time (elastic's is a fill and a sort)."""
+    nl, np_ = cfg.num_levels, len(cfg.ps_levels)
+    w, p = x[..., -nl - np_:-np_], x[..., -np_:]
+    return (jnp.argmax(w, axis=-1) * np_ + jnp.argmax(p, axis=-1)).astype(jnp.int32)
+
+
 def teacher_actions(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     """[J] the best heuristic's pair: what Optimus gives each job this slot (``optimus_workers``,
     ``optimus_ps``, dl2d.policy.marginal), each rounded down to a level (no workers: level 0, the job waits)."""
@@ -400,7 +409,7 @@ def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=Non
     logits = logits / temperature
     picked = jnp.argmax(logits, axis=1) if key is None else sample(key, logits)
     known = jnp.where(o["allreduce"], "allreduce" in kinds, "ps" in kinds)
-    action = jnp.where(known, picked, teacher_pairs(cfg, o))
+    action = jnp.where(known, picked, features_teacher(cfg, x))
     log_prob = chosen(jax.nn.log_softmax(logits), action)
     return {"action": action, "log_prob": log_prob, "value": value, "x": x, "known": known}
 

@@ -74,6 +74,7 @@ def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_op
             x = np.asarray(T.job_features(c, o))
             pairs[c.teacher] = np.asarray(TE.teacher(c.teacher)(c, o))
             assert np.array_equal(x[:, -nl - np_:-np_].argmax(1), pairs[c.teacher] // np_)
+            assert np.array_equal(np.asarray(T.features_teacher(c, x)), pairs[c.teacher])  # read back whole
         differ += not np.array_equal(pairs["optimus"], pairs["elastic"])
     assert differ  # the two teachers' blocks are not the same block
 
