@@ -45,12 +45,9 @@ def elastic(cfg: T.TargetConfig, obs: dict) -> jnp.ndarray:
     lv = jnp.asarray(cfg.levels, c.dtype)
     want = T.level_index(cfg.levels, T.elastic_sizes(cfg, c))
     prev = T.level_index(cfg.levels, jnp.minimum(obs["prev_workers"], cfg.max_workers))
+    t = jnp.where(c > 0, rem[:, None] / jnp.maximum(c, 1e-12), jnp.inf)  # [J, L] remaining time at each level
 
-    def time_at(i):
-        speed = c[rows, i]
-        return jnp.where(speed > 0, rem / jnp.maximum(speed, 1e-12), jnp.inf)
-
-    keep = (obs["prev_workers"] > 0) & (time_at(prev) <= time_at(want) * (1 + KEEP_GAIN))
+    keep = (obs["prev_workers"] > 0) & (t[rows, prev] <= t[rows, want] * (1 + KEEP_GAIN))
     base = jnp.where(keep, prev, want)
     target_w = lv[base]
     target_p = jnp.where(obs["allreduce"], 0.0, jnp.minimum(target_w, cfg.max_ps))
@@ -62,7 +59,6 @@ def elastic(cfg: T.TargetConfig, obs: dict) -> jnp.ndarray:
     # every job's steps granted -> granted + 1 -> ... up to its fastest level, ranked by saving per GPU
     fastest = jnp.argmax(c, axis=1)
     step = jnp.arange(len(cfg.levels) - 1)  # step i: level i -> i + 1
-    t = jnp.where(c > 0, rem[:, None] / jnp.maximum(c, 1e-12), jnp.inf)
     gpus = (lv[1:] - lv[:-1])[None, :] * (obs["worker_demand"][:, 0] + jnp.where(
         obs["allreduce"], 0.0, obs["ps_demand"][:, 0]))[:, None]
     saving = jnp.where(jnp.isfinite(t[:, :-1]), t[:, :-1] - t[:, 1:], 0.0) / jnp.maximum(gpus, 1e-12)
