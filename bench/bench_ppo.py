@@ -13,6 +13,7 @@ parameters, its tasks placed on the servers). One JSON line per evaluation, then
 
     python bench/bench_ppo.py                              # RL only, DL2 world, small preset, J = 40
     python bench/bench_ppo.py --sl-iters 30 --lr 1e-4      # supervised warm-up towards Optimus first
+    python bench/bench_ppo.py --teacher optimus-relative --sl-iters 30 ...   # ... towards the relative Optimus
     python bench/bench_ppo.py ... --out FILE --curve-out FILE.json   # keep the chosen policy and the curve
     python bench/bench_ppo.py --world today --cluster t4-16 --jobs 40 ...   # today's all-reduce world
 """
@@ -45,7 +46,10 @@ def main():
     ap.add_argument("--clusters", type=int, default=64)
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--iters", type=int, default=300, help="RL iterations")
-    ap.add_argument("--sl-iters", type=int, default=0, help="supervised warm-up iterations (towards Optimus) first")
+    ap.add_argument("--sl-iters", type=int, default=0, help="supervised warm-up iterations (towards the teacher) first")
+    ap.add_argument("--teacher", default="optimus", choices=T.TargetConfig.TEACHERS,
+                    help="the heuristic whose pair the features show and the warm-up imitates (dl2d.policy.teachers)")
+    ap.add_argument("--prior", type=float, default=0.0, help="added to the teacher's pair's logit")
     ap.add_argument("--lr", type=float, default=1e-3, help="RL learning rate")
     ap.add_argument("--sl-lr", type=float, default=1e-3)
     ap.add_argument("--ent-coef", type=float, default=0.003)
@@ -63,13 +67,14 @@ def main():
     args = ap.parse_args()
 
     setup = TT.TrainSetup(world=args.world, cluster=args.cluster, jobs=args.jobs, load=args.load,
-                          clusters=args.clusters, slots=args.slots, sl_iters=args.sl_iters, rl_iters=args.iters,
+                          clusters=args.clusters, slots=args.slots, teacher=args.teacher, prior=args.prior,
+                          sl_iters=args.sl_iters, rl_iters=args.iters,
                           sl_lr=args.sl_lr, lr=args.lr, ent_coef=args.ent_coef, credit=args.credit,
                           team_weight=args.team_weight, eval_every=args.eval_every,
                           seed=1000, rng=args.seed, val_seed=500, val_traces=args.val_traces,
                           max_eval_slots=args.eval_slots)
     cfg = TT.sim_config(setup)
-    tc = TT.target_config(cfg)
+    tc = TT.target_config(cfg, args.teacher, args.prior)
     held = [TT.make_trace(setup, cfg, s) for s in range(args.eval_traces)]
     env, held_states = X.from_traces(held, cfg, args.jobs, placement=False)
 
@@ -103,7 +108,8 @@ def main():
             if "optimus" in reference else None)))
     summary = {
         "summary": True, "command": command, "world": args.world, "cluster": args.cluster, "J": args.jobs,
-        "clusters": args.clusters, "slots": args.slots, "sl_iters": args.sl_iters, "rl_iters": args.iters,
+        "clusters": args.clusters, "slots": args.slots, "teacher": args.teacher, "prior": args.prior,
+        "sl_iters": args.sl_iters, "rl_iters": args.iters,
         "credit": args.credit,
         "train_cluster_slots_per_s": round(result.cluster_slots_per_s) if result.cluster_slots_per_s else None,
         "chosen": {"phase": chosen["phase"], "iter": chosen["iter"], "val_mean": chosen["val_mean"]},

@@ -5,6 +5,8 @@ checkpoint's meta says which world, cluster, jobs and load), at seeds no trainin
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
         [--allreduce-placement spread]
     python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds validation
+    python bench/bench_target_heldout.py dl2d/policy/pretrained/target-dl2.msgpack --seeds 0-4 --cluster testbed \
+        --jobs 30     # another preset of the checkpoint's world than it trained on
 
 The summary line gives the traces' LP lower bound on the average JCT (dl2d.sim.lp_bound: at nominal speed and at
 the slot noise's upper end) and how far above its nominal value the learned policy and the best heuristic are.
@@ -34,9 +36,16 @@ def main() -> None:
     ap.add_argument("--heuristics", default="slurm,tiresias,drf,optimus,elastic")
     ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
                     help="where all-reduce workers go (default: the world's)")
+    ap.add_argument("--cluster", default=None, help="another cluster preset of the checkpoint's world (default: its own)")
+    ap.add_argument("--jobs", type=int, default=None, help="jobs per trace (default: the checkpoint's)")
+    ap.add_argument("--no-bound", action="store_true", help="skip the LP lower bound (minutes a trace in the DL2 world)")
     args = ap.parse_args()
     ck = load_target(args.checkpoint)
-    setup = TT.TrainSetup(**ck.meta["setup"])
+    # checkpoints written by bench_ppo before the meta held the whole setup name its world, cluster and jobs
+    setup = TT.TrainSetup(**ck.meta.get("setup", {k: ck.meta[k] for k in ("world", "cluster", "jobs") if k in ck.meta}))
+    overrides = {k: v for k, v in (("cluster", args.cluster), ("jobs", args.jobs))
+                 if v is not None and v != getattr(setup, k)}
+    setup = dataclasses.replace(setup, **overrides)
     if args.seeds == "validation":
         lo, hi = ck.meta["validation_seeds"]
         seeds = range(int(lo), int(hi) + 1)
@@ -57,8 +66,9 @@ def main() -> None:
         out[name] = {"per_trace": jcts, "mean": round(float(np.mean(jcts)), 2)}
         print(json.dumps({"policy": name, **out[name]}), flush=True)
     best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
-    bound = TT.lower_bound(traces, cfg)
-    print(json.dumps({"summary": True, "world": setup.world, "jobs": setup.jobs, "seeds": [seeds.start, seeds.stop - 1],
+    bound = None if args.no_bound else TT.lower_bound(traces, cfg)
+    print(json.dumps({"summary": True, "world": setup.world, "cluster": setup.cluster, "jobs": setup.jobs,
+                      "not_the_training_setup": sorted(overrides), "seeds": [seeds.start, seeds.stop - 1],
                       "held_out": args.seeds != "validation", "allreduce_placement": cfg.allreduce_placement,
                       "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4),
                       "lower_bound": bound,

@@ -23,8 +23,11 @@ import jax.numpy as jnp
 _EPS = 1e-6
 
 
-def optimus_counts(speed, remaining, worker_demand, ps_demand, allreduce, eligible, arrival, capacity):
-    """(workers [J], PS [J]) Optimus gives the ``eligible`` jobs.
+def optimus_counts(speed, remaining, worker_demand, ps_demand, allreduce, eligible, arrival, capacity,
+                   relative: bool = False):
+    """(workers [J], PS [J]) Optimus gives the ``eligible`` jobs; ``relative`` (static): valuing a task by the
+    share of the job's remaining time it cuts, ``1 - speed now / speed after``, as
+    :class:`dl2d.policy.optimus.RelativeOptimus` (``remaining`` then unused).
 
     ``speed`` [J, P + 1, W + 1] estimated epochs/s at (PS, workers) (an all-reduce job's in row 0),
     ``remaining`` [J] epochs, ``worker_demand``/``ps_demand`` [J, 3], ``allreduce`` [J] bool, ``eligible`` [J]
@@ -52,11 +55,19 @@ def optimus_counts(speed, remaining, worker_demand, ps_demand, allreduce, eligib
         rem = remaining[r]
         return jnp.where(s > 0, rem / jnp.where(s > 0, s, 1.0), jnp.inf)
 
+    def relative_gain(p0, w0, p1, w1, r):
+        now = speed[r, jnp.clip(p0, 0, P1 - 1), jnp.clip(w0, 0, W1 - 1)]
+        after = speed[r, jnp.clip(p1, 0, P1 - 1), jnp.clip(w1, 0, W1 - 1)]
+        return jnp.where(after > 0, 1.0 - now / jnp.where(after > 0, after, 1.0), jnp.where(now > 0, -jnp.inf, 0.0))
+
     def best_moves(w, p, r=rows):
         """The best task's utility (-inf: none) and whether it is a PS, of the jobs ``r`` (all: [J])."""
-        now = remaining_time(p, w, r)
-        gain_w = now - remaining_time(p, w + 1, r)
-        gain_p = now - remaining_time(p + 1, w, r)
+        if relative:
+            gain_w, gain_p = relative_gain(p, w, p, w + 1, r), relative_gain(p, w, p + 1, w, r)
+        else:
+            now = remaining_time(p, w, r)
+            gain_w = now - remaining_time(p, w + 1, r)
+            gain_p = now - remaining_time(p + 1, w, r)
         gain_w = jnp.where(jnp.isnan(gain_w), 0.0, gain_w)  # inf - inf: no speed either way
         gain_p = jnp.where(jnp.isnan(gain_p), 0.0, gain_p)
         u_w = jnp.where(w + 1 < W1, gain_w / share_w[r], -jnp.inf)

@@ -58,7 +58,7 @@ class TargetConfig:
     #: Each integer field's bounds: a checkpoint's config is checked against them before any network is built.
     BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
     #: The teachers' names (dl2d.policy.teachers.TEACHERS, which a test keeps equal).
-    TEACHERS = ("optimus", "elastic")
+    TEACHERS = ("optimus", "optimus-relative", "elastic")
 
     def __post_init__(self):
         for name, (lo, hi) in self.BOUNDS.items():

@@ -4,6 +4,9 @@ every job's action, a (workers, PS) pair index on the policy's levels, which the
 remaining-work order as it grants the policy's own.
 
 - ``optimus``: what Optimus (dl2d.policy.marginal) gives each job this slot (DL2's own teacher).
+- ``optimus-relative``: Optimus's rule valuing a task by the share of a job's remaining time it cuts
+  (dl2d.policy.optimus.RelativeOptimus; ``relative`` in dl2d.policy.marginal): in the DL2 world's contended
+  presets the best heuristic.
 - ``elastic``: dl2d.policy.elastic's rule on the levels: every job its efficient size, a running job its size
   when the efficient one would save it too little to pay the restart, then the GPUs left over, one level step
   at a time, to the steps that save the most remaining time per GPU, never past a job's fastest level. In
@@ -28,6 +31,17 @@ from dl2d.policy.elastic import KEEP_GAIN
 def optimus(cfg: T.TargetConfig, obs: dict) -> jnp.ndarray:
     """[J] Optimus's pair for each job, rounded down to the levels (dl2d.policy.target.teacher_actions)."""
     return T.teacher_actions(cfg, obs)
+
+
+def optimus_relative(cfg: T.TargetConfig, obs: dict) -> jnp.ndarray:
+    """[J] the relative Optimus's pair for each job, rounded down to the levels as :func:`optimus`'s."""
+    from dl2d.policy.marginal import optimus_counts
+
+    w, p = optimus_counts(jnp.asarray(obs["speed"]), jnp.asarray(obs["remaining_epochs"]),
+                          jnp.asarray(obs["worker_demand"]), jnp.asarray(obs["ps_demand"]),
+                          jnp.asarray(obs["allreduce"]), jnp.asarray(obs["active"]),
+                          jnp.asarray(obs["arrival_slot"]), jnp.asarray(obs["capacity"]), relative=True)
+    return T.teacher_actions(cfg, {**obs, "optimus_workers": w, "optimus_ps": p})
 
 
 def _pairs(cfg: T.TargetConfig, level_idx, allreduce) -> jnp.ndarray:
@@ -78,7 +92,7 @@ def elastic(cfg: T.TargetConfig, obs: dict) -> jnp.ndarray:
     return _pairs(cfg, final, obs["allreduce"])
 
 
-TEACHERS: dict[str, Callable] = {"optimus": optimus, "elastic": elastic}  # keys: T.TargetConfig.TEACHERS
+TEACHERS: dict[str, Callable] = {"optimus": optimus, "optimus-relative": optimus_relative, "elastic": elastic}  # keys: T.TargetConfig.TEACHERS
 
 
 def teacher(name: str) -> Callable:

@@ -41,9 +41,9 @@ def test_the_jax_elastic_gives_elastics_sizes_on_a_simulated_run():
 
 
 def test_an_unknown_teacher_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown teacher 'drf'; choices: optimus, elastic"):
+    with pytest.raises(ValueError, match="unknown teacher 'drf'; choices: optimus, optimus-relative, elastic"):
         TE.teacher("drf")
-    with pytest.raises(ValueError, match="teacher must be one of optimus, elastic, got 'drf'"):
+    with pytest.raises(ValueError, match="teacher must be one of optimus, optimus-relative, elastic, got 'drf'"):
         T.TargetConfig(teacher="drf")
     with pytest.raises(ValueError, match="teacher must be one of"):
         TT.TrainSetup(teacher="drf")  # refused before any trace is built
@@ -66,10 +66,11 @@ def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_op
     sim = TT.sim_config(setup)
     _, steps = run_slots(TT.make_trace(setup, sim, 7), elastic_srtf, 60, sim)
     nl, np_ = len(old.levels), len(old.ps_levels)
+    relative = dataclasses.replace(cfg, teacher="optimus-relative")
     differ = 0
     for view, _ in steps[::6]:
         pairs = {}
-        for c in (old, cfg):
+        for c in (old, cfg, relative):
             o = T.with_optimus(jax.tree.map(jax.numpy.asarray, T.view_obs(c, view)))
             x = np.asarray(T.job_features(c, o))
             pairs[c.teacher] = np.asarray(TE.teacher(c.teacher)(c, o))
@@ -77,6 +78,35 @@ def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_op
             assert np.array_equal(np.asarray(T.features_teacher(c, x)), pairs[c.teacher])  # read back whole
         differ += not np.array_equal(pairs["optimus"], pairs["elastic"])
     assert differ  # the two teachers' blocks are not the same block
+
+
+def test_the_jax_relative_optimus_gives_relative_optimus_pairs_where_one_server_is_the_cluster():
+    """DL2's PS jobs on one large server (aggregate capacity is the placement's): on every view of Optimus's
+    contended run the teacher's pair is RelativeOptimus's (workers, PS) rounded down to the levels, and on some
+    views it is not Optimus's."""
+    from dl2d.policy.optimus import Optimus, RelativeOptimus
+    from dl2d.sim import engine as E
+    from dl2d.sim import trace as TR
+    from dl2d.sim.cluster import ClusterSpec
+
+    sim = E.SimConfig(cluster=ClusterSpec(1, gpus=24.0, cpus=96.0, mem_gb=576.0), max_workers=8, max_ps=8)
+    tc = T.TargetConfig(max_workers=8, max_ps=8, hidden=16, teacher="optimus-relative")
+    rule = jax.jit(lambda o: TE.optimus_relative(tc, o))
+    _, steps = run_slots(TR.generate(TR.TraceConfig(num_jobs=12), seed=3), Optimus(), 30, sim)
+    np_, lv, plv = len(tc.ps_levels), np.array(tc.levels), np.array(tc.ps_levels)
+    checked = differ = 0
+    for view, _ in steps:
+        if not len(view):
+            continue
+        want, other = RelativeOptimus()(view), Optimus()(view)
+        got = np.asarray(rule(jax.tree.map(jax.numpy.asarray, T.view_obs(tc, view))))[: len(view)]
+        round_w = lambda w: lv[np.maximum(np.searchsorted(lv, w, side="right") - 1, 0)]  # noqa: E731
+        round_p = lambda p: plv[np.maximum(np.searchsorted(plv, p, side="right") - 1, 0)]  # noqa: E731
+        assert np.array_equal(lv[got // np_], round_w(want.workers)), f"slot {view.slot}"
+        assert np.array_equal(plv[got % np_], round_p(want.ps)), f"slot {view.slot}"
+        checked += len(view)
+        differ += not (np.array_equal(want.workers, other.workers) and np.array_equal(want.ps, other.ps))
+    assert checked > 100 and differ > 0
 
 
 def test_a_prior_on_the_teachers_pair_makes_an_untrained_policy_its_teacher():
