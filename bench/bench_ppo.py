@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--eval-traces", type=int, default=5, help="held-out test traces (seeds 0..): report it")
     ap.add_argument("--eval-slots", type=int, default=20000, help="an evaluation episode is cut here")
     ap.add_argument("--seed", type=int, default=0, help="the network's initialisation and the rollouts' sampling")
-    ap.add_argument("--heuristics", default="optimus,elastic,drf")
+    ap.add_argument("--heuristics", default="optimus,optimus-relative,elastic,drf")
     ap.add_argument("--out", default="", help="write the chosen policy here (a dl2d-target-policy checkpoint whose "
                     "meta records how it was made and its held-out JCT in the NumPy simulator)")
     ap.add_argument("--curve-out", default="", help="write the evaluations as JSON (bench/plot_ppo_curves.py)")
@@ -105,7 +105,8 @@ def main():
             held_out_jct_numpy=learned_numpy, held_out_jct_numpy_mean=round(float(np.mean(learned_numpy)), 3),
             optimus_held_out_jct_numpy=reference.get("optimus"),
             optimus_held_out_jct_numpy_mean=round(float(np.mean(reference["optimus"])), 3)
-            if "optimus" in reference else None)))
+            if "optimus" in reference else None,
+            heuristics_held_out_jct_numpy_mean={k: round(float(np.mean(v)), 3) for k, v in reference.items()})))
     summary = {
         "summary": True, "command": command, "world": args.world, "cluster": args.cluster, "J": args.jobs,
         "clusters": args.clusters, "slots": args.slots, "teacher": args.teacher, "prior": args.prior,

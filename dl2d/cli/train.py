@@ -101,7 +101,7 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
 @click.option("--slots", type=click.IntRange(1, 10_000), default=32, show_default=True,
               help="dl2-target: slots per rollout.")
 @click.option("--sl-iters", type=click.IntRange(min=0), default=30, show_default=True,
-              help="dl2-target: supervised warm-up iterations towards optimus.")
+              help="dl2-target: supervised warm-up iterations towards the teacher.")
 @click.option("--rl-iters", type=click.IntRange(min=0), default=80, show_default=True,
               help="dl2-target: PPO iterations.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), callback=finite_number, default=1e-4,
@@ -120,7 +120,7 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
               help="dl2-target: validate every N iterations (and after the first and last of each phase).")
 @click.option("--teacher", type=click.Choice(TEACHERS), default=None,
               help="Heuristic the policy imitates in the supervised warm-up [default: drf for dl2; optimus for "
-                   "dl2-target, which learns from optimus or elastic].")
+                   "dl2-target, which learns from optimus, optimus-relative or elastic].")
 @click.option("--sl-epochs", type=click.IntRange(min=0), default=None,
               help="Supervised epochs [default: 20, or 0 with --init].")
 @click.option("--sl-traces", type=click.IntRange(min=1), default=2, show_default=True,

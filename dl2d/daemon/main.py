@@ -189,7 +189,7 @@ def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | N
 
 
 #: The best heuristic of each world on its benchmark workloads (docs/BENCHMARKS.md), shown beside the demo's policy.
-BEST_HEURISTIC = {"today": "elastic", "dl2": "optimus"}
+BEST_HEURISTIC = {"today": "elastic", "dl2": "optimus-relative"}
 
 
 def demo_policy(world_name: str) -> str:
