@@ -429,8 +429,8 @@ def padded(obs: dict, n: int) -> dict:
 
 class TargetPolicy:
     """The target-size policy on a view: the greedy action of every job, then the fill task by task on the
-    servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order: each job's PS, then
-    its workers, while its targets and the servers allow (a PS job none of whose workers fit holds no PS). Jobs
+    servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order (:meth:`place`: a PS
+    job's bundles first, while its targets and the servers allow; one none of whose workers fit holds no PS). Jobs
     are padded to 64 rows, or the next power of two above, for the jitted network (one compilation up to 64 jobs,
     one more per doubling). ``kinds``: the job kinds it was trained on ("ps", "allreduce"); a job of another
     kind gets its teacher's (Optimus's) sizes."""
@@ -451,7 +451,12 @@ class TargetPolicy:
         return self.place(view, action, obs)
 
     def place(self, view, action, obs):
-        """The fill of the chosen ``action`` [J] on the servers of ``view`` (``obs``: its :func:`view_obs`)."""
+        """The fill of the chosen ``action`` [J] on the servers of ``view`` (``obs``: its :func:`view_obs`): in
+        shortest-remaining-work order, every all-reduce job its workers and every PS job one bundle (a worker
+        and a PS together); then, in the same order, each PS job's further bundles while it wants both, then
+        its remaining PS, then its remaining workers. Why bundles first: placing one job's PS all before its
+        workers took the cores of servers whose GPUs then stood idle (on `testbed` a tenth of the targets did
+        not fit, and Optimus's own bundles-first placement did fit them; docs/BENCHMARKS.md)."""
         from dl2d.policy.heuristics import AllocationBuilder
 
         b = AllocationBuilder(view)
@@ -459,13 +464,20 @@ class TargetPolicy:
             return b.allocation()
         target_w, target_p = (np.asarray(a).astype(int) for a in sizes(self.cfg, action, obs["allreduce"]))
         one = np.maximum(obs["curves"][:, 1], 1e-12)
-        for j in np.lexsort((view.arrival_slot, obs["remaining_epochs"] / one)):
+        order = np.lexsort((view.arrival_slot, obs["remaining_epochs"] / one))
+        ps_job = ~np.asarray(obs["allreduce"], bool) & (target_p > 0)
+        for j in order:
+            if not ps_job[j]:
+                b.add_up_to(j, "worker", target_w[j])
+            elif target_w[j] >= 1:
+                b.add(j, "bundle")  # a worker and a PS, or nothing: a PS job's PS wait with no worker
+        for j in order:
+            if not ps_job[j] or not b.workers(j):
+                continue
+            while b.ps(j) < target_p[j] and b.workers(j) < target_w[j] and b.add(j, "bundle"):
+                pass
             b.add_up_to(j, "ps", target_p[j] - b.ps(j))
-            if b.ps(j) or target_p[j] == 0:
-                b.add_up_to(j, "worker", target_w[j] - b.workers(j))
-            if b.workers(j) == 0 and b.ps(j):  # its PS fit, no worker did: it waits, nothing held
-                while b.ps(j):
-                    b.placer.remove(b.ps_servers[j].pop(), view.ps_demand[j])
+            b.add_up_to(j, "worker", target_w[j] - b.workers(j))
         return b.allocation()
 
     def applied(self, view, allocation, overridden: bool) -> None:

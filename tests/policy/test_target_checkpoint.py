@@ -168,3 +168,21 @@ def test_benchmark_seeds_a_shipped_policy_trained_or_validated_on_are_refused():
         held_out_seeds("10004-10005", meta)
     with pytest.raises(ValueError, match="seeds must be FIRST-LAST or one seed, got '1-x'"):
         held_out_seeds("1-x", meta)
+
+
+def test_the_fill_places_a_ps_jobs_bundles_before_its_other_tasks():
+    """Two PS jobs on two servers of 2 GPUs and 8 cores: the shorter wants 2 workers and 4 PS, the longer 2 and
+    2. Placing the shorter job's PS all before its workers would take 8 of the 16 cores and leave the longer
+    job's workers no cores beside their PS (it would wait, holding nothing); bundles first, both run."""
+    from dl2d.sim.cluster import ClusterSpec
+
+    cfg = T.TargetConfig(max_workers=8, max_ps=8, hidden=16)
+    view = make_view(["resnet-50", "resnet-50"], spec=ClusterSpec(2, gpus=2.0, cpus=8.0, mem_gb=48.0),
+                     arrival=[0, 0], est=[10.0, 100.0], max_workers=8, max_ps=8)
+    policy = T.TargetPolicy(cfg, T.init_params(cfg, jax.random.PRNGKey(0)))
+    obs = T.view_obs(cfg, view)
+    pair = lambda w, p: cfg.levels.index(w) * len(cfg.ps_levels) + cfg.ps_levels.index(p)  # noqa: E731
+    got = policy.place(view, np.array([pair(2, 4), pair(2, 2)]), obs)
+    assert list(got.workers) == [2, 1] and list(got.ps) == [4, 1]
+    used = (got.workers[:, None] * view.worker_demand + got.ps[:, None] * view.ps_demand).sum(axis=0)
+    assert used[1] == 16.0  # every core in use
