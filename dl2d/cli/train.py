@@ -88,7 +88,7 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
 @click.command()
 @click.option("--policy", type=click.Choice(TRAINABLE), default="dl2", show_default=True,
               help="dl2: DL2's per-inference actor-critic (DL2 world); dl2-target: a learned size for every job, "
-                   "slot-level PPO in the JAX simulator, either world, warm-started from optimus.")
+                   "slot-level PPO in the JAX simulator, either world, warm-started from the world's best heuristic.")
 @click.option("--world", type=click.Choice(tuple(WORLDS)), default=DEFAULT_WORLD, show_default=True,
               help="dl2-target: the world it trains in (today: all-reduce jobs, Philly workloads, measured speeds).")
 @click.option("--speed-model", metavar="FILE", default=None,
@@ -119,8 +119,9 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
 @click.option("--eval-every", type=click.IntRange(min=1), default=10, show_default=True,
               help="dl2-target: validate every N iterations (and after the first and last of each phase).")
 @click.option("--teacher", type=click.Choice(TEACHERS), default=None,
-              help="Heuristic the policy imitates in the supervised warm-up [default: drf for dl2; optimus for "
-                   "dl2-target, which learns from optimus, optimus-relative or elastic].")
+              help="Heuristic the policy imitates in the supervised warm-up [default: drf for dl2; for dl2-target, "
+                   "which learns from optimus, optimus-relative or elastic, the world's best heuristic: elastic "
+                   "today, optimus-relative in the DL2 world].")
 @click.option("--sl-epochs", type=click.IntRange(min=0), default=None,
               help="Supervised epochs [default: 20, or 0 with --init].")
 @click.option("--sl-traces", type=click.IntRange(min=1), default=2, show_default=True,
@@ -185,7 +186,7 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
     if policy == "dl2-target":
         from dl2d.policy.teachers import TEACHERS as TARGET_TEACHERS
 
-        teacher = teacher or "optimus"
+        teacher = teacher or WORLDS[world].best_heuristic
         if teacher not in TARGET_TEACHERS:
             raise click.BadParameter(f"{teacher!r} is not one --policy dl2-target learns from; choose from "
                                      f"{', '.join(TARGET_TEACHERS)}", param_hint="--teacher")

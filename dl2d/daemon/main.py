@@ -188,10 +188,6 @@ def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | N
             "max_workers": w.max_workers}
 
 
-#: The best heuristic of each world on its benchmark workloads (docs/BENCHMARKS.md), shown beside the demo's policy.
-BEST_HEURISTIC = {"today": "elastic", "dl2": "optimus-relative"}
-
-
 def demo_policy(world_name: str) -> str:
     """The demo's policy when none is given: the learned target-size policy where one is shipped for the world
     (dl2d/policy/pretrained), else drf."""
@@ -403,8 +399,10 @@ def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> d
                         max_workers=min(cfg.max_workers, feeder.max_workers))
         res = run(feeder.trace, pol, sim, seed=cfg.sim.seed)
         out["bare_sim_avg_jct_hours"] = round(res.avg_jct_hours, 3)
-        best = BEST_HEURISTIC.get(feeder.world)
-        if best and best != cfg.policy.name:  # what the best hand-written rule gets on the same trace
+        from dl2d.sim.worlds import world
+
+        best = world(feeder.world).best_heuristic
+        if best != cfg.policy.name:  # what the best hand-written rule gets on the same trace
             from dl2d.policy import registry
 
             res = run(feeder.trace, registry.build(best), sim, seed=cfg.sim.seed)

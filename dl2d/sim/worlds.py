@@ -32,6 +32,9 @@ class World:
     max_workers: int
     max_ps: int
     description: str
+    #: the best heuristic of the world on its benchmark workloads (docs/BENCHMARKS.md): what the demo prints
+    #: beside its policy and what `dl2ctl train --policy dl2-target` learns from unless told otherwise
+    best_heuristic: str
 
     def sim_config(self, cluster: str | None = None, **overrides) -> SimConfig:
         """The world's SimConfig on its cluster (or another preset), with any field overridden."""
@@ -43,9 +46,11 @@ class World:
 
 WORLDS: dict[str, World] = {
     "today": World("today", "t4-16", 60.0, 30.0, 0.1, 64, 16,
-                   "all-reduce jobs of today's models on 4-GPU T4 nodes, measured speeds, Philly workloads"),
+                   "all-reduce jobs of today's models on 4-GPU T4 nodes, measured speeds, Philly workloads",
+                   "elastic"),
     "dl2": World("dl2", "dl2", 1200.0, 0.0, 0.0, 16, 16,
-                 "the DL2 paper's world: PS jobs of its eight models, its testbed speeds, 20-minute slots"),
+                 "the DL2 paper's world: PS jobs of its eight models, its testbed speeds, 20-minute slots",
+                 "optimus-relative"),
 }
 DEFAULT_WORLD = "today"
 

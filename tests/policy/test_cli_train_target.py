@@ -45,16 +45,17 @@ def test_trains_on_the_site_twin_and_records_it(trained):
     assert "my-label: not a model of the training traces" in output  # named, not silently dropped
     assert res["world"] == "today" and res["speed_model"] == str(site) and res["servers"] == 4
     assert [(r["phase"], r["iter"]) for r in res["curve"]] == [("sl", 1), ("rl", 1)]
-    assert res["val_jct_slots"]["optimus"] > 0 and res["val_jct_slots"]["learned"] > 0
-    ratio = res["val_jct_slots"]["learned"] / res["val_jct_slots"]["optimus"]
+    assert res["teacher"] == "elastic"  # today's world's best heuristic, the default teacher there
+    assert res["val_jct_slots"]["elastic"] > 0 and res["val_jct_slots"]["learned"] > 0
+    ratio = res["val_jct_slots"]["learned"] / res["val_jct_slots"]["elastic"]
     assert res["verdict"] == ("better" if ratio < 0.995 else "worse" if ratio > 1.005 else "tie")
     bound = res["val_jct_slots"]["lower_bound"]  # how much room the teacher left: below every policy
     assert 0 < bound["every_run"] <= bound["nominal"]
-    assert bound["every_run"] <= min(res["val_jct_slots"]["optimus"], res["val_jct_slots"]["learned"])
+    assert bound["every_run"] <= min(res["val_jct_slots"]["elastic"], res["val_jct_slots"]["learned"])
     ck = load_target(out)
     assert ck.config.max_workers == 64 and ck.meta["world"] == "today" and ck.meta["speed_model"] == str(site)
     assert ck.meta["validation_seeds"] == [10_000, 10_000] and ck.meta["train_seeds"] == [0, 1]
-    assert ck.meta["teacher_validation_jct_mean"] == pytest.approx(res["val_jct_slots"]["optimus"], abs=1e-3)
+    assert ck.meta["teacher_validation_jct_mean"] == pytest.approx(res["val_jct_slots"]["elastic"], abs=1e-3)
     assert ck.meta["command"].startswith("dl2ctl train --policy dl2-target")
     assert f"--speed-model {site}" in ck.meta["command"]
 
@@ -120,7 +121,7 @@ def test_the_report_shows_the_validation_traces_lower_bound(tmp_path):
     assert r.exit_code == 0, r.output
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
             for line in r.output.splitlines() if line.startswith("│")}
-    teacher = float(rows["optimus (teacher)"][0])
+    teacher = float(rows["elastic (teacher)"][0])
     every, nominal = (float(rows[f"lower bound, {k} (LP)"][0]) for k in ("every run", "nominal speed"))
     assert 0 < every <= nominal and every <= teacher
     assert rows["lower bound, every run (LP)"][1] == f"{every / teacher:.3f}"
@@ -141,6 +142,16 @@ def test_trains_from_elastic_with_the_slots_credit_and_records_both(tmp_path):
     assert ck.config.prior == 8.0
     assert "--teacher elastic" in ck.meta["command"] and "--credit slot" in ck.meta["command"]
     again = CliRunner().invoke(cli, [*TINY, "--sl-iters", "0", "--rl-iters", "1", "--init", str(out),
-                                     "--out", str(tmp_path / "f.msgpack")])
+                                     "--teacher", "optimus", "--out", str(tmp_path / "f.msgpack")])
     assert again.exit_code == 2 and "'teacher': 'elastic'" in again.output and "'teacher': 'optimus'" in again.output
     assert not (tmp_path / "f.msgpack").exists()
+
+
+def test_in_the_dl2_world_it_learns_from_the_relative_optimus_by_default(tmp_path):
+    """The default teacher is the world's best heuristic: in the DL2 world the relative Optimus."""
+    out = tmp_path / "d.msgpack"
+    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "1", "--out", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])
+    assert res["teacher"] == "optimus-relative" and set(res["val_jct_slots"]) >= {"optimus-relative", "learned"}
+    assert load_target(out).config.teacher == "optimus-relative"
