@@ -188,7 +188,7 @@ def features_teacher(cfg: TargetConfig, x) -> jnp.ndarray:
 
 
 def teacher_actions(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
-    """[J] the best heuristic's pair: what Optimus gives each job this slot (``optimus_workers``,
+    """[J] Optimus's pair: what it gives each job this slot (``optimus_workers``,
     ``optimus_ps``, dl2d.policy.marginal), each rounded down to a level (no workers: level 0, the job waits)."""
     level = level_index(cfg.levels, jnp.minimum(obs["optimus_workers"], cfg.max_workers))
     ps = level_index(cfg.ps_levels, jnp.minimum(obs["optimus_ps"], cfg.max_ps))
@@ -433,7 +433,7 @@ class TargetPolicy:
     job's bundles first, while its targets and the servers allow; one none of whose workers fit holds no PS). Jobs
     are padded to 64 rows, or the next power of two above, for the jitted network (one compilation up to 64 jobs,
     one more per doubling). ``kinds``: the job kinds it was trained on ("ps", "allreduce"); a job of another
-    kind gets its teacher's (Optimus's) sizes."""
+    kind gets its teacher's sizes."""
 
     def __init__(self, cfg: TargetConfig, params, name: str = "target", kinds: tuple[str, ...] = ("ps", "allreduce")):
         self.cfg, self.params, self.name = cfg, params, name
