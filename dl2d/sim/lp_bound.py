@@ -23,10 +23,25 @@ And what it minimises is below every schedule's total completion time: a job tra
 ``rho_max[j]`` that ends at ``C_j`` has a mean busy time (the time at which the average part of it is trained)
 of at most ``C_j - 1 / (2 rho_max[j])``; the mean busy time is at least the sum over buckets of the fraction
 trained there times the bucket's (or the job's) start. So ``C_j >= sum_{b, k} y rho start_b + 1 / (2
-rho_max[j])``. Time-sharing between sizes inside a bucket is allowed (it only enlarges the feasible set), so
+rho_max[j])``.
+
+The slow-part term. That last fact holds for a job trained at its fastest to the end; one held to slower
+sizes ends further from its mean busy time, and the program knows which sizes it trains at. Sort the job's
+sizes by rate, fastest first, ``r_1 >= r_2 >= ...``, and let ``u_k`` be the share of the job trained at
+``r_k`` or slower (``u_1 = 1``). Whatever the order in time, ``C_j - M_j = integral of (C_j - t) r(t) dt`` is
+least when the fastest part comes last, and then it is ``sum_k (1/r_k - 1/r_k-1) u_k^2 / 2`` (``1/r_0 = 0``;
+the first term is the ``1 / (2 rho_max)`` above). A rate below ``r_k`` at size k (placement, noise below its
+top) only adds to it. The program carries each ``u_k`` as a column and each ``u_k^2 / 2`` as a column held
+above its tangent lines at 1/16, 2/16, ..., 1 (below the parabola, so still a bound): on a job that the
+cluster holds to a slow size the term adds what the first fact misses (a test: a job of 100 s on one GPU and
+60 s on two, alone on one GPU, is bounded at 100 s, where the first fact gave 80).
+
+Time-sharing between sizes inside a bucket is allowed (it only enlarges the feasible set), so
 only the sizes on the upper concave hull of speed against resources matter; the others are dropped before the
 program is built (for all-reduce jobs, whose resources all scale with the worker count; PS jobs keep their
-Pareto-optimal pairs).
+Pareto-optimal pairs). That keeps the slow-part term a bound: a dropped size's seconds are replaced by the
+same seconds at a time-share of two kept sizes (or by fewer at a dominating one), with the faster part last,
+which trains as much with no more resources and leaves the job's last share trained no slower.
 
 What it does not know, as lower_bound: which server a task lands on (placement contention, the shared-node
 slowdown, a job spread when packed would be faster), restarts after the first, the noise's draws. Buckets
@@ -138,13 +153,41 @@ def bucket_edges(release: np.ndarray, horizon: float, bucket_s: float) -> np.nda
     return start + bucket_s * np.arange(n + 1)
 
 
+@dataclass(frozen=True)
+class Solution:
+    """The program solved: its value (the least sum over jobs of the completion time's lower bound), and per
+    column of the y variables its job, bucket (the number of closed buckets for the open one) and size (an
+    index into the job's sizes as given), with its seconds ``y``."""
+
+    value: float
+    job: np.ndarray
+    bucket: np.ndarray
+    size: np.ndarray
+    y: np.ndarray
+    tail_share: float
+
+
 def solve(rho: list[np.ndarray], demand: list[np.ndarray], start: np.ndarray, edges: np.ndarray,
-          capacity: np.ndarray) -> tuple[float, int, float]:
-    """The program of the module docstring on the buckets ``edges``, with one more bucket after the last edge
+          capacity: np.ndarray, tangents: int = 16) -> tuple[float, int, float]:
+    """The program of the module docstring on the buckets ``edges`` (``tangents``: of each slow part's parabola;
+    0 drops the slow-part term), with one more bucket after the last edge
     that has no end and no capacity limit (what is trained there counts as trained at the last edge: a
-    relaxation of every longer horizon, so the result is a bound whatever the horizon). (The least sum over
-    jobs of the mean busy time's lower bound, the number of columns, the share of the work left to the open
-    bucket: above 0, a longer horizon would tighten the bound.)"""
+    relaxation of every longer horizon, so the result is a bound whatever the horizon). Sizes that need more than
+    ``capacity`` are dropped first. (The least sum over jobs of the completion time's lower bound, the number of
+    columns, the share of the work left to the open bucket: above 0, a longer horizon would tighten the bound.)"""
+    sol = solve_program(rho, demand, start, edges, capacity, tangents)
+    return sol.value, len(sol.y), sol.tail_share
+
+
+def solve_program(rho: list[np.ndarray], demand: list[np.ndarray], start: np.ndarray, edges: np.ndarray,
+                  capacity: np.ndarray, tangents: int = 16) -> Solution:
+    """:func:`solve` with the whole solution (a planner reads what the program does in its first bucket)."""
+    # a size that needs more than the cluster has never runs (the buckets' pooled capacity would let it)
+    fits = [np.all((d <= capacity) | (capacity <= 0), axis=1) for d in demand]
+    if not all(f.any() for f in fits):
+        raise ValueError("a job has no size that fits the cluster: no schedule finishes it")
+    kept = [np.flatnonzero(f) for f in fits]
+    rho, demand = [r[k] for r, k in zip(rho, kept)], [d[k] for d, k in zip(demand, kept)]
     n, nb = len(rho), len(edges) - 1
     lo = np.append(edges[:-1], edges[-1])
     hi = np.append(edges[1:], np.inf)
@@ -180,13 +223,77 @@ def solve(rho: list[np.ndarray], demand: list[np.ndarray], start: np.ndarray, ed
                               shape=(len(resources) * nb, m))
     b_cap = np.concatenate([capacity[r] * (hi[:nb] - lo[:nb]) for r in resources])
     a_eq = sparse.csr_matrix((rate, (job, col)), shape=(n, m))
-    res = optimize.linprog(cost, A_ub=sparse.vstack([a_time, a_cap], format="csr"),
-                           b_ub=np.concatenate([b_time, b_cap]), A_eq=a_eq, b_eq=np.ones(n), bounds=(0, None),
+    slow_eq, slow_ub, b_slow, slow_cost = slow_part_rows(rho, job, size, rate, m, tangents)
+    extra = slow_eq.shape[1] - m
+    a_ub = sparse.vstack([sparse.hstack([sparse.vstack([a_time, a_cap]), sparse.csr_matrix((a_time.shape[0]
+                                                                                             + a_cap.shape[0], extra))]),
+                          slow_ub], format="csr")
+    a_eq = sparse.vstack([sparse.hstack([a_eq, sparse.csr_matrix((n, extra))]), slow_eq], format="csr")
+    res = optimize.linprog(np.concatenate([cost, slow_cost]), A_ub=a_ub,
+                           b_ub=np.concatenate([b_time, b_cap, b_slow]), A_eq=a_eq,
+                           b_eq=np.concatenate([np.ones(n), np.zeros(slow_eq.shape[0])]), bounds=(0, None),
                            method="highs")
     if res.status != 0:
         raise RuntimeError(f"the JCT bound's program did not reach optimality: {res.message}")
-    tail = float(np.sum(res.x[~closed] * rate[~closed])) / n
-    return float(res.fun), m, tail
+    y = res.x[:m]
+    tail = float(np.sum(y[~closed] * rate[~closed])) / n
+    original = np.concatenate(kept)[offsets[job] + size]
+    return Solution(float(res.fun) + sum(0.5 / float(r.max()) for r in rho), job, bucket, original, y, tail)
+
+
+def slow_part_rows(rho: list[np.ndarray], job: np.ndarray, size: np.ndarray, rate: np.ndarray, m: int,
+                   tangents: int):
+    """The rows and columns of the slow-part term (module docstring) after the program's ``m`` columns.
+
+    Per job, its sizes sorted by rate, fastest first (rates r_1 >= r_2 >= ...): a column ``u_k`` (k >= 2) for
+    the share of the job trained at the k-th rate or slower, defined by a chain of equalities ``u_k - u_k+1 -
+    (what the sizes at position k train) = 0``; and a column ``z_k >= u_k^2 / 2``, held there by ``tangents``
+    tangent lines ``a u_k - z_k <= a^2 / 2`` (a = 1/tangents ... 1: below the parabola, so still a bound),
+    which costs ``(1/r_k - 1/r_k-1) z_k`` seconds. (Equality rows [.., m + extra], inequality rows, their
+    right-hand side, the extra columns' costs.)"""
+    eq_r, eq_c, eq_v, ub_r, ub_c, ub_v, b_ub, costs = [], [], [], [], [], [], [], []
+    grid = np.arange(1, tangents + 1) / tangents
+    n_eq = n_ub = 0
+    nxt = m
+    offsets = {}
+    for j, r in enumerate(rho):
+        order = np.argsort(-r, kind="stable")
+        position = np.empty(len(r), int)
+        position[order] = np.arange(len(r))
+        k = len(r)
+        if k < 2:
+            continue
+        u = nxt + np.arange(k - 1)  # u for positions 1 .. k-1 (0-based)
+        z = nxt + k - 1 + np.arange(k - 1)
+        nxt += 2 * (k - 1)
+        offsets[j] = (n_eq, position)
+        for p in range(1, k):
+            row = n_eq + p - 1
+            eq_r.append(row), eq_c.append(u[p - 1]), eq_v.append(1.0)
+            if p + 1 < k:
+                eq_r.append(row), eq_c.append(u[p]), eq_v.append(-1.0)
+            for a in grid:
+                ub_r += [n_ub, n_ub]
+                ub_c += [u[p - 1], z[p - 1]]
+                ub_v += [a, -1.0]
+                b_ub.append(a * a / 2)
+                n_ub += 1
+        n_eq += k - 1
+        rs = r[order]
+        costs.append(np.concatenate([np.zeros(k - 1), np.maximum(1 / rs[1:] - 1 / rs[:-1], 0.0)]))
+    # what each program column trains, in the row of its size's position (the fastest size has no row)
+    for j, (first, position) in offsets.items():
+        own = np.flatnonzero(job == j)
+        sel = own[position[size[own]] > 0]
+        eq_r.append(first + position[size[sel]] - 1)
+        eq_c.append(sel)
+        eq_v.append(-rate[sel])
+    flat = lambda xs: np.concatenate([np.atleast_1d(np.asarray(x, float)) for x in xs]) if xs else np.zeros(0)
+    shape_eq, shape_ub = (n_eq, nxt), (n_ub, nxt)
+    a_eq = sparse.csr_matrix((flat(eq_v), (flat(eq_r).astype(int), flat(eq_c).astype(int))), shape=shape_eq)
+    a_ub = sparse.csr_matrix((np.asarray(ub_v, float), (np.asarray(ub_r, int), np.asarray(ub_c, int))),
+                             shape=shape_ub)
+    return a_eq, a_ub, np.asarray(b_ub, float), (np.concatenate(costs) if costs else np.zeros(0))
 
 
 def lp_lower_bound(trace: Trace, cfg: SimConfig, bucket_s: float | None = None,
@@ -216,8 +323,7 @@ def lp_lower_bound(trace: Trace, cfg: SimConfig, bucket_s: float | None = None,
         bucket_s = slots * cfg.slot_seconds
     t0 = time.perf_counter()
     edges = bucket_edges(release, horizon, bucket_s)
-    busy, columns, tail = solve(rho, demand, start, edges, np.asarray(cfg.cluster.capacity, float))
-    completions = busy + float(np.sum(0.5 / rho_max))
+    completions, columns, tail = solve(rho, demand, start, edges, np.asarray(cfg.cluster.capacity, float))
     lp = (completions - release.sum()) / (len(trace) * cfg.slot_seconds)
     return LPBound(max(lp, simple.no_contention_slots, simple.capacity_slots), lp, simple.no_contention_slots,
                    simple.capacity_slots, float(bucket_s), len(edges) - 1, columns, tail, time.perf_counter() - t0)

@@ -42,7 +42,7 @@ def test_two_jobs_on_one_gpu_the_optimum_by_hand():
     busy, _, tail = solve(rho, demand, np.zeros(2), edges, np.array([1.0, 0.0, 0.0]))
     assert tail == 0.0
     # mean busy times 50 + 150 counted at each second's start (-0.5 each), plus 1 / (2 rho) = 50 for each job
-    assert busy + 2 * 50.0 == pytest.approx(300.0 - 1.0, abs=1e-6)
+    assert busy == pytest.approx(300.0 - 1.0, abs=1e-6)
 
 
 def test_the_open_bucket_keeps_it_a_bound_when_the_horizon_is_short():
@@ -100,3 +100,27 @@ def test_refused_where_it_would_not_be_a_bound():
         lp_lower_bound(tr, replace(small_cfg(), server_speed_classes=(1.0, 1.5)))
     with pytest.raises(ValueError, match="bucket_s"):
         lp_lower_bound(tr, small_cfg(), bucket_s=0.0)
+
+
+def test_a_size_the_cluster_cannot_hold_is_never_used():
+    """A job of 100 s on one GPU and 60 s on two, alone on one GPU, ends at 100 s. The buckets' pooled
+    capacity would let it run on two GPUs half the time, and half its fastest time (30 s) would be all the
+    bound added to its mean busy time (50 s); the size of two GPUs is dropped, so the bound is 100 s (less half
+    a second: the mean busy time is counted at each second's start)."""
+    rho, demand = [np.array([1 / 100.0, 1 / 60.0])], [np.array([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]])]
+    bound, _, _ = solve(rho, demand, np.zeros(1), np.arange(0, 301, 1.0), np.array([1.0, 0.0, 0.0]))
+    assert bound == pytest.approx(99.5, abs=1e-6)
+    with pytest.raises(ValueError, match="no size that fits"):
+        solve(rho, [d * 2 for d in demand], np.zeros(1), np.arange(0, 301, 1.0), np.array([1.0, 0.0, 0.0]))
+
+
+def test_two_jobs_sharing_two_gpus_the_slow_part_term_tightens_below_the_optimum():
+    """The same two jobs on two GPUs: the best schedule runs one on both GPUs, then the other (average 90 s:
+    sharing the GPUs, 100 s). The term lifts the program's bound from 79.5 towards 90 and stays below it."""
+    rho = [np.array([1 / 100.0, 1 / 60.0])] * 2
+    demand = [np.array([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]])] * 2
+    edges, two_gpus = np.arange(0, 401, 1.0), np.array([2.0, 0.0, 0.0])
+    without, _, _ = solve(rho, demand, np.zeros(2), edges, two_gpus, tangents=0)
+    with_term, _, _ = solve(rho, demand, np.zeros(2), edges, two_gpus)
+    assert without / 2 == pytest.approx(79.5, abs=1e-6)
+    assert 85.0 < with_term / 2 <= 90.0
