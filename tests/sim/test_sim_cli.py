@@ -62,7 +62,7 @@ def test_compare_runs_every_policy_on_the_same_trace(short_trace):
     assert r.exit_code == 0, r.output
     results = json.loads(r.stdout)["results"]
     assert [x["policy"] for x in results] == ["drf", "tetris", "fifo", "srtf", "optimus", "optimus-relative", "slurm",
-                                                "tiresias", "elastic"]
+                                                "tiresias", "elastic", "lp-plan"]
     assert all(x["jobs"] == 3 for x in results)
     table = invoke("sim", "--world", "dl2", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "fifo,optimus", "--per-type")
     assert table.exit_code == 0, table.output

@@ -1,0 +1,151 @@
+"""Teaching the target-size network a planner it cannot run: the bound's program on the speeds the simulator
+trains with (dl2d.policy.lp_plan on measured speeds), distilled by supervised learning on the slots it and the
+network visit in the NumPy simulator (DAgger: the network drives, the planner labels).
+
+Why: the greedy heuristics the JAX teachers are (dl2d.policy.teachers) leave 8-12 % between themselves and the
+LP bound in the DL2 world, and the planner on the measured speeds comes within 2-4 % of it; reinforcement
+learning from the greedy teachers never found that room (docs/BENCHMARKS.md). The planner reads what no
+scheduler has (the measured table the simulator trains with), so it is a teacher, never a policy; the network
+sees only its own features (the believed speed curves, remaining work, ...), and what it learns of the true
+speeds it learns from the planner's choices. A linear program is no JAX function, so this teacher labels slots
+here, outside the jitted training loop: one program a slot, 0.1-0.3 s at 40 jobs.
+
+A label is the pair the planner's allocation grants each job (its workers and PS rounded down to the levels;
+a job it leaves waiting: no workers). The loss is the cross-entropy of the network's pair logits on the active
+jobs, the same as the JAX warm-up's (dl2d.policy.ppo.sl_loss).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dl2d.policy import target as T
+from dl2d.policy.lp_plan import on_measured_speeds
+from dl2d.sim import engine as E
+
+
+@dataclass
+class Samples:
+    """Slots seen, each padded to ``rows`` jobs: features ``x`` [S, rows, F], ``active``/``allreduce`` [S, rows],
+    the planner's pair ``label`` [S, rows] (0 for an inactive row)."""
+
+    x: np.ndarray
+    active: np.ndarray
+    allreduce: np.ndarray
+    label: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    @staticmethod
+    def concat(parts: list["Samples"]) -> "Samples":
+        return Samples(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "active", "allreduce",
+                                                                                 "label")))
+
+
+def pair_labels(tcfg: T.TargetConfig, workers, ps, allreduce) -> np.ndarray:
+    """[J] the pair index of each job's granted (workers, PS), each rounded down to a level."""
+    w = np.asarray(T.level_index(tcfg.levels, np.minimum(workers, tcfg.max_workers)))
+    p = np.asarray(T.level_index(tcfg.ps_levels, np.minimum(ps, tcfg.max_ps)))
+    return (w * len(tcfg.ps_levels) + np.where(allreduce, 0, p)).astype(np.int32)
+
+
+class Recorder:
+    """A Policy for one simulator run: records every slot's features and the planner's pairs, and carries out
+    the network's choice (``params``) or, without params, the planner's own."""
+
+    def __init__(self, tcfg: T.TargetConfig, planner: Callable, params=None):
+        self.tcfg, self.planner, self.params = tcfg, planner, params
+        self.features = jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
+        self.net = T.TargetPolicy(tcfg, params) if params is not None else None
+        self.parts: list[tuple] = []
+        self.name = "plan-recorder"
+
+    def __call__(self, view):
+        plan = self.planner(view)
+        if not len(view):
+            return plan
+        obs = T.view_obs(self.tcfg, view)
+        padded = T.padded(obs, len(view))
+        rows = len(padded["active"])
+        label = np.zeros(rows, np.int32)
+        label[:len(view)] = pair_labels(self.tcfg, plan.workers, plan.ps, view.allreduce)
+        self.parts.append((np.asarray(self.features(padded), np.float32), padded["active"].copy(),
+                           np.asarray(padded["allreduce"], bool), label))
+        return plan if self.net is None else self.net(view)
+
+    def applied(self, view, allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+    def samples(self) -> Samples:
+        rows = max(p[0].shape[0] for p in self.parts)
+        pad = lambda a: np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
+        return Samples(*(np.stack([pad(p[i]) for p in self.parts]) for i in range(4)))
+
+
+def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[int], params=None,
+            on_trace: Callable[[int, float], None] | None = None) -> Samples:
+    """The slots of one simulator run per trace, labelled by the planner on the measured speeds, driven by the
+    network (``params``) or the planner."""
+    planner = on_measured_speeds(cfg)
+    parts = []
+    for trace, seed in zip(traces, seeds):
+        t0 = time.perf_counter()
+        rec = Recorder(tcfg, planner, params)
+        res = E.run(trace, rec, cfg, seed=seed)
+        parts.append(rec.samples())
+        if on_trace is not None:
+            on_trace(seed, float(res.jct_slots.mean()), time.perf_counter() - t0)
+    rows = max(p.x.shape[1] for p in parts)
+    widen = lambda a: np.concatenate([a, np.zeros((a.shape[0], rows - a.shape[1], *a.shape[2:]), a.dtype)], axis=1)
+    return Samples.concat([Samples(*(widen(getattr(p, f)) for f in ("x", "active", "allreduce", "label")))
+                           for p in parts])
+
+
+def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label):
+    """Mean cross-entropy of the network's pair on the active rows of a batch of slots."""
+    logits, _ = T.apply(tcfg, params, x, active, allreduce)
+    nll = -T.chosen(jax.nn.log_softmax(logits), label)
+    m = active.astype(nll.dtype)
+    return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def fit(tcfg: T.TargetConfig, params, data: Samples, iters: int, lr: float = 1e-3, batch: int = 256,
+        seed: int = 0, on_iter: Callable[[int, float], None] | None = None):
+    """``iters`` Adam steps on minibatches of ``batch`` slots drawn from ``data``; the params and the last
+    loss."""
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(lr))
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state, x, a, ar, y):
+        loss, grad = jax.value_and_grad(lambda p: loss_fn(tcfg, p, x, a, ar, y))(params)
+        upd, state = opt.update(grad, state, params)
+        return optax.apply_updates(params, upd), state, loss
+
+    rng = np.random.default_rng(seed)
+    loss = float("nan")
+    for i in range(iters):
+        idx = rng.integers(0, len(data), size=min(batch, len(data)))
+        params, state, loss = step(params, state, data.x[idx], data.active[idx], data.allreduce[idx],
+                                   data.label[idx])
+        if on_iter is not None:
+            on_iter(i, float(loss))
+    return params, float(loss)
+
+
+def agreement(tcfg: T.TargetConfig, params, data: Samples) -> float:
+    """Share of the active rows whose greedy pair is the planner's."""
+    logits, _ = jax.jit(lambda p, x, a, ar: T.apply(tcfg, p, x, a, ar))(params, data.x, data.active,
+                                                                          data.allreduce)
+    pick = np.asarray(jnp.argmax(logits, axis=-1))
+    return float(np.sum((pick == data.label) & data.active) / max(np.sum(data.active), 1))
