@@ -6,7 +6,7 @@ chosen network on the held-out traces.
     python bench/bench_distill.py --presets small:40,testbed:30 --traces 32 --rounds 2 --iters 3000 \
         --init dl2d/policy/pretrained/target-dl2.msgpack --out FILE.msgpack --curve-out FILE.json
 
-Seeds: training traces 1000.. (per preset, as bench_ppo's), validation 500-504, held out 0-4 (never trained on
+Seeds: training traces from ``--first-seed`` (1000, as bench_ppo's; the same seeds for each preset), validation 500-504, held out 0-4 (never trained on
 or chosen by). Collecting runs the simulator and one linear program a slot, in ``--workers`` processes.
 """
 from __future__ import annotations
@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=32, help="training traces per preset and round")
     ap.add_argument("--rounds", type=int, default=2, help="DAgger rounds after the behaviour cloning")
     ap.add_argument("--iters", type=int, default=3000, help="Adam steps per fit")
+    ap.add_argument("--first-seed", type=int, default=1000, help="the first training trace's seed")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--init", default=None, help="a target-size checkpoint to start from (its config is kept, "
@@ -108,7 +109,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
         for rnd in range(args.rounds + 1):
             t0 = time.perf_counter()
-            seeds = list(range(1000 + rnd * args.traces, 1000 + (rnd + 1) * args.traces))
+            seeds = list(range(args.first_seed + rnd * args.traces, args.first_seed + (rnd + 1) * args.traces))
             new = collect(pool, presets, seeds, tcfg, None if rnd == 0 else params)
             if data is not None and data.x.shape[1] != new.x.shape[1]:
                 raise SystemExit("slots padded to different row counts across rounds")
@@ -142,7 +143,7 @@ def main() -> None:
         setup = setup_of(first)
         meta = {"world": "dl2", "cluster": setup.cluster, "jobs": setup.jobs, "teacher": "lp-plan-measured",
                 "features_teacher": tcfg.teacher, "method": "distilled (behaviour cloning, then DAgger)",
-                "chosen": f"round {rnd}", "presets": presets, "train_seeds": [1000, 1000 + (args.rounds + 1) * args.traces - 1],
+                "chosen": f"round {rnd}", "presets": presets, "train_seeds": [args.first_seed, args.first_seed + (args.rounds + 1) * args.traces - 1],
                 "validation_seeds": [500, 504], "held_out_seeds": [0, 4],
                 "validation_jct": val[first], "validation_jct_mean": round(float(np.mean(val[first])), 3),
                 "held_out_jct_numpy": held[first], "held_out_jct_numpy_mean": round(float(np.mean(held[first])), 3),

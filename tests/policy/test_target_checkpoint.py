@@ -95,9 +95,12 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
     got = float(E.run(trace, policy, cfg, seed=0).jct_slots.mean())
     assert got == pytest.approx(meta["held_out_jct_numpy"][0], abs=1e-3)
     assert meta["held_out_jct_numpy_mean"] < meta["optimus_held_out_jct_numpy_mean"]
-    # it learned from the relative Optimus, the DL2 world's best heuristic, and is within 1 % of it
-    assert ckpt.config.teacher == "optimus-relative"
-    assert meta["held_out_jct_numpy_mean"] < 1.01 * meta["heuristics_held_out_jct_numpy_mean"]["optimus-relative"]
+    # it learned the planner on the measured speeds (dl2d.policy.plan_distill), its features showing the relative
+    # Optimus's pair, and beats every heuristic its meta scored on the held-out traces (the relative Optimus,
+    # the DL2 world's best, among them)
+    assert meta["teacher"] == "lp-plan-measured" and ckpt.config.teacher == "optimus-relative"
+    heuristics = meta["heuristics_held_out_jct_numpy_mean"]
+    assert "optimus-relative" in heuristics and meta["held_out_jct_numpy_mean"] < min(heuristics.values())
 
 
 def test_the_shipped_todays_world_policy_loads_and_scores_its_recorded_validation_jct():
