@@ -116,10 +116,19 @@ def pareto(rates: np.ndarray, demands: np.ndarray) -> np.ndarray:
     return np.array(keep, int)
 
 
+def fits(demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """[K] which sizes' resources ``demand`` [K, 3] the whole cluster holds (a resource of capacity 0 is one the
+    cluster does not count)."""
+    return np.all((demand <= capacity) | (capacity <= 0), axis=1)
+
+
 def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per job: (epochs/s [K] before the job's own factors, resources [K, 3]) of its useful sizes."""
+    """Per job: (epochs/s [K] before the job's own factors, resources [K, 3]) of its useful sizes among those
+    the cluster holds (the hull or the Pareto set is taken after that: the largest size of a linear curve is
+    no use where it does not fit)."""
     table = speed_table(cfg.speed_model)
     per_node = max(int(cfg.cluster.gpus), 1)
+    capacity = np.asarray(cfg.cluster.capacity, float)
     names = trace.speed_names()
     cache: dict = {}
     out = []
@@ -131,8 +140,10 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
             if key not in cache:
                 rate = allreduce_rates(names[i], key[2], cfg.max_workers, g, per_node, cfg.site_speeds)
                 w = np.arange(1, cfg.max_workers + 1, dtype=float)
-                keep = upper_hull(np.stack([w, rate], axis=1))
-                cache[key] = (rate[keep], w[keep, None] * catalog.WORKER_DEMAND[t][None, :].astype(float))
+                demand = w[:, None] * catalog.WORKER_DEMAND[t][None, :].astype(float)
+                fit = np.flatnonzero(fits(demand, capacity))  # the hull of the sizes the cluster can hold
+                keep = fit[upper_hull(np.stack([w[fit], rate[fit]], axis=1))] if len(fit) else fit
+                cache[key] = (rate[keep], demand[keep])
         else:
             key = ("ps", t)
             if key not in cache:
@@ -140,6 +151,7 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
                 p, w = p.ravel(), w.ravel()
                 rate = ps_rates(t, table, cfg.max_ps, cfg.max_workers).ravel()
                 demand = w[:, None] * WORKER_DEMAND[t][None, :] + p[:, None] * PS_DEMAND[t][None, :]
+                rate = np.where(fits(demand.astype(float), capacity), rate, 0.0)  # never runs: no option
                 keep = pareto(rate, demand.astype(float))
                 cache[key] = (rate[keep], demand[keep].astype(float))
         out.append(cache[key])
@@ -183,10 +195,9 @@ def solve_program(rho: list[np.ndarray], demand: list[np.ndarray], start: np.nda
                   capacity: np.ndarray, tangents: int = 16) -> Solution:
     """:func:`solve` with the whole solution (a planner reads what the program does in its first bucket)."""
     # a size that needs more than the cluster has never runs (the buckets' pooled capacity would let it)
-    fits = [np.all((d <= capacity) | (capacity <= 0), axis=1) for d in demand]
-    if not all(f.any() for f in fits):
+    kept = [np.flatnonzero(fits(d, capacity)) for d in demand]
+    if not all(len(k) for k in kept):
         raise ValueError("a job has no size that fits the cluster: no schedule finishes it")
-    kept = [np.flatnonzero(f) for f in fits]
     rho, demand = [r[k] for r, k in zip(rho, kept)], [d[k] for d, k in zip(demand, kept)]
     n, nb = len(rho), len(edges) - 1
     lo = np.append(edges[:-1], edges[-1])

@@ -124,3 +124,24 @@ def test_two_jobs_sharing_two_gpus_the_slow_part_term_tightens_below_the_optimum
     with_term, _, _ = solve(rho, demand, np.zeros(2), edges, two_gpus)
     assert without / 2 == pytest.approx(79.5, abs=1e-6)
     assert 85.0 < with_term / 2 <= 90.0
+
+
+def test_a_linear_curve_larger_than_the_cluster_keeps_the_largest_size_that_fits():
+    """A site whose models speed up linearly to 64 GPUs, on a cluster of 16: the hull of the sizes the cluster
+    holds is their largest, 16 workers (the hull of all sizes, 64 workers, would leave the job no size)."""
+    import json
+
+    from dl2d.policy import target_train as TT
+    from dl2d.workload.catalog import ALLREDUCE_MODELS
+    from dl2d.workload.speedfit import SiteSpeeds, parse_speed_model
+
+    classes = {m: {"seconds_per_epoch": [600.0 / g for g in range(1, 65)]} for m in ALLREDUCE_MODELS}
+    site = SiteSpeeds.of(parse_speed_model(json.dumps({"format": "dl2d-speed-model", "version": 1,
+                                                       "classes": classes})))
+    setup = TT.TrainSetup(world="today", jobs=6, servers=4)
+    cfg = TT.sim_config(setup, site)
+    assert cfg.cluster.capacity[0] == 16 and cfg.max_workers == 64
+    tr = TT.make_trace(setup, cfg, 10_000)
+    for rate, demand in job_sizes(tr, cfg):
+        assert len(rate) == 1 and demand[0, 0] <= 16
+    assert lp_lower_bound(tr, cfg).avg_jct_slots > 0
