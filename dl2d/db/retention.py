@@ -46,11 +46,16 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _resolution(age: float, tiers: Sequence[tuple[float, float]]) -> float | None:
+def _resolution(ts: float, now: float, tiers: Sequence[tuple[float, float]]) -> float | None:
+    """The first tier whose bucket holding ``ts`` starts young enough for it (a raw tier: ``ts`` itself); None
+    past the last: drop. Judging the bucket's start, not the row's own time, is what makes the rule idempotent:
+    a merged row is stamped with its bucket's start, and a second pass must put it in the same tier (a row one
+    second short of 30 days merged into a bucket that starts at 30 days was dropped by the next pass)."""
     for max_age, res in tiers:
-        if age < max_age:
+        start = math.floor(ts / res) * res if res > 0 else ts
+        if now - start < max_age:
             return res
-    return None  # older than the last tier: drop
+    return None
 
 
 def _merge(rows: list[dict[str, Any]], node: str, ts: float, res: float) -> dict[str, Any]:
@@ -83,15 +88,16 @@ def downsample(
 ) -> list[dict[str, Any]]:
     """Rows to keep at time ``now``, ordered by (node, ts).
 
-    Each row goes to the tier of its age; rows in a coarse tier are merged
-    into ``(node, floor(ts/res)*res)`` buckets; rows past the last tier are
-    dropped. Rows are not mutated.
+    Each row goes to the first tier whose bucket holding it starts within the
+    tier's age (:func:`_resolution`); rows in a coarse tier are merged into
+    ``(node, floor(ts/res)*res)`` buckets; rows whose last-tier bucket starts
+    past it are dropped. Rows are not mutated.
     """
     raw: list[dict[str, Any]] = []
     coarse: dict[tuple[str, float, float], dict[str, Any]] = {}  # kept as they are
     buckets: dict[tuple[str, float, float], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        res = _resolution(now - r["ts"], tiers)
+        res = _resolution(r["ts"], now, tiers)
         if res is None:
             continue
         have = r.get("resolution_s", 0.0)
