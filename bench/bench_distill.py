@@ -47,11 +47,7 @@ def _collect(args):
 def collect(pool, presets, seeds, tcfg, params) -> D.Samples:
     work = [(p, [s], tcfg.to_dict(), None if params is None else jax.device_get(params))
             for p in presets for s in seeds]
-    parts = list(pool.map(_collect, work))
-    rows = max(p.x.shape[1] for p in parts)
-    widen = lambda a: np.concatenate([a, np.zeros((a.shape[0], rows - a.shape[1], *a.shape[2:]), a.dtype)], 1)
-    return D.Samples.concat([D.Samples(*(widen(getattr(p, f)) for f in ("x", "active", "allreduce", "label")))
-                             for p in parts])
+    return D.Samples.concat(list(pool.map(_collect, work)))
 
 
 def score(presets, seeds, make) -> dict:

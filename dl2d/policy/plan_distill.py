@@ -45,8 +45,11 @@ class Samples:
 
     @staticmethod
     def concat(parts: list["Samples"]) -> "Samples":
-        return Samples(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "active", "allreduce",
-                                                                                 "label")))
+        """The slots of ``parts`` together, each part's rows widened to the most any has (inactive rows)."""
+        rows = max(p.x.shape[1] for p in parts)
+        widen = lambda a: np.concatenate([a, np.zeros((a.shape[0], rows - a.shape[1], *a.shape[2:]), a.dtype)], 1)
+        return Samples(*(np.concatenate([widen(getattr(p, f)) for p in parts]) for f in ("x", "active",
+                                                                                       "allreduce", "label")))
 
 
 def pair_labels(tcfg: T.TargetConfig, workers, ps, allreduce) -> np.ndarray:
@@ -105,10 +108,7 @@ def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[in
         parts.append(rec.samples())
         if on_trace is not None:
             on_trace(seed, float(res.jct_slots.mean()), time.perf_counter() - t0)
-    rows = max(p.x.shape[1] for p in parts)
-    widen = lambda a: np.concatenate([a, np.zeros((a.shape[0], rows - a.shape[1], *a.shape[2:]), a.dtype)], axis=1)
-    return Samples.concat([Samples(*(widen(getattr(p, f)) for f in ("x", "active", "allreduce", "label")))
-                           for p in parts])
+    return Samples.concat(parts)
 
 
 def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label):
