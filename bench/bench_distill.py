@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--init", default=None, help="a target-size checkpoint to start from (its config is kept, "
                                                  "prior 0)")
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--every-count", action="store_true",
+                    help="every whole count a level (TargetConfig.every_count; the planner gives odd PS counts "
+                         "above 8); an --init network on the base levels is widened first (plan_distill.every_count)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--heuristics", default="optimus,optimus-relative",
                     help="registered heuristics scored beside it (the best of them is the bar)")
@@ -87,8 +90,11 @@ def main() -> None:
         ck = load_target(args.init)
         tcfg = T.TargetConfig(**{**ck.config.to_dict(), "prior": 0.0})
         params = ck.params
+        if args.every_count and not tcfg.every_count:
+            tcfg, params = D.every_count(tcfg, params)
     else:
-        tcfg = T.TargetConfig(max_workers=16, max_ps=16, hidden=args.hidden, teacher="optimus-relative")
+        tcfg = T.TargetConfig(max_workers=16, max_ps=16, hidden=args.hidden, teacher="optimus-relative",
+                              every_count=args.every_count)
         params = T.init_params(tcfg, jax.random.PRNGKey(0))
     t_start = time.perf_counter()
     curve = []

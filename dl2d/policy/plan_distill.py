@@ -16,6 +16,7 @@ jobs, the same as the JAX warm-up's (dl2d.policy.ppo.sl_loss).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -109,6 +110,43 @@ def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[in
         if on_trace is not None:
             on_trace(seed, float(res.jct_slots.mean()), time.perf_counter() - t0)
     return Samples.concat(parts)
+
+
+def every_count(tcfg: T.TargetConfig, params) -> tuple[T.TargetConfig, dict]:
+    """The network ``params`` of ``tcfg`` on every whole count as a level (TargetConfig.every_count), choosing
+    as before: each new pair's logit is the one of the pair the old levels round it down to, and the features
+    of the new levels enter with zero weight (so the logits of the old pairs are what the old network gives
+    the same features at the old levels). A
+    warm start for learning the planner, whose PS counts the base levels do not hold."""
+    new = dataclasses.replace(tcfg, every_count=True)
+    old_l, old_p = np.asarray(tcfg.levels), np.asarray(tcfg.ps_levels)
+    new_l, new_p = np.asarray(new.levels), np.asarray(new.ps_levels)
+    # job_features' columns: 9 scalars, then blocks by worker level (eff, speedup), by PS level (ps_gain), by
+    # worker level (the teacher's workers), by PS level (its PS)
+    blocks = [(None, 9), (old_l, new_l), (old_l, new_l), (old_p, new_p), (old_l, new_l), (old_p, new_p)]
+    rows, at = [], 0
+    for old, fresh in blocks:
+        if old is None:
+            rows += [at + i for i in range(fresh)]
+            at += fresh
+            continue
+        where = {int(v): at + i for i, v in enumerate(old)}
+        rows += [where.get(int(v), -1) for v in fresh]
+        at += len(old)
+    rows = np.asarray(rows)
+
+    def embed(k):
+        k = np.asarray(k)
+        return np.where(rows[:, None] >= 0, k[np.maximum(rows, 0)], 0.0).astype(k.dtype)
+
+    pair = (np.asarray(T.level_index(tcfg.levels, new_l))[:, None] * len(old_p)
+            + np.asarray(T.level_index(tcfg.ps_levels, new_p))[None, :]).ravel()
+    out = jax.tree_util.tree_map(np.asarray, params)
+    for net in ("actor", "critic"):
+        out[net]["embed"]["kernel"] = embed(out[net]["embed"]["kernel"])
+    out["logits"]["kernel"] = out["logits"]["kernel"][:, pair]
+    out["logits"]["bias"] = out["logits"]["bias"][pair]
+    return new, out
 
 
 def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label):

@@ -54,6 +54,10 @@ class TargetConfig:
     #: added to the logit of the teacher's pair (read from the features' one-hot block): the policy starts as
     #: its teacher and learns where to leave it, and on jobs unlike its training's falls back on it; 0: none
     prior: float = 0.0
+    #: every whole count from 0 (workers) or 1 (PS) to the maximum is a level, not only those of BASE_LEVELS:
+    #: the planner the DL2 world's policy learns from (dl2d.policy.plan_distill) gives a job 11, 13 or 15 PS,
+    #: which the base levels round down, and its pairs through the base levels cost it 1-2 % of its JCT
+    every_count: bool = False
 
     #: Each integer field's bounds: a checkpoint's config is checked against them before any network is built.
     BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
@@ -69,14 +73,16 @@ class TargetConfig:
             raise ValueError(f"teacher must be one of {', '.join(self.TEACHERS)}, got {self.teacher!r}")
         if isinstance(self.prior, bool) or not isinstance(self.prior, (int, float)) or not 0 <= self.prior <= 50:
             raise ValueError(f"prior must be a number in [0, 50], got {self.prior!r}")
+        if not isinstance(self.every_count, bool):
+            raise ValueError(f"every_count must be true or false, got {self.every_count!r}")
 
     def to_dict(self) -> dict:
         return {**{name: int(getattr(self, name)) for name in self.BOUNDS}, "teacher": self.teacher,
-                "prior": float(self.prior)}
+                "prior": float(self.prior), "every_count": self.every_count}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetConfig":
-        known = (*cls.BOUNDS, "teacher", "prior")
+        known = (*cls.BOUNDS, "teacher", "prior", "every_count")
         unknown = sorted(repr(k) for k in d if k not in known)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -84,7 +90,7 @@ class TargetConfig:
 
     @property
     def levels(self) -> tuple[int, ...]:
-        return levels_for(self.max_workers)
+        return tuple(range(self.max_workers + 1)) if self.every_count else levels_for(self.max_workers)
 
     @property
     def num_levels(self) -> int:
@@ -92,7 +98,7 @@ class TargetConfig:
 
     @property
     def ps_levels(self) -> tuple[int, ...]:
-        return levels_for(self.max_ps)[1:]
+        return tuple(range(1, self.max_ps + 1)) if self.every_count else levels_for(self.max_ps)[1:]
 
     @property
     def num_actions(self) -> int:

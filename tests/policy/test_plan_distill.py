@@ -52,3 +52,46 @@ def test_fitting_the_planners_pairs_makes_the_network_choose_them():
     assert np.isfinite(loss)
     after = D.agreement(TCFG, params, data)
     assert after > 0.9 > before
+
+
+def test_every_count_levels_hold_the_planners_odd_ps_counts():
+    wide = T.TargetConfig(max_workers=16, max_ps=16, every_count=True)
+    assert wide.levels == tuple(range(17)) and wide.ps_levels == tuple(range(1, 17))
+    base = T.TargetConfig(max_workers=16, max_ps=16)
+    # 13 PS: the base levels (1-8, 10, 12, 14, 16) round it to 12, the 10th; every count keeps it
+    assert D.pair_labels(base, np.array([1]), np.array([13]), np.array([False]))[0] == 1 * 12 + 9
+    assert D.pair_labels(wide, np.array([1]), np.array([13]), np.array([False]))[0] == 1 * 16 + 12
+    # a checkpoint's config written before the field reads as the base levels
+    old = {k: v for k, v in base.to_dict().items() if k != "every_count"}
+    assert T.TargetConfig.from_dict(old) == base
+    assert T.TargetConfig.from_dict(wide.to_dict()) == wide
+
+
+def test_a_network_widened_to_every_count_chooses_as_before():
+    base = T.TargetConfig(max_workers=16, max_ps=16, hidden=16, teacher="optimus-relative")
+    params = T.init_params(base, jax.random.PRNGKey(3))
+    params = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(jax.random.PRNGKey(5), a.shape), params)
+    wide, wparams = D.every_count(base, params)
+    assert wide.every_count and wide.num_actions == 17 * 16
+    # features at the base levels, and anything at the new ones: the base pairs' logits are the old network's
+    rng = np.random.default_rng(0)
+    J = 6
+    x_old = rng.normal(size=(J, base.feature_dim)).astype(np.float32)
+    x_new = rng.normal(size=(J, wide.feature_dim)).astype(np.float32)
+    old_l, new_l = list(base.levels), list(wide.levels)
+    old_p, new_p = list(base.ps_levels), list(wide.ps_levels)
+    cols = [(list(range(9)), list(range(9)))]
+    at_old, at_new = 9, 9
+    for o, n in ((old_l, new_l), (old_l, new_l), (old_p, new_p), (old_l, new_l), (old_p, new_p)):
+        cols.append(([at_old + i for i in range(len(o))], [at_new + n.index(v) for v in o]))
+        at_old, at_new = at_old + len(o), at_new + len(n)
+    for src, dst in cols:
+        x_new[:, dst] = x_old[:, src]
+    active, allreduce = np.ones(J, bool), np.zeros(J, bool)
+    lo, vo = T.apply(base, params, x_old, active, allreduce)
+    ln, vn = T.apply(wide, wparams, x_new, active, allreduce)
+    same = [new_l.index(w) * len(new_p) + new_p.index(p) for w in old_l for p in old_p]
+    assert np.allclose(np.asarray(ln)[:, same], np.asarray(lo), atol=1e-5)
+    assert np.allclose(vn, vo, atol=1e-5)
+    # a new pair takes the logit of the base pair below it: (1 worker, 13 PS) is (1, 12)'s
+    assert np.allclose(ln[:, 1 * 16 + 12], lo[:, 1 * 12 + 9], atol=1e-5)
