@@ -30,22 +30,17 @@ from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy.heuristics import AllocationBuilder
 from dl2d.policy.optimus import FittedOptimus
 from dl2d.policy.registry import PolicyEntry, StatelessPolicy, register
-from dl2d.sim.lp_bound import pareto, solve_program
+from dl2d.sim.lp_bound import grid_sizes, solve_program
 
 #: bucket lengths in slots, from now; what the program trains after them counts at their end (the open bucket)
 BUCKET_SLOTS = (1, 1, 1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64)
 
 
 def job_options(view: SlotView, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(PS [K], workers [K], epochs/s [K], resources [K, 3]) of job j's useful sizes in the view's belief."""
-    speed = np.asarray(view.est_speed[j], float)
-    p, w = np.meshgrid(np.arange(speed.shape[0]), np.arange(speed.shape[1]), indexing="ij")
-    p, w, rate = p.ravel(), w.ravel(), speed.ravel()
-    ok = (rate > 0) & (w >= 1)
-    p, w, rate = p[ok], w[ok], rate[ok]
-    demand = w[:, None] * view.worker_demand[j][None, :] + p[:, None] * view.ps_demand[j][None, :]
-    keep = pareto(rate, demand.astype(float))
-    return p[keep], w[keep], rate[keep], demand[keep].astype(float)
+    """(PS [K], workers [K], epochs/s [K], resources [K, 3]) of job j's useful sizes in the view's belief, those
+    the whole cluster holds (none: the job is not planned)."""
+    return grid_sizes(np.asarray(view.est_speed[j], float), view.worker_demand[j], view.ps_demand[j],
+                      np.asarray(view.capacity, float).sum(axis=0))
 
 
 def plan(view: SlotView, bucket_slots=BUCKET_SLOTS):
@@ -54,11 +49,7 @@ def plan(view: SlotView, bucket_slots=BUCKET_SLOTS):
     and its options (job_options, those the cluster holds)."""
     n = len(view)
     capacity = np.asarray(view.capacity, float).sum(axis=0)
-    options = []
-    for j in range(n):  # only the sizes the whole cluster holds (a job with none is not planned)
-        o = job_options(view, j)
-        fits = np.all(o[3] <= capacity, axis=1)
-        options.append(tuple(a[fits] for a in o))
+    options = [job_options(view, j) for j in range(n)]
     alpha = np.full(n, np.inf)
     now = np.full(n, -1)
     most = np.full(n, -1)

@@ -122,6 +122,21 @@ def fits(demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     return np.all((demand <= capacity) | (capacity <= 0), axis=1)
 
 
+def grid_sizes(rate: np.ndarray, worker_demand: np.ndarray, ps_demand: np.ndarray,
+               capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(PS [K], workers [K], epochs/s [K], resources [K, 3]) of the useful sizes of a job that trains at
+    ``rate[p, w]`` epochs/s with p PS and w workers: at least one worker, held by the whole cluster
+    (``capacity`` [3]), and no other size as fast with no more of any resource (the planner's and the bound's
+    options of a PS job; an all-reduce job's row 0)."""
+    p, w = np.meshgrid(np.arange(rate.shape[0]), np.arange(rate.shape[1]), indexing="ij")
+    p, w, r = p.ravel(), w.ravel(), np.asarray(rate, float).ravel()
+    demand = (w[:, None] * np.asarray(worker_demand, float)[None, :]
+              + p[:, None] * np.asarray(ps_demand, float)[None, :])
+    r = np.where((w >= 1) & fits(demand, capacity), r, 0.0)  # a size that never runs is no option
+    keep = pareto(r, demand)
+    return p[keep], w[keep], r[keep], demand[keep]
+
+
 def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per job: (epochs/s [K] before the job's own factors, resources [K, 3]) of its useful sizes among those
     the cluster holds (the hull or the Pareto set is taken after that: the largest size of a linear curve is
@@ -147,13 +162,9 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
         else:
             key = ("ps", t)
             if key not in cache:
-                p, w = np.meshgrid(np.arange(cfg.max_ps + 1), np.arange(cfg.max_workers + 1), indexing="ij")
-                p, w = p.ravel(), w.ravel()
-                rate = ps_rates(t, table, cfg.max_ps, cfg.max_workers).ravel()
-                demand = w[:, None] * WORKER_DEMAND[t][None, :] + p[:, None] * PS_DEMAND[t][None, :]
-                rate = np.where(fits(demand.astype(float), capacity), rate, 0.0)  # never runs: no option
-                keep = pareto(rate, demand.astype(float))
-                cache[key] = (rate[keep], demand[keep].astype(float))
+                _, _, rate, demand = grid_sizes(ps_rates(t, table, cfg.max_ps, cfg.max_workers),
+                                                WORKER_DEMAND[t], PS_DEMAND[t], capacity)
+                cache[key] = (rate, demand)
         out.append(cache[key])
     return out
 
