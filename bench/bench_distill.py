@@ -156,7 +156,7 @@ def main() -> None:
                                    "held_out": held[p], "held_out_mean": round(float(np.mean(held[p])), 3)}
                                for p in presets},
                 "command": "python bench/bench_distill.py " + " ".join(
-                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                    f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
                     if v not in (None, False) and k not in ("out", "curve_out", "workers", "no_teacher_score")) + f" --out {args.out}"}
         save_target(args.out, TargetCheckpoint(tcfg, params, meta))
 
