@@ -11,6 +11,7 @@ teacher left: at load 1 in today's world both come within about 2 % of it, so a 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from contextlib import nullcontext
@@ -82,7 +83,6 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
                                  "held out", param_hint="--val-seed")
     site = load_site(speed_model, world)
     cfg = TT.sim_config(setup, site)
-    tc = TT.target_config(cfg, setup.teacher, setup.prior)
     init_params = None
     if init_path is not None:
         from dl2d.policy.checkpoint import CheckpointError, load_target
@@ -91,6 +91,9 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
             ck = load_target(init_path)
         except CheckpointError as e:
             raise click.BadParameter(str(e), param_hint="--init") from None
+        # its levels are the checkpoint's own (the DL2 world's shipped policy has every count as a level)
+        setup = dataclasses.replace(setup, every_count=ck.config.every_count)
+        tc = TT.target_config(cfg, setup.teacher, setup.prior, setup.every_count)
         if ck.config != tc:
             raise click.BadParameter(f"{init_path} was trained for {ck.config.to_dict()}, this world and cluster need "
                                      f"{tc.to_dict()}", param_hint="--init")

@@ -46,6 +46,7 @@ class TrainSetup:
     slots: int = 32  # slots per rollout
     teacher: str = "optimus"  # the heuristic the warm-up imitates (dl2d.policy.teachers)
     prior: float = 0.0  # added to the teacher's pair's logit (dl2d.policy.target.TargetConfig.prior)
+    every_count: bool = False  # every whole count a level (TargetConfig.every_count: the DL2 world's shipped one)
     sl_iters: int = 30  # supervised warm-up iterations towards the teacher
     rl_iters: int = 80  # PPO iterations
     sl_lr: float = 1e-3
@@ -133,8 +134,10 @@ def lower_bound(traces, cfg: SimConfig) -> dict | None:
         return None
 
 
-def target_config(cfg: SimConfig, teacher: str = "optimus", prior: float = 0.0) -> T.TargetConfig:
-    return T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps, teacher=teacher, prior=prior)
+def target_config(cfg: SimConfig, teacher: str = "optimus", prior: float = 0.0,
+                  every_count: bool = False) -> T.TargetConfig:
+    return T.TargetConfig(max_workers=cfg.max_workers, max_ps=cfg.max_ps, teacher=teacher, prior=prior,
+                          every_count=every_count)
 
 
 def average_jcts(final, cut: int) -> tuple[list[float], int]:
@@ -183,7 +186,7 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
     ``on_progress(phase, iteration, iterations)`` after every iteration; ``on_eval(row)`` after every evaluation;
     ``extra_eval(net) -> dict`` adds fields to every evaluation row (bench_ppo: the held-out test traces)."""
     cfg = sim_config(setup, site)
-    tc = target_config(cfg, setup.teacher, setup.prior)
+    tc = target_config(cfg, setup.teacher, setup.prior, setup.every_count)
     rl = P.PPOConfig(clusters=setup.clusters, slots=setup.slots, lr=setup.lr, ent_coef=setup.ent_coef,
                        credit=setup.credit, team_weight=setup.team_weight)
     sl = dataclasses.replace(rl, lr=setup.sl_lr)

@@ -155,3 +155,25 @@ def test_in_the_dl2_world_it_learns_from_the_relative_optimus_by_default(tmp_pat
     res = json.loads(r.output[r.output.index("{"):])
     assert res["teacher"] == "optimus-relative" and set(res["val_jct_slots"]) >= {"optimus-relative", "learned"}
     assert load_target(out).config.teacher == "optimus-relative"
+
+
+def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_path):
+    """The DL2 world's shipped policy has every whole count as a level (dl2d.policy.plan_distill.every_count):
+    --init from such a checkpoint trains on its levels, not the base ones."""
+    from dl2d.policy.checkpoint import TargetCheckpoint, save_target
+    from dl2d.policy.plan_distill import every_count
+
+    base = tmp_path / "base.msgpack"
+    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "0", "--out", str(base), "--json")
+    assert r.exit_code == 0, r.output
+    ck = load_target(base)
+    wide_cfg, wide_params = every_count(ck.config, ck.params)
+    wide = tmp_path / "wide.msgpack"
+    save_target(wide, TargetCheckpoint(wide_cfg, wide_params, ck.meta))
+    out = tmp_path / "again.msgpack"
+    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "0", "--rl-iters", "1", "--init", str(wide), "--out", str(out),
+               "--json")
+    assert r.exit_code == 0, r.output
+    again = load_target(out)
+    assert again.config == wide_cfg and again.config.every_count and again.meta["setup"]["every_count"] is True
+    assert again.config.num_actions == 17 * 16
