@@ -114,32 +114,20 @@ def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[in
 
 def every_count(tcfg: T.TargetConfig, params) -> tuple[T.TargetConfig, dict]:
     """The network ``params`` of ``tcfg`` on every whole count as a level (TargetConfig.every_count), choosing
-    as before: each new pair's logit is the one of the pair the old levels round it down to, and the features
-    of the new levels enter with zero weight (so the logits of the old pairs are what the old network gives
-    the same features at the old levels). A
-    warm start for learning the planner, whose PS counts the base levels do not hold."""
+    as before: each new pair's logit is the one of the pair the old levels round it down to, and the feature
+    columns of the new levels enter with zero weight (so the logits of the old pairs are what the old network
+    gives the same features at the old levels). A warm start for learning the planner, whose PS counts the
+    base levels do not hold."""
     new = dataclasses.replace(tcfg, every_count=True)
-    old_l, old_p = np.asarray(tcfg.levels), np.asarray(tcfg.ps_levels)
-    new_l, new_p = np.asarray(new.levels), np.asarray(new.ps_levels)
-    # job_features' columns: 9 scalars, then blocks by worker level (eff, speedup), by PS level (ps_gain), by
-    # worker level (the teacher's workers), by PS level (its PS)
-    blocks = [(None, 9), (old_l, new_l), (old_l, new_l), (old_p, new_p), (old_l, new_l), (old_p, new_p)]
-    rows, at = [], 0
-    for old, fresh in blocks:
-        if old is None:
-            rows += [at + i for i in range(fresh)]
-            at += fresh
-            continue
-        where = {int(v): at + i for i, v in enumerate(old)}
-        rows += [where.get(int(v), -1) for v in fresh]
-        at += len(old)
-    rows = np.asarray(rows)
+    old_at = {c: i for i, c in enumerate(T.feature_columns(tcfg))}
+    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])  # -1: a new level's column
 
     def embed(k):
         k = np.asarray(k)
         return np.where(rows[:, None] >= 0, k[np.maximum(rows, 0)], 0.0).astype(k.dtype)
 
-    pair = (np.asarray(T.level_index(tcfg.levels, new_l))[:, None] * len(old_p)
+    new_l, new_p = np.asarray(new.levels), np.asarray(new.ps_levels)
+    pair = (np.asarray(T.level_index(tcfg.levels, new_l))[:, None] * len(tcfg.ps_levels)
             + np.asarray(T.level_index(tcfg.ps_levels, new_p))[None, :]).ravel()
     out = jax.tree_util.tree_map(np.asarray, params)
     for net in ("actor", "critic"):

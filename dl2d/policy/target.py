@@ -107,10 +107,18 @@ class TargetConfig:
 
     @property
     def feature_dim(self) -> int:
-        return 9 + 3 * self.num_levels + 2 * len(self.ps_levels)
+        return len(feature_columns(self))
 
 
 # ------------------------------------------------------------------------------------------ features (pure)
+
+def feature_columns(cfg: TargetConfig) -> list[tuple[str, int]]:
+    """What each column of :func:`job_features` is, in order: (block, the scalar's index or the worker or PS
+    level the column is of). A network on other levels maps its columns by these (plan_distill.every_count)."""
+    lv, pl = cfg.levels, cfg.ps_levels
+    return ([("scalar", i) for i in range(9)] + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv]
+            + [("ps_gain", k) for k in pl] + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
+
 
 def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     """[J, feature_dim] from arrays every side has (``obs``; J rows, ``active`` marks the real ones):

@@ -57,6 +57,8 @@ def test_fitting_the_planners_pairs_makes_the_network_choose_them():
 def test_every_count_levels_hold_the_planners_odd_ps_counts():
     wide = T.TargetConfig(max_workers=16, max_ps=16, every_count=True)
     assert wide.levels == tuple(range(17)) and wide.ps_levels == tuple(range(1, 17))
+    # the features name a column for each level of each per-level block
+    assert wide.feature_dim == 9 + 3 * 17 + 2 * 16
     base = T.TargetConfig(max_workers=16, max_ps=16)
     # 13 PS: the base levels (1-8, 10, 12, 14, 16) round it to 12, the 10th; every count keeps it
     assert D.pair_labels(base, np.array([1]), np.array([13]), np.array([False]))[0] == 1 * 12 + 9
@@ -78,19 +80,13 @@ def test_a_network_widened_to_every_count_chooses_as_before():
     J = 6
     x_old = rng.normal(size=(J, base.feature_dim)).astype(np.float32)
     x_new = rng.normal(size=(J, wide.feature_dim)).astype(np.float32)
-    old_l, new_l = list(base.levels), list(wide.levels)
-    old_p, new_p = list(base.ps_levels), list(wide.ps_levels)
-    cols = [(list(range(9)), list(range(9)))]
-    at_old, at_new = 9, 9
-    for o, n in ((old_l, new_l), (old_l, new_l), (old_p, new_p), (old_l, new_l), (old_p, new_p)):
-        cols.append(([at_old + i for i in range(len(o))], [at_new + n.index(v) for v in o]))
-        at_old, at_new = at_old + len(o), at_new + len(n)
-    for src, dst in cols:
-        x_new[:, dst] = x_old[:, src]
+    new_cols = T.feature_columns(wide)
+    x_new[:, [new_cols.index(c) for c in T.feature_columns(base)]] = x_old
     active, allreduce = np.ones(J, bool), np.zeros(J, bool)
     lo, vo = T.apply(base, params, x_old, active, allreduce)
     ln, vn = T.apply(wide, wparams, x_new, active, allreduce)
-    same = [new_l.index(w) * len(new_p) + new_p.index(p) for w in old_l for p in old_p]
+    new_l, new_p = list(wide.levels), list(wide.ps_levels)
+    same = [new_l.index(w) * len(new_p) + new_p.index(p) for w in base.levels for p in base.ps_levels]
     assert np.allclose(np.asarray(ln)[:, same], np.asarray(lo), atol=1e-5)
     assert np.allclose(vn, vo, atol=1e-5)
     # a new pair takes the logit of the base pair below it: (1 worker, 13 PS) is (1, 12)'s
