@@ -36,11 +36,11 @@ from dl2d.sim.lp_bound import grid_sizes, solve_program
 BUCKET_SLOTS = (1, 1, 1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64)
 
 
-def job_options(view: SlotView, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def job_options(view: SlotView, j: int, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                      np.ndarray]:
     """(PS [K], workers [K], epochs/s [K], resources [K, 3]) of job j's useful sizes in the view's belief, those
-    the whole cluster holds (none: the job is not planned)."""
-    return grid_sizes(np.asarray(view.est_speed[j], float), view.worker_demand[j], view.ps_demand[j],
-                      np.asarray(view.capacity, float).sum(axis=0))
+    the whole cluster (``capacity`` [3], its servers' sum) holds (none: the job is not planned)."""
+    return grid_sizes(np.asarray(view.est_speed[j], float), view.worker_demand[j], view.ps_demand[j], capacity)
 
 
 def plan(view: SlotView, bucket_slots=BUCKET_SLOTS):
@@ -49,7 +49,7 @@ def plan(view: SlotView, bucket_slots=BUCKET_SLOTS):
     and its options (job_options, those the cluster holds)."""
     n = len(view)
     capacity = np.asarray(view.capacity, float).sum(axis=0)
-    options = [job_options(view, j) for j in range(n)]
+    options = [job_options(view, j, capacity) for j in range(n)]
     alpha = np.full(n, np.inf)
     now = np.full(n, -1)
     most = np.full(n, -1)
