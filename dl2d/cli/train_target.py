@@ -1,6 +1,8 @@
-"""`dl2ctl train --policy dl2-target`: the target-size policy trained by slot-level PPO in the simulator's JAX
-environment (dl2d.policy.target_train), in either world, on a site's own speed model when one is given
-(`--speed-model FILE` from `dl2ctl calibrate`: a twin of the cluster it was measured on).
+"""`dl2ctl train --policy dl2-target` (the default policy): the target-size policy trained in either world
+(dl2d.policy.target_train): a warm-up from its teacher and slot-level PPO in the simulator's JAX environment, with
+rounds of learning the planner on the measured speeds between them (``--plan-rounds``; by default in the DL2
+world), on a site's own speed model when one is given (`--speed-model FILE` from `dl2ctl calibrate`: a twin of
+the cluster it was measured on).
 
 The options it reads are checked here, before anything is built; the training is the library's. The result is a
 ``dl2d-target-policy`` checkpoint that `dl2ctl sim --policy dl2-target --checkpoint FILE` and the daemon
@@ -64,7 +66,8 @@ def validation_bound(setup, cfg) -> dict | None:
 
 
 def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, jobs: int, load: float,
-        clusters: int, slots: int, sl_iters: int, rl_iters: int, sl_lr: float, lr: float, prior: float, credit: str,
+        clusters: int, slots: int, sl_iters: int, rl_iters: int, sl_lr: float, lr: float, prior: float,
+        plan_rounds: int, plan_traces: int, plan_iters: int, credit: str,
         seed: int, val_seed: int, val_traces: int, eval_every: int, speed_model: str | None, init_path: Path | None,
         out_path: Path, as_json: bool, command: str, rescue) -> None:
     from dl2d.policy import target_train as TT
@@ -73,7 +76,10 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
         setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
                               teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
                               prior=prior, credit=credit, eval_every=eval_every, seed=seed, rng=seed,
-                              val_seed=val_seed, val_traces=val_traces)
+                              val_seed=val_seed, val_traces=val_traces, plan_rounds=plan_rounds,
+                              plan_traces=plan_traces, plan_iters=plan_iters,
+                              # the planner's PS counts above 8 are odd ones, which the base levels do not hold
+                              every_count=plan_rounds > 0 and world == "dl2")
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     overlap = TT.seed_overlap(setup)
@@ -115,6 +121,9 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
             tasks["init"] = progress.add_task("initial checkpoint", total=1, info="")
         if sl_iters:
             tasks["sl"] = progress.add_task(f"warm-up from {teacher}", total=sl_iters, info="")
+        if plan_rounds:
+            tasks["plan"] = progress.add_task(f"learning the planner: {plan_rounds} round(s), traces labelled",
+                                              total=plan_rounds * plan_traces, info="")
         if rl_iters:
             tasks["rl"] = progress.add_task("PPO", total=rl_iters, info="")
 

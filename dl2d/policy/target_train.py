@@ -5,7 +5,12 @@ What it does: builds the world's training traces (one per parallel cluster, ever
 when it finishes) and held-out validation traces, runs supervised warm-up towards the teacher (``teacher``:
 Optimus or elastic, dl2d.policy.teachers; ``sl_iters``) and then slot-level PPO (``rl_iters``) on the JAX
 environment, evaluates the greedy policy on the validation traces every ``eval_every`` iterations, and keeps the
-parameters with the lowest validation JCT. The teacher (through the same fill) runs the same validation traces in
+parameters with the lowest validation JCT. Between the two, ``plan_rounds`` rounds of learning the planner on the
+measured speeds (dl2d.policy.plan_distill; the phase "plan"): the first clones the planner's own runs of
+``plan_traces`` training traces in the NumPy simulator, each later one lets the network drive them while the
+planner labels (DAgger), and the network is fitted to every slot labelled so far. The planner comes within 2-4 %
+of the LP bound in the DL2 world where the greedy teachers stay 8-12 % above it, and PPO from those teachers never
+found that room (docs/BENCHMARKS.md); in today's world it is elastic's equal, so there it is off by default. The teacher (through the same fill) runs the same validation traces in
 the same environment, so the result says whether the policy beat it. ``prior`` starts the policy as its teacher
 (dl2d.policy.target.TargetConfig.prior).
 
@@ -49,6 +54,10 @@ class TrainSetup:
     every_count: bool = False  # every whole count a level (TargetConfig.every_count: the DL2 world's shipped one)
     sl_iters: int = 30  # supervised warm-up iterations towards the teacher
     rl_iters: int = 80  # PPO iterations
+    plan_rounds: int = 0  # rounds of learning the planner (plan_distill), between the warm-up and PPO
+    plan_traces: int = 8  # training traces (the first ones) the planner labels in each round
+    plan_iters: int = 2000  # Adam steps fitting the network to the planner's labels, per round
+    plan_lr: float = 5e-4
     sl_lr: float = 1e-3
     lr: float = 1e-4
     ent_coef: float = 0.0
@@ -62,11 +71,16 @@ class TrainSetup:
     max_eval_slots: int = 20_000  # a validation episode is cut here (its unfinished jobs count as running until then)
 
     def __post_init__(self):
-        for name in ("jobs", "clusters", "slots", "eval_every", "val_traces", "max_eval_slots"):
+        for name in ("jobs", "clusters", "slots", "eval_every", "val_traces", "max_eval_slots", "plan_traces",
+                     "plan_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.sl_iters < 0 or self.rl_iters < 0 or self.sl_iters + self.rl_iters == 0:
-            raise ValueError("nothing to train: sl_iters and rl_iters are both 0")
+        if min(self.sl_iters, self.rl_iters, self.plan_rounds) < 0:
+            raise ValueError("sl_iters, rl_iters and plan_rounds must be >= 0")
+        if self.sl_iters + self.rl_iters + self.plan_rounds == 0:
+            raise ValueError("nothing to train: sl_iters, plan_rounds and rl_iters are all 0")
+        if self.plan_rounds and self.plan_traces > self.clusters:
+            raise ValueError(f"plan_traces ({self.plan_traces}) is more than the training traces ({self.clusters})")
         world_named(self.world)  # a ValueError naming the worlds
         T.TargetConfig(teacher=self.teacher, prior=self.prior)  # a ValueError naming a bad teacher or prior
 
@@ -205,8 +219,8 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
     best: dict = {"val": np.inf}
     clock = {"train_s": 0.0, "timed_slots": 0, "slots": 0}
 
-    def evaluate(phase: str, it: int) -> None:
-        net = runner[0]
+    def evaluate(phase: str, it: int, net=None) -> None:
+        net = runner[0] if net is None else net
         jcts, unfinished = val_score(lambda s, n: P.evaluate(tc, env, net, s, n))
         row = {"phase": phase, "iter": it, "cluster_slots": clock["slots"], "train_s": round(clock["train_s"], 1),
                "val_jct": [round(x, 3) for x in jcts], "val_mean": round(float(np.mean(jcts)), 3),
@@ -221,9 +235,16 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
 
     if init_params is not None:
         evaluate("init", 0)
-    # RL goes on with the warm-up's optimiser state (its Adam moments), at the RL learning rate
-    for phase, iters, fn, pc in (("sl", setup.sl_iters, P.sl_step, sl), ("rl", setup.rl_iters, P.train_step, rl)):
+    # RL goes on with the warm-up's optimiser state (its Adam moments), at the RL learning rate; after the planner
+    # with a fresh one (the planner's fit keeps its own)
+    for phase, iters, fn, pc in (("sl", setup.sl_iters, P.sl_step, sl), ("plan", setup.plan_rounds, None, None),
+                                 ("rl", setup.rl_iters, P.train_step, rl)):
         if not iters:
+            continue
+        if phase == "plan":
+            net = learn_planner(setup, tc, cfg, train_traces[:setup.plan_traces], runner[0], evaluate,
+                                on_progress)
+            runner = P.init_runner(tc, rl, runner[2], runner[3], net)
             continue
         for it in range(1, iters + 1):
             t0 = time.perf_counter()
@@ -239,6 +260,32 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
                 evaluate(phase, it)
     rate = clock["timed_slots"] / clock["train_s"] if clock["train_s"] > 0 else None
     return TrainResult(tc, best["params"], best["row"], curve, [round(x, 3) for x in teacher_val], rate)
+
+
+def learn_planner(setup: TrainSetup, tc: T.TargetConfig, cfg: SimConfig, traces: list, net, evaluate: Callable,
+                  on_progress: Callable[[str, int, int], None] | None = None):
+    """The phase "plan" (module docstring): ``setup.plan_rounds`` rounds, each collecting the planner's labels on
+    ``traces`` (the planner drives in the first round, the network ``net`` in the later ones), fitting the network
+    to every slot labelled so far and calling ``evaluate("plan", round, net)``; the last round's parameters. Progress
+    is counted in traces labelled."""
+    from dl2d.policy import plan_distill as D
+
+    seeds = list(setup.training_seeds())[:len(traces)]
+    total, done = setup.plan_rounds * len(traces), 0
+    data = None
+
+    def on_trace(*_):
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress("plan", done, total)
+
+    for rnd in range(1, setup.plan_rounds + 1):
+        new = D.collect(tc, cfg, traces, seeds, None if rnd == 1 else net, on_trace=on_trace)
+        data = new if data is None else D.Samples.concat([data, new])
+        net, _ = D.fit(tc, net, data, setup.plan_iters, lr=setup.plan_lr, seed=setup.rng + rnd)
+        evaluate("plan", rnd, net)
+    return net
 
 
 def checkpoint_meta(setup: TrainSetup, result: TrainResult, command: str, site=None, **extra) -> dict:

@@ -113,8 +113,8 @@ def test_a_cluster_spec_is_bounded_where_it_is_built():
     assert ClusterSpec(MAX_SERVERS).empty().shape == (MAX_SERVERS, 3)
 
 
-TINY_TRAIN = ["train", "--cluster", "tiny", "--jobs", "3", "--max-jobs", "4", "--hidden", "8", "--sl-epochs", "1",
-              "--sl-traces", "1"]
+TINY_TRAIN = ["train", "--policy", "dl2", "--cluster", "tiny", "--jobs", "3", "--max-jobs", "4", "--hidden", "8",
+              "--sl-epochs", "1", "--sl-traces", "1"]
 
 
 def test_train_refuses_an_out_path_it_could_not_write_before_training(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from dl2d.cli.main import cli
 from dl2d.policy.checkpoint import load
 
-TINY = ["train", "--cluster", "tiny", "--jobs", "6", "--max-jobs", "8", "--hidden", "32"]
+TINY = ["train", "--policy", "dl2", "--cluster", "tiny", "--jobs", "6", "--max-jobs", "8", "--hidden", "32"]
 
 
 def invoke(*args):
@@ -78,7 +78,7 @@ def test_bad_init_checkpoint(tmp_path):
 
 def test_init_config_conflict(trained):
     init, _ = trained
-    r = CliRunner().invoke(cli, ["train", "--cluster", "tiny", "--init", str(init), "--max-jobs", "16",
+    r = CliRunner().invoke(cli, ["train", "--policy", "dl2", "--cluster", "tiny", "--init", str(init), "--max-jobs", "16",
                                  "--rl-steps", "1"])
     assert r.exit_code == 2 and "differs from the checkpoint" in r.output
 

@@ -91,6 +91,7 @@ def test_the_site_curves_are_the_training_environments_truth(tmp_path):
     (["--speed-model", "MISSING"], "--speed-model"),
     (["--teacher", "drf"], "'drf' is not one --policy dl2-target learns from"),
     (["--sl-iters", "0", "--rl-iters", "0"], "nothing to train"),
+    (["--plan-rounds", "1", "--plan-traces", "3"], "plan_traces (3) is more than the training traces (2)"),
     (["--val-seed", "1"], "validation must be held out"),
     (["--clusters", "0"], "--clusters"),
     (["--init", "NOT_A_CHECKPOINT"], "--init"),
@@ -109,7 +110,7 @@ def test_bad_input_names_the_option_and_writes_nothing(tmp_path, args, message):
 
 
 def test_target_options_are_refused_for_the_dl2_policy(tmp_path):
-    r = invoke("train", "--world", "today", "--lr", "0.1", "--out", str(tmp_path / "o.ckpt"))
+    r = invoke("train", "--policy", "dl2", "--world", "today", "--lr", "0.1", "--out", str(tmp_path / "o.ckpt"))
     assert r.exit_code == 2 and "--world, --lr only apply to --policy dl2-target" in r.output
 
 
@@ -147,14 +148,32 @@ def test_trains_from_elastic_with_the_slots_credit_and_records_both(tmp_path):
     assert not (tmp_path / "f.msgpack").exists()
 
 
-def test_in_the_dl2_world_it_learns_from_the_relative_optimus_by_default(tmp_path):
-    """The default teacher is the world's best heuristic: in the DL2 world the relative Optimus."""
+def test_in_the_dl2_world_it_learns_from_the_relative_optimus_then_the_planner_by_default(tmp_path):
+    """The default teacher is the world's best heuristic: in the DL2 world the relative Optimus. There the planner
+    on the measured speeds is learned by default too (two rounds between the warm-up and PPO, on every whole
+    count as a level): its rounds are in the curve and the checkpoint, and the plan phase showed its progress."""
     out = tmp_path / "d.msgpack"
-    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "1", "--out", str(out), "--json")
+    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "1", "--plan-iters", "30", "--out",
+               str(out))
+    assert r.exit_code == 0, r.output
+    assert "optimus-relative (teacher)" in r.output
+    assert "learning the planner: 2 round(s)" in r.output  # its progress (stderr, which CliRunner mixes in)
+    ck = load_target(out)
+    assert ck.config.teacher == "optimus-relative" and ck.config.every_count
+    assert ck.meta["setup"]["plan_rounds"] == 2 and ck.meta["setup"]["plan_traces"] == 2  # no more than --clusters
+
+
+def test_today_the_planner_is_not_learned_unless_asked(tmp_path):
+    """In today's world the planner is elastic's equal (and 15x slower): no plan phase by default; asked for,
+    it runs there too, on the base levels."""
+    out = tmp_path / "t.msgpack"
+    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "1", "--plan-traces", "1",
+               "--plan-iters", "5", "--out", str(out), "--json")
     assert r.exit_code == 0, r.output
     res = json.loads(r.output[r.output.index("{"):])
-    assert res["teacher"] == "optimus-relative" and set(res["val_jct_slots"]) >= {"optimus-relative", "learned"}
-    assert load_target(out).config.teacher == "optimus-relative"
+    assert [(c["phase"], c["iter"]) for c in res["curve"]] == [("sl", 1), ("plan", 1)]
+    ck = load_target(out)
+    assert ck.meta["setup"]["plan_rounds"] == 1 and not ck.config.every_count
 
 
 def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_path):
@@ -164,15 +183,16 @@ def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_
     from dl2d.policy.plan_distill import every_count
 
     base = tmp_path / "base.msgpack"
-    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "0", "--out", str(base), "--json")
+    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "0", "--out",
+               str(base), "--json")
     assert r.exit_code == 0, r.output
     ck = load_target(base)
     wide_cfg, wide_params = every_count(ck.config, ck.params)
     wide = tmp_path / "wide.msgpack"
     save_target(wide, TargetCheckpoint(wide_cfg, wide_params, ck.meta))
     out = tmp_path / "again.msgpack"
-    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "0", "--rl-iters", "1", "--init", str(wide), "--out", str(out),
-               "--json")
+    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "0", "--rl-iters", "1", "--plan-rounds", "0", "--init",
+               str(wide), "--out", str(out), "--json")
     assert r.exit_code == 0, r.output
     again = load_target(out)
     assert again.config == wide_cfg and again.config.every_count and again.meta["setup"]["every_count"] is True

@@ -91,3 +91,23 @@ def test_a_network_widened_to_every_count_chooses_as_before():
     assert np.allclose(vn, vo, atol=1e-5)
     # a new pair takes the logit of the base pair below it: (1 worker, 13 PS) is (1, 12)'s
     assert np.allclose(ln[:, 1 * 16 + 12], lo[:, 1 * 12 + 9], atol=1e-5)
+
+
+def test_the_training_runs_planner_phase_learns_the_planners_choices():
+    """dl2d.policy.target_train's phase "plan" (`dl2ctl train --plan-rounds`): rounds of labelling the first
+    training traces by the planner, each fitted and evaluated; afterwards the network chooses the planner's
+    pairs on the planner's own runs of those traces, which the untrained network does not."""
+    from dl2d.policy import target_train as TT
+
+    setup = TT.TrainSetup(world="dl2", servers=4, jobs=6, clusters=2, slots=4, val_traces=1, sl_iters=0, rl_iters=0,
+                          plan_rounds=2, plan_traces=1, plan_iters=300, plan_lr=3e-3, teacher="optimus-relative",
+                          every_count=True)
+    cfg = TT.sim_config(setup)
+    progress, evals = [], []
+    result = TT.train(setup, on_progress=lambda *a: progress.append(a), on_eval=lambda r: evals.append(r))
+    assert progress == [("plan", 1, 2), ("plan", 2, 2)]  # one step per trace labelled, of rounds x traces
+    assert [(r["phase"], r["iter"]) for r in evals] == [("plan", 1), ("plan", 2)]
+    assert result.config.every_count and result.chosen["phase"] == "plan"
+    own = D.collect(result.config, cfg, [TT.make_trace(setup, cfg, 0)], [0])  # the planner drives, and labels
+    untrained = T.init_params(result.config, jax.random.PRNGKey(setup.rng))
+    assert D.agreement(result.config, result.params, own) > 0.85 > D.agreement(result.config, untrained, own)
