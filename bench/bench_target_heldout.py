@@ -65,15 +65,16 @@ def main() -> None:
         jcts = [round(float(E.run(t, make(), cfg, seed=s).jct_slots.mean()), 2) for s, t in zip(seeds, traces)]
         out[name] = {"per_trace": jcts, "mean": round(float(np.mean(jcts)), 2)}
         print(json.dumps({"policy": name, **out[name]}), flush=True)
-    best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"])
+    best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"], default=None)  # none: --heuristics ""
     bound = None if args.no_bound else TT.lower_bound(traces, cfg)
     print(json.dumps({"summary": True, "world": setup.world, "cluster": setup.cluster, "jobs": setup.jobs,
                       "not_the_training_setup": sorted(overrides), "seeds": [seeds.start, seeds.stop - 1],
                       "held_out": args.seeds != "validation", "allreduce_placement": cfg.allreduce_placement,
-                      "best_heuristic": best, "learned_vs_best": round(out["learned"]["mean"] / out[best]["mean"] - 1, 4),
+                      "best_heuristic": best,
+                      "learned_vs_best": best and round(out["learned"]["mean"] / out[best]["mean"] - 1, 4),
                       "lower_bound": bound,
                       "learned_vs_bound": bound and round(out["learned"]["mean"] / bound["nominal"] - 1, 4),
-                      "best_vs_bound": bound and round(out[best]["mean"] / bound["nominal"] - 1, 4)}))
+                      "best_vs_bound": bound and best and round(out[best]["mean"] / bound["nominal"] - 1, 4)}))
 
 
 if __name__ == "__main__":
