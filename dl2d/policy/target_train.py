@@ -10,8 +10,9 @@ measured speeds (dl2d.policy.plan_distill; the phase "plan"): the first clones t
 ``plan_traces`` training traces in the NumPy simulator, each later one lets the network drive them while the
 planner labels (DAgger), and the network is fitted to every slot labelled so far. The planner comes within 2-4 %
 of the LP bound in the DL2 world where the greedy teachers stay 8-12 % above it, and PPO from those teachers never
-found that room (docs/BENCHMARKS.md); in today's world it is elastic's equal, so there it is off by default. The teacher (through the same fill) runs the same validation traces in
-the same environment, so the result says whether the policy beat it. ``prior`` starts the policy as its teacher
+found that room (docs/BENCHMARKS.md); in today's world it is elastic's equal, so there it is off by default. The
+teacher (through the same fill) runs the same validation traces in the same environment, so the result says
+whether the policy beat it. ``prior`` starts the policy as its teacher
 (dl2d.policy.target.TargetConfig.prior).
 
 A site's speed model (``site``: `dl2ctl calibrate`'s curves) makes the environment a twin of that site: its
