@@ -33,9 +33,6 @@ DL2_ONLY = ("sl_epochs", "sl_traces", "rl_steps", "max_jobs", "hidden", "n_step"
             "epsilon", "updates_per_slot", "rl_lr", "advantage", "val_every")
 TARGET_ONLY = ("world", "speed_model", "load", "clusters", "slots", "sl_iters", "rl_iters", "lr", "sl_lr",
                "val_traces", "eval_every", "credit", "prior", "plan_rounds", "plan_traces", "plan_iters")
-#: --plan-rounds by world: the planner on the measured speeds is worth learning in the DL2 world (it comes within
-#: 2-4 % of the LP bound there, the relative Optimus 8-12 %); in today's world it is elastic's equal and 15x slower.
-PLAN_ROUNDS = {"dl2": 2, "today": 0}
 
 
 def _command(ctx: click.Context) -> str:
@@ -215,7 +212,7 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
 
         train_target.run(world=world, teacher=teacher, cluster=cluster, servers=servers, jobs=jobs, load=load,
                          clusters=clusters, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
-                         prior=prior, plan_rounds=PLAN_ROUNDS[world] if plan_rounds is None else plan_rounds,
+                         prior=prior, plan_rounds=WORLDS[world].plan_rounds if plan_rounds is None else plan_rounds,
                          plan_traces=min(8, clusters) if plan_traces is None else plan_traces,
                          plan_iters=plan_iters, credit=credit, seed=seed, val_seed=val_seed, val_traces=val_traces,
                          eval_every=eval_every, speed_model=speed_model, init_path=init_path, out_path=out_path,

@@ -234,19 +234,9 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
         if row["val_mean"] < best["val"]:
             best.update(val=row["val_mean"], params=jax.device_get(net), row=row)
 
-    if init_params is not None:
-        evaluate("init", 0)
-    # RL goes on with the warm-up's optimiser state (its Adam moments), at the RL learning rate; after the planner
-    # with a fresh one (the planner's fit keeps its own)
-    for phase, iters, fn, pc in (("sl", setup.sl_iters, P.sl_step, sl), ("plan", setup.plan_rounds, None, None),
-                                 ("rl", setup.rl_iters, P.train_step, rl)):
-        if not iters:
-            continue
-        if phase == "plan":
-            net = learn_planner(setup, tc, cfg, train_traces[:setup.plan_traces], runner[0], evaluate,
-                                on_progress)
-            runner = P.init_runner(tc, rl, runner[2], runner[3], net)
-            continue
+    def run_phase(phase: str, iters: int, fn: Callable, pc: P.PPOConfig) -> None:
+        """``iters`` jitted iterations of ``fn`` (the warm-up's or PPO's step), timed and evaluated."""
+        nonlocal runner
         for it in range(1, iters + 1):
             t0 = time.perf_counter()
             runner, stats = fn(tc, pc, env, runner)
@@ -259,6 +249,15 @@ def train(setup: TrainSetup, site=None, init_params=None, on_progress: Callable[
                 on_progress(phase, it, iters)
             if it == 1 or it % setup.eval_every == 0 or it == iters:
                 evaluate(phase, it)
+
+    if init_params is not None:
+        evaluate("init", 0)
+    run_phase("sl", setup.sl_iters, P.sl_step, sl)
+    if setup.plan_rounds:
+        net = learn_planner(setup, tc, cfg, train_traces[:setup.plan_traces], runner[0], evaluate, on_progress)
+        runner = P.init_runner(tc, rl, runner[2], runner[3], net)  # PPO then starts a fresh optimiser state
+    # otherwise RL goes on with the warm-up's optimiser state (its Adam moments), at the RL learning rate
+    run_phase("rl", setup.rl_iters, P.train_step, rl)
     rate = clock["timed_slots"] / clock["train_s"] if clock["train_s"] > 0 else None
     return TrainResult(tc, best["params"], best["row"], curve, [round(x, 3) for x in teacher_val], rate)
 
