@@ -17,6 +17,7 @@ jobs, the same as the JAX warm-up's (dl2d.policy.ppo.sl_loss).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -145,12 +146,11 @@ def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label):
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def fit(tcfg: T.TargetConfig, params, data: Samples, iters: int, lr: float = 1e-3, batch: int = 256,
-        seed: int = 0, on_iter: Callable[[int, float], None] | None = None):
-    """``iters`` Adam steps on minibatches of ``batch`` slots drawn from ``data``; the params and the last
-    loss."""
+@functools.lru_cache(maxsize=8)
+def fit_step(tcfg: T.TargetConfig, lr: float):
+    """The optimiser and its jitted step for ``tcfg`` and ``lr``, built once: every round of a training (and every
+    test) that fits the same network shape reuses the compiled step instead of compiling it again."""
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(lr))
-    state = opt.init(params)
 
     @jax.jit
     def step(params, state, x, a, ar, y):
@@ -158,6 +158,15 @@ def fit(tcfg: T.TargetConfig, params, data: Samples, iters: int, lr: float = 1e-
         upd, state = opt.update(grad, state, params)
         return optax.apply_updates(params, upd), state, loss
 
+    return opt, step
+
+
+def fit(tcfg: T.TargetConfig, params, data: Samples, iters: int, lr: float = 1e-3, batch: int = 256,
+        seed: int = 0, on_iter: Callable[[int, float], None] | None = None):
+    """``iters`` Adam steps on minibatches of ``batch`` slots drawn from ``data``; the params and the last
+    loss."""
+    opt, step = fit_step(tcfg, lr)
+    state = opt.init(params)
     rng = np.random.default_rng(seed)
     loss = float("nan")
     for i in range(iters):

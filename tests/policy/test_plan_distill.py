@@ -52,6 +52,10 @@ def test_fitting_the_planners_pairs_makes_the_network_choose_them():
     assert np.isfinite(loss)
     after = D.agreement(TCFG, params, data)
     assert after > 0.9 > before
+    # a second fit of the same network (the next round) reuses the compiled step: one compilation in all
+    D.fit(TCFG, params, data, 3, lr=3e-3, batch=32)
+    _, step = D.fit_step(TCFG, 3e-3)
+    assert step._cache_size() == 1
 
 
 def test_every_count_levels_hold_the_planners_odd_ps_counts():
