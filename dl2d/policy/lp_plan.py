@@ -23,6 +23,7 @@ most used size from what is left.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,19 +44,34 @@ def job_options(view: SlotView, j: int, capacity: np.ndarray) -> tuple[np.ndarra
     return grid_sizes(np.asarray(view.est_speed[j], float), view.worker_demand[j], view.ps_demand[j], capacity)
 
 
-def plan(view: SlotView, bucket_slots=BUCKET_SLOTS):
-    """The program from the view: per job its priority (alpha point, seconds from now; inf: not planned), the
-    size index it spends most of the first bucket at (-1: none), its most used size overall (-1: not planned),
-    and its options (job_options, those the cluster holds)."""
+class Plan(NamedTuple):
+    """The program solved from a view (:func:`plan`), per job: its priority (alpha point, seconds from now; inf:
+    not planned), the size index it spends most of the first bucket at (-1: none), its most used size overall
+    (-1: not planned), its options (job_options, those the cluster holds), and the share of the first bucket it
+    spends at each of its sizes (a rounding other than "the most used" reads them; empty: not planned); and the
+    program's value, the least sum over the planned jobs of their completion times' lower bounds, in seconds
+    from now (what a lookahead scores a slot's end by)."""
+
+    alpha: np.ndarray
+    now: np.ndarray
+    most: np.ndarray
+    options: list
+    first_share: list
+    value: float = 0.0
+
+
+def plan(view: SlotView, bucket_slots=BUCKET_SLOTS) -> Plan:
+    """The program from the view (:class:`Plan`)."""
     n = len(view)
     capacity = np.asarray(view.capacity, float).sum(axis=0)
     options = [job_options(view, j, capacity) for j in range(n)]
     alpha = np.full(n, np.inf)
     now = np.full(n, -1)
     most = np.full(n, -1)
+    share = [np.zeros(0) for _ in range(n)]
     planned = [j for j in range(n) if len(options[j][2])]
     if not planned:
-        return alpha, now, most, options
+        return Plan(alpha, now, most, options, share)
     remaining = np.maximum(np.asarray(view.remaining_epochs, float), 1e-6)
     rho = [options[j][2] / remaining[j] for j in planned]
     demand = [options[j][3] for j in planned]
@@ -74,23 +90,31 @@ def plan(view: SlotView, bucket_slots=BUCKET_SLOTS):
         alpha[j] = lo[h] + width[h] * (0.5 * cum[-1] - before) / max(per_bucket[h], 1e-12)
         most[j] = int(np.argmax(np.bincount(k, weights=wk, minlength=len(rho[i]))))
         first = b == 0
+        share[j] = np.bincount(k[first], weights=y[first], minlength=len(rho[i])) / width[0]
         if y[first].sum() > 1e-6 * view.slot_seconds:
             now[j] = int(k[first][np.argmax(y[first])])
-    return alpha, now, most, options
+    return Plan(alpha, now, most, options, share, sol.value)
 
 
 def lp_plan(view: SlotView, bucket_slots=BUCKET_SLOTS) -> Allocation:
     """The plan's first slot on the view's servers (module docstring): a job's first bundle, its workers, its
     PS. (Placing a PS job's tasks as bundles while it wants both changed nothing on `testbed`: 36.005 slots
     against 35.995 on two validation traces.)"""
-    b = AllocationBuilder(view)
     if len(view) == 0:
-        return b.allocation()
-    alpha, now, most, options = plan(view, bucket_slots)
-    order = np.lexsort((alpha, now < 0))  # planned for this slot first, each group by alpha point
+        return AllocationBuilder(view).allocation()
+    p = plan(view, bucket_slots)
+    order = np.lexsort((p.alpha, p.now < 0))  # planned for this slot first, each group by alpha point
+    sizes = np.where(p.now >= 0, p.now, p.most)
+    return carry_out(view, [int(j) for j in order], sizes, p.options)
+
+
+def carry_out(view: SlotView, order: list[int], sizes: np.ndarray, options: list) -> Allocation:
+    """Each job in ``order`` its size ``sizes[j]`` (an index into ``options[j]``; -1: none) on the view's
+    servers, as far as they hold it: an all-reduce job its workers; a PS job its first bundle, then its workers
+    and PS."""
+    b = AllocationBuilder(view)
     for j in order:
-        j = int(j)
-        k = now[j] if now[j] >= 0 else most[j]
+        k = sizes[j]
         if k < 0:
             continue
         ps, workers = int(options[j][0][k]), int(options[j][1][k])
@@ -104,23 +128,29 @@ def lp_plan(view: SlotView, bucket_slots=BUCKET_SLOTS) -> Allocation:
     return b.allocation()
 
 
+def measured_view(view: SlotView, table: np.ndarray, factor: np.ndarray | None = None) -> SlotView:
+    """The view with every PS job's believed speeds replaced by its type's row of the speed ``table`` the
+    simulator trains with, times ``factor`` [jobs] where given (an estimate of each job's own speed against the
+    table); all-reduce jobs keep theirs (their measured curve already)."""
+    from dl2d.sim.bound import ps_rates
+
+    est = np.array(view.est_speed, float, copy=True)
+    for j in np.flatnonzero(~np.asarray(view.allreduce)):
+        est[j] = ps_rates(int(view.type_idx[j]), table, view.max_ps, view.max_workers)
+        if factor is not None:
+            est[j] *= factor[j]
+    return replace(view, est_speed=est)
+
+
 def on_measured_speeds(cfg) -> StatelessPolicy:
     """The planner on the speeds the simulator (``cfg``: a dl2d.sim.engine.SimConfig) trains a PS job with, its
-    type's measured table, less the job's hidden interference and the noise: a reference and a teacher
-    (dl2d.policy.plan_distill), never a scheduler (no real one reads the simulator's table). All-reduce jobs
-    keep the view's ``est_speed`` (their measured curve already)."""
-    from dl2d.sim.bound import ps_rates
+    type's measured table, less the job's hidden interference and the noise (:func:`measured_view`): a
+    reference and a teacher (dl2d.policy.plan_distill), never a scheduler (no real one reads the simulator's
+    table)."""
     from dl2d.workload.speed import speed_table
 
     table = speed_table(cfg.speed_model)
-
-    def decide(view: SlotView) -> Allocation:
-        est = np.array(view.est_speed, float, copy=True)
-        for j in np.flatnonzero(~np.asarray(view.allreduce)):
-            est[j] = ps_rates(int(view.type_idx[j]), table, view.max_ps, view.max_workers)
-        return lp_plan(replace(view, est_speed=est))
-
-    return StatelessPolicy(decide, "lp-plan-measured")
+    return StatelessPolicy(lambda view: lp_plan(measured_view(view, table)), "lp-plan-measured")
 
 
 register(PolicyEntry("lp-plan", "plans every slot with the JCT bound's linear program from where the cluster stands "

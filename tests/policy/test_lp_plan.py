@@ -7,7 +7,7 @@ import numpy as np
 from testkit.sim import make_view
 
 from dl2d.policy import registry
-from dl2d.policy.lp_plan import lp_plan, plan
+from dl2d.policy.lp_plan import carry_out, lp_plan, measured_view, plan
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import ClusterSpec, preset
@@ -25,8 +25,17 @@ def test_where_one_job_fits_the_shorter_runs_first():
     short one first (its alpha point is earlier) and gives it the server now; the relative Optimus shares it."""
     view = make_view(["resnet-50", "resnet-50"], spec=ClusterSpec(1), arrival=[0, 0], est=[100.0, 10.0],
                      max_workers=8, max_ps=8)
-    alpha, now, _, _ = plan(view)
+    p = plan(view)
+    alpha, now = p.alpha, p.now
     assert alpha[1] < alpha[0] and now[1] >= 0
+    # the first bucket is the short job's alone: all of it at the size it runs now, none of the long job's
+    assert np.isclose(p.first_share[1].sum(), 1.0) and p.first_share[1][now[1]] == p.first_share[1].max()
+    assert p.first_share[0].sum() < 1e-6
+    # the program's value, the sum of the two completions' lower bounds: at most what the short one first and
+    # then the long one (each at its fastest size that fits) gives, and no more than a bucket (a slot) a job
+    # below each alone at its fastest (the program counts a bucket's work at the bucket's start)
+    alone = view.remaining_epochs / np.array([p.options[j][2].max() for j in range(2)])
+    assert alone.sum() - 2 * view.slot_seconds <= p.value <= alone.sum() + alone[1] + 1e-6
     alloc = lp_plan(view)
     assert alloc.workers[1] >= 1 and alloc.workers[0] == 0
     shared = registry.build("optimus-relative")(view)
@@ -45,3 +54,23 @@ def test_it_runs_a_contended_trace_to_the_end_and_beats_fifo():
     planned = E.run(tr, registry.build("lp-plan"), cfg, seed=3)
     fifo = E.run(tr, registry.build("fifo"), cfg, seed=3)
     assert np.all(np.isfinite(planned.jct_slots)) and planned.avg_jct_slots < fifo.avg_jct_slots
+
+
+def test_measured_view_scales_the_table_by_each_jobs_factor_and_carry_out_rounds_as_asked():
+    view = make_view(["resnet-50", "vgg-16"], spec=ClusterSpec(8), arrival=[0, 0], max_workers=8, max_ps=8)
+    from dl2d.sim.bound import ps_rates
+    from dl2d.workload.speed import speed_table
+
+    table = speed_table("measured")
+    plain = measured_view(view, table)
+    scaled = measured_view(view, table, np.array([0.5, 2.0]))
+    assert np.allclose(plain.est_speed[1], ps_rates(int(view.type_idx[1]), table, 8, 8))
+    assert np.allclose(scaled.est_speed, plain.est_speed * np.array([0.5, 2.0])[:, None, None])
+    # the planner's own rounding through carry_out is lp_plan; another size for a job is carried out as given
+    p = plan(plain)
+    own = carry_out(plain, [int(j) for j in np.lexsort((p.alpha, p.now < 0))], np.where(p.now >= 0, p.now, p.most),
+                    p.options)
+    assert np.array_equal(own.workers, lp_plan(plain).workers) and np.array_equal(own.ps, lp_plan(plain).ps)
+    one = carry_out(plain, [0], np.array([0, -1]), p.options)
+    assert (one.ps[0], one.workers[0]) == (int(p.options[0][0][0]), int(p.options[0][1][0]))
+    assert one.workers[1] == one.ps[1] == 0
