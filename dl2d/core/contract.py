@@ -20,6 +20,9 @@ class CapacityError(RuntimeError):
 
 #: Where an all-reduce job's new workers are placed (SlotView.allreduce_placement, SimConfig's too).
 ALLREDUCE_PLACEMENTS = ("spread", "pack")
+#: a view's ``job_speed_factor`` is the mean of the job's last this many measured slots (the daemon's
+#: dl2d.daemon.jobstats and the simulator's engine measure alike)
+SPEED_FACTOR_SLOTS = 3
 
 
 def check_allreduce_placement(value: str) -> None:
@@ -53,6 +56,7 @@ class SlotView:
     server_speed: np.ndarray | None = None  # [servers] speeds observed last slot (heterogeneous runs only)
     # the daemon's measurements (dl2d.daemon.jobstats), optional; no policy needs them, the baselines ignore them:
     job_speed_factor: np.ndarray | None = None  # [jobs] measured / predicted speed, recent slots; NaN: not measured
+    # (the predicted: a PS job's speed table, an all-reduce job's est_speed; SPEED_FACTOR_SLOTS full slots)
     job_shared_gpu: np.ndarray | None = None  # [jobs] a GPU of the job also ran another job's processes
     # every job's own per-task demand (GPUs, CPU cores, memory GB) and kind (dl2d.core.jobs.JobKind values)
     worker_demand: np.ndarray = field(kw_only=True)  # [jobs, 3]

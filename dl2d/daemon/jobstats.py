@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from dl2d.agents.features import job_gpu_features
+from dl2d.core.contract import SPEED_FACTOR_SLOTS
 from dl2d.daemon.backend import FAILED, FINISHED, JobStatus
 from dl2d.workload.jobtypes import type_index
 from dl2d.workload.speed import epochs_trained
@@ -123,7 +124,8 @@ def job_flags(history: Mapping[int, Sequence[JobSlotStats]], low: float = LOW_FA
     return flags
 
 
-def speed_factor_estimate(history: Mapping[int, Sequence[JobSlotStats]], slots: int = SLOW_SLOTS) -> dict[int, float]:
+def speed_factor_estimate(history: Mapping[int, Sequence[JobSlotStats]],
+                          slots: int = SPEED_FACTOR_SLOTS) -> dict[int, float]:
     """Mean speed factor of each job's last ``slots`` measured slots (jobs never measured are left out)."""
     out = {}
     for job_id, hist in history.items():

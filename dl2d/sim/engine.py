@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from dl2d.core.contract import Allocation, SlotView, check_allreduce_placement, validate
+from dl2d.core.contract import SPEED_FACTOR_SLOTS, Allocation, SlotView, check_allreduce_placement, validate
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place_servers
 from dl2d.sim import allreduce, hetero, network
@@ -98,13 +98,16 @@ class SimState:
     restart_debt: np.ndarray | None = None  # [N] seconds of resize overhead still to lose; None: none
     worker_servers: tuple[tuple[int, ...], ...] | None = None  # [N] last slot's servers of each job's workers
     ps_servers: tuple[tuple[int, ...], ...] | None = None
+    # [N, SPEED_FACTOR_SLOTS] each job's measured / predicted speed in its last full slots, newest last (NaN: none
+    # yet), as the daemon measures it (dl2d.daemon.jobstats): the view's job_speed_factor is their mean
+    speed_factors: np.ndarray | None = None
 
     @staticmethod
     def initial(n: int) -> "SimState":
         z = np.zeros(n)
         none = tuple(() for _ in range(n))
         return SimState(0, z.copy(), np.full(n, np.nan), np.zeros(n, int), np.zeros(n, int), np.zeros(n, int),
-                        None, z.copy(), none, none)
+                        None, z.copy(), none, none, np.full((n, SPEED_FACTOR_SLOTS), np.nan))
 
     def active(self, trace: Trace) -> np.ndarray:
         """Trace indices of jobs that have arrived and not finished, by arrival."""
@@ -144,7 +147,15 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         requested_workers=trace.requested[idx], slot_seconds=cfg.slot_seconds,
         prev_worker_servers=tuple(state.worker_servers[i] for i in idx),
         prev_ps_servers=tuple(state.ps_servers[i] for i in idx), allreduce_placement=cfg.allreduce_placement,
+        job_speed_factor=None if state.speed_factors is None else measured_speed_factor(state.speed_factors[idx]),
     )
+
+
+def measured_speed_factor(factors: np.ndarray) -> np.ndarray:
+    """[jobs] the mean of each row of ``factors`` [jobs, slots] over its measured slots (NaN: none)."""
+    seen = ~np.isnan(factors)
+    count = seen.sum(axis=1)
+    return np.where(count > 0, np.where(seen, factors, 0.0).sum(axis=1) / np.maximum(count, 1), np.nan)
 
 
 def server_speeds(state: SimState, cfg: SimConfig) -> np.ndarray | None:
@@ -217,6 +228,7 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         shared = allreduce.shares_a_server(servers)
         epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
     nxt, reward, trained = advance(state, trace, jobs, epochs)
+    factors = measure_speed(state.speed_factors, view, jobs, epochs, w, p, table, nxt.finish_time, cfg.slot_seconds)
     workers, ps = nxt.workers.copy(), nxt.ps.copy()
     workers[jobs], ps[jobs] = w, p
     restart_debt = state.restart_debt.copy()
@@ -225,7 +237,7 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     for k, i in enumerate(jobs):
         all_w[i], all_p[i] = w_srv[k], p_srv[k]
     nxt = replace(nxt, workers=workers, ps=ps, server_perf=perf, restart_debt=restart_debt,
-                  worker_servers=tuple(all_w), ps_servers=tuple(all_p))
+                  worker_servers=tuple(all_w), ps_servers=tuple(all_p), speed_factors=factors)
     total_mb, cross_mb = np.zeros(0), np.zeros(0)
     if len(ps_jobs):
         t = view.type_idx[ps_jobs]
@@ -241,6 +253,30 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         "traffic_gb": float(np.sum(total_mb)) / 1024, "cross_node_gb": float(np.sum(cross_mb)) / 1024,
     }
     return nxt, reward, info
+
+
+def measure_speed(factors: np.ndarray | None, view: SlotView, jobs: np.ndarray, epochs: np.ndarray, w: np.ndarray,
+                  p: np.ndarray, table: np.ndarray, finish_time: np.ndarray, slot_seconds: float) -> np.ndarray | None:
+    """``factors`` with this slot's measured / predicted speed appended (the oldest dropped) for every job that
+    trained through the whole slot, as the daemon measures it (dl2d.daemon.jobstats): what it trained against
+    what the speed model predicts for the pair it ran, a PS job's speed table (factor 1), an all-reduce job's
+    ``est_speed``. The ratio holds the job's hidden interference and this slot's noise (and time a restart
+    took); a job that finished in the slot or ran nothing is not measured."""
+    if factors is None:
+        return None
+    ar = view.allreduce
+    predicted = np.zeros(len(jobs))
+    ps_jobs, ar_jobs = np.flatnonzero(~ar), np.flatnonzero(ar)
+    if len(ps_jobs):
+        predicted[ps_jobs] = epochs_per_slot(table, view.type_idx[ps_jobs], p[ps_jobs], w[ps_jobs],
+                                             np.ones(len(ps_jobs)), slot_seconds)
+    if len(ar_jobs):
+        predicted[ar_jobs] = view.est_speed[ar_jobs, 0, w[ar_jobs]] * slot_seconds
+    full = np.isnan(finish_time[jobs]) & (predicted > 0)
+    out = factors.copy()
+    rows = jobs[full]
+    out[rows] = np.column_stack([factors[rows, 1:], epochs[full] / predicted[full]])
+    return out
 
 
 # ---------------------------------------------------------------- a run and its metrics

@@ -109,6 +109,39 @@ def test_one_slot_trains_table_speed_times_interference_and_reward_is_dl2_eq1():
     assert nxt.slot == 1 and nxt.slots_run.tolist() == [1, 1] and np.all(np.isnan(nxt.finish_time))
 
 
+def test_the_view_carries_each_jobs_measured_speed_factor_as_the_daemon_measures_it():
+    """Measured / predicted speed (the table's at the pair it ran), the mean of its last SPEED_FACTOR_SLOTS full
+    slots: the hidden interference where there is no noise; not measured before it ran, in a slot it ran
+    nothing, or in the slot it finished."""
+    from dl2d.core.contract import SPEED_FACTOR_SLOTS
+
+    e = per_slot("wlm", 1, 1)
+    tr = make_trace([(0, "resnet-50", 10_000), (0, "dssm", 10_000), (0, "wlm", 1.5 * e)],
+                    speed_factor=[1.0, 0.5, 1.0])
+    cfg = E.SimConfig(cluster=ClusterSpec(4), **QUIET)
+    state = E.SimState.initial(3)
+    assert np.all(np.isnan(E.view_of(tr, state, cfg).job_speed_factor))
+    alloc = Allocation(np.array([2, 1, 1]), np.array([1, 3, 1]))
+    for _ in range(2):
+        state, _, _ = E.step(tr, state, alloc, cfg, np.random.default_rng(0))
+    view = E.view_of(tr, state, cfg)
+    # the wlm job finished in its second slot, no longer in view: its first, full, slot was measured, the second not
+    assert view.job_speed_factor == pytest.approx([1.0, 0.5]) and len(view) == 2
+    assert state.speed_factors[2, -1] == pytest.approx(1.0) and np.all(np.isnan(state.speed_factors[2, :-1]))
+    # a slot with nothing for the dssm job measures nothing; the mean is over the measured slots
+    state, _, _ = E.step(tr, state, Allocation(np.array([2, 0]), np.array([1, 0])), cfg, np.random.default_rng(0))
+    assert E.view_of(tr, state, cfg).job_speed_factor == pytest.approx([1.0, 0.5])
+    # with noise: the mean of the last slots' factor x noise, within the noise's range
+    noisy = E.SimConfig(cluster=ClusterSpec(4), slot_noise=0.1)
+    state = E.SimState.initial(3)
+    for k in range(SPEED_FACTOR_SLOTS + 2):
+        n = len(E.view_of(tr, state, noisy))
+        state, _, _ = E.step(tr, state, Allocation(np.array([2, 1, 1][:n]), np.array([1, 3, 1][:n])), noisy,
+                             np.random.default_rng(k))
+    f = E.view_of(tr, state, noisy).job_speed_factor
+    assert f[1] != pytest.approx(0.5) and 0.45 <= f[1] <= 0.55 and 0.9 <= f[0] <= 1.1
+
+
 def test_a_job_finishing_mid_slot_gets_a_fractional_finish_time_and_only_its_remaining_epochs():
     e = per_slot("wlm", 1, 1)
     tr = make_trace([(0, "wlm", 0.25 * e)])
