@@ -14,7 +14,9 @@ between jobs, that rounding can be a poor slot. Here each slot:
 
 ``--measured-factor``: each PS job's speeds are the table's times the mean over the slots it ran of what it
 trained against what the table says for the pair it ran (its hidden interference, which any scheduler can
-measure; the noise averages out). Without it the planner believes the table as it stands.
+measure; the noise averages out). ``--view-factor``: the view's ``job_speed_factor`` instead, the mean of the
+job's last 3 measured slots as the daemon and the simulator measure it (NaN, before one: 1). Without either the
+planner believes the table as it stands.
 
     python bench/bench_plan_lookahead.py --cluster testbed --jobs 30 --seeds 500-502 --candidates 8 --horizon 3
         [--measured-factor] [--out FILE.jsonl]
@@ -82,9 +84,10 @@ def after_slot(view: SlotView, alloc: Allocation) -> tuple[SlotView | None, np.n
 class Lookahead:
     """The policy of the module docstring."""
 
-    def __init__(self, table, candidates: int, horizon: int, factor: bool, seed: int):
+    def __init__(self, table, candidates: int, horizon: int, factor: str | None, seed: int):
         self.table, self.candidates, self.horizon = table, candidates, horizon
-        self.factor = MeasuredFactor(table) if factor else None
+        self.factor = {None: None, "slots": MeasuredFactor(table),
+                       "view": lambda view: np.nan_to_num(view.job_speed_factor, nan=1.0)}[factor]
         self.rng = np.random.default_rng(seed)
         self.name, self.changed, self.slots, self.seconds = "lp-plan-lookahead", 0, 0, 0.0
 
@@ -138,22 +141,26 @@ def main() -> None:
     ap.add_argument("--seeds", default="500-502", help="trace seeds, LO-HI")
     ap.add_argument("--candidates", type=int, default=8)
     ap.add_argument("--horizon", type=int, default=3)
-    ap.add_argument("--measured-factor", action="store_true")
+    ap.add_argument("--measured-factor", action="store_true", help="each job's speed: the mean over all its slots")
+    ap.add_argument("--view-factor", action="store_true", help="each job's speed: the view's job_speed_factor")
     ap.add_argument("--no-planner", action="store_true", help="skip the planner's own run")
     ap.add_argument("--out", default=None, help="append the JSON lines here too")
     args = ap.parse_args()
     if args.candidates < 1 or args.horizon < 1:
         raise SystemExit("--candidates and --horizon must be at least 1")
+    if args.measured_factor and args.view_factor:
+        raise SystemExit("--measured-factor and --view-factor are two sources of one estimate: name one")
+    factor = "slots" if args.measured_factor else "view" if args.view_factor else None
     setup = TT.TrainSetup(world="dl2", cluster=args.cluster, jobs=args.jobs)
     cfg = TT.sim_config(setup)
     table = speed_table(cfg.speed_model)
     for seed in seed_range(args.seeds):
         trace = TT.make_trace(setup, cfg, seed)
         row = {"cluster": args.cluster, "jobs": args.jobs, "seed": seed, "candidates": args.candidates,
-               "horizon": args.horizon, "measured_factor": args.measured_factor}
+               "horizon": args.horizon, "measured_factor": factor}
         if not args.no_planner:
             row["planner"] = round(float(E.run(trace, LP.on_measured_speeds(cfg), cfg, seed=seed).jct_slots.mean()), 3)
-        policy = Lookahead(table, args.candidates, args.horizon, args.measured_factor, seed)
+        policy = Lookahead(table, args.candidates, args.horizon, factor, seed)
         row["lookahead"] = round(float(E.run(trace, policy, cfg, seed=seed).jct_slots.mean()), 3)
         row.update(changed_slots=policy.changed, slots=policy.slots, decide_s=round(policy.seconds, 1))
         print(json.dumps(row), flush=True)
