@@ -95,8 +95,7 @@ class Lookahead:
         t0 = time.perf_counter()
         view = LP.measured_view(view, self.table, self.factor(view) if self.factor else None)
         p = LP.plan(view)
-        order = np.lexsort((p.alpha, p.now < 0))
-        candidates = [LP.carry_out(view, [int(j) for j in order], np.where(p.now >= 0, p.now, p.most), p.options)]
+        candidates = [LP.first_slot(view, p)]
         for _ in range(self.candidates - 1):
             sizes = np.full(len(view), -1)
             for j, share in enumerate(p.first_share):

@@ -102,10 +102,14 @@ def lp_plan(view: SlotView, bucket_slots=BUCKET_SLOTS) -> Allocation:
     against 35.995 on two validation traces.)"""
     if len(view) == 0:
         return AllocationBuilder(view).allocation()
-    p = plan(view, bucket_slots)
-    order = np.lexsort((p.alpha, p.now < 0))  # planned for this slot first, each group by alpha point
-    sizes = np.where(p.now >= 0, p.now, p.most)
-    return carry_out(view, [int(j) for j in order], sizes, p.options)
+    return first_slot(view, plan(view, bucket_slots))
+
+
+def first_slot(view: SlotView, p: Plan) -> Allocation:
+    """The plan's own rounding of its first bucket: the jobs planned for this slot first, each group by alpha
+    point, each at the size it spends most of the bucket at (a job planned for later: its most used size)."""
+    order = np.lexsort((p.alpha, p.now < 0))
+    return carry_out(view, [int(j) for j in order], np.where(p.now >= 0, p.now, p.most), p.options)
 
 
 def carry_out(view: SlotView, order: list[int], sizes: np.ndarray, options: list) -> Allocation:
@@ -113,12 +117,13 @@ def carry_out(view: SlotView, order: list[int], sizes: np.ndarray, options: list
     servers, as far as they hold it: an all-reduce job its workers; a PS job its first bundle, then its workers
     and PS."""
     b = AllocationBuilder(view)
+    allreduce = view.allreduce  # built from the jobs' kinds on every access
     for j in order:
         k = sizes[j]
         if k < 0:
             continue
         ps, workers = int(options[j][0][k]), int(options[j][1][k])
-        if view.allreduce[j]:
+        if allreduce[j]:
             b.add_up_to(j, "worker", workers)
             continue
         if not b.add(j, "bundle"):

@@ -7,7 +7,7 @@ import numpy as np
 from testkit.sim import make_view
 
 from dl2d.policy import registry
-from dl2d.policy.lp_plan import carry_out, lp_plan, measured_view, plan
+from dl2d.policy.lp_plan import carry_out, first_slot, lp_plan, measured_view, plan
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import ClusterSpec, preset
@@ -71,6 +71,7 @@ def test_measured_view_scales_the_table_by_each_jobs_factor_and_carry_out_rounds
     own = carry_out(plain, [int(j) for j in np.lexsort((p.alpha, p.now < 0))], np.where(p.now >= 0, p.now, p.most),
                     p.options)
     assert np.array_equal(own.workers, lp_plan(plain).workers) and np.array_equal(own.ps, lp_plan(plain).ps)
+    assert np.array_equal(first_slot(plain, p).workers, own.workers) and np.array_equal(first_slot(plain, p).ps, own.ps)
     one = carry_out(plain, [0], np.array([0, -1]), p.options)
     assert (one.ps[0], one.workers[0]) == (int(p.options[0][0][0]), int(p.options[0][1][0]))
     assert one.workers[1] == one.ps[1] == 0
