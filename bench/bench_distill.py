@@ -36,16 +36,17 @@ def setup_of(preset: str) -> TT.TrainSetup:
 
 
 def _collect(args):
-    """One worker process: (preset, seeds, tcfg dict, params or None) -> Samples."""
-    preset, seeds, tcfg_dict, params = args
+    """One worker process: (preset, seeds, tcfg dict, params or None, view_factor) -> Samples."""
+    preset, seeds, tcfg_dict, params, view_factor = args
     setup = setup_of(preset)
     cfg = TT.sim_config(setup)
     tcfg = T.TargetConfig.from_dict(tcfg_dict)
-    return D.collect(tcfg, cfg, [TT.make_trace(setup, cfg, s) for s in seeds], seeds, params)
+    return D.collect(tcfg, cfg, [TT.make_trace(setup, cfg, s) for s in seeds], seeds, params,
+                     view_factor=view_factor)
 
 
-def collect(pool, presets, seeds, tcfg, params) -> D.Samples:
-    work = [(p, [s], tcfg.to_dict(), None if params is None else jax.device_get(params))
+def collect(pool, presets, seeds, tcfg, params, view_factor: bool) -> D.Samples:
+    work = [(p, [s], tcfg.to_dict(), None if params is None else jax.device_get(params), view_factor)
             for p in presets for s in seeds]
     return D.Samples.concat(list(pool.map(_collect, work)))
 
@@ -75,7 +76,13 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--every-count", action="store_true",
                     help="every whole count a level (TargetConfig.every_count; the planner gives odd PS counts "
-                         "above 8); an --init network on the base levels is widened first (plan_distill.every_count)")
+                         "above 8); an --init network on the base levels is widened first (plan_distill.widen)")
+    ap.add_argument("--speed-factor", action="store_true",
+                    help="the network reads each job's measured speed (TargetConfig.speed_factor); an --init network "
+                         "without the column is widened first (plan_distill.widen)")
+    ap.add_argument("--view-factor", action="store_true",
+                    help="the planner that labels (and is scored) plans on the measured speeds times each job's "
+                         "measured speed, the view's job_speed_factor (lp_plan.on_measured_speeds)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--heuristics", default="optimus,optimus-relative",
                     help="registered heuristics scored beside it (the best of them is the bar)")
@@ -91,17 +98,20 @@ def main() -> None:
         tcfg = T.TargetConfig(**{**ck.config.to_dict(), "prior": 0.0})
         params = ck.params
         if args.every_count and not tcfg.every_count:
-            tcfg, params = D.every_count(tcfg, params)
+            tcfg, params = D.widen(tcfg, params, every_count=True)
+        if args.speed_factor and not tcfg.speed_factor:
+            tcfg, params = D.widen(tcfg, params, speed_factor=True)
     else:
         tcfg = T.TargetConfig(max_workers=16, max_ps=16, hidden=args.hidden, teacher="optimus-relative",
-                              every_count=args.every_count)
+                              every_count=args.every_count, speed_factor=args.speed_factor)
         params = T.init_params(tcfg, jax.random.PRNGKey(0))
     t_start = time.perf_counter()
     curve = []
     net = lambda p: (lambda cfg: T.TargetPolicy(tcfg, p))
     heur = {h: score(presets, val_seeds, lambda cfg, h=h: registry.build(h)) for h in HEURISTICS}
     if not args.no_teacher_score:
-        heur["lp-plan-measured"] = score(presets, val_seeds, on_measured_speeds)
+        heur["lp-plan-measured"] = score(presets, val_seeds,
+                                         lambda cfg: on_measured_speeds(cfg, view_factor=args.view_factor))
     print(json.dumps({"validation_heuristics": {h: {p: float(np.mean(v)) for p, v in r.items()}
                                                 for h, r in heur.items()}}), flush=True)
     best_rel = {p: min(np.mean(heur[h][p]) for h in HEURISTICS) for p in presets}
@@ -112,7 +122,7 @@ def main() -> None:
         for rnd in range(args.rounds + 1):
             t0 = time.perf_counter()
             seeds = list(range(args.first_seed + rnd * args.traces, args.first_seed + (rnd + 1) * args.traces))
-            new = collect(pool, presets, seeds, tcfg, None if rnd == 0 else params)
+            new = collect(pool, presets, seeds, tcfg, None if rnd == 0 else params, args.view_factor)
             if data is not None and data.x.shape[1] != new.x.shape[1]:
                 raise SystemExit("slots padded to different row counts across rounds")
             data = new if data is None else D.Samples.concat([data, new])
@@ -143,7 +153,7 @@ def main() -> None:
     if args.out:
         first = presets[0]
         setup = setup_of(first)
-        meta = {"world": "dl2", "cluster": setup.cluster, "jobs": setup.jobs, "teacher": "lp-plan-measured",
+        meta = {"world": "dl2", "cluster": setup.cluster, "jobs": setup.jobs, "teacher": "lp-plan-measured" + "-factor" * args.view_factor,
                 "features_teacher": tcfg.teacher, "method": "distilled (behaviour cloning, then DAgger)",
                 "chosen": f"round {rnd}", "presets": presets, "train_seeds": [args.first_seed, args.first_seed + (args.rounds + 1) * args.traces - 1],
                 "validation_seeds": [500, 504], "held_out_seeds": [0, 4],

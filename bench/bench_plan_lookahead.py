@@ -87,7 +87,7 @@ class Lookahead:
     def __init__(self, table, candidates: int, horizon: int, factor: str | None, seed: int):
         self.table, self.candidates, self.horizon = table, candidates, horizon
         self.factor = {None: None, "slots": MeasuredFactor(table),
-                       "view": lambda view: np.nan_to_num(view.job_speed_factor, nan=1.0)}[factor]
+                       "view": LP.view_speed_factor}[factor]
         self.rng = np.random.default_rng(seed)
         self.name, self.changed, self.slots, self.seconds = "lp-plan-lookahead", 0, 0, 0.0
 

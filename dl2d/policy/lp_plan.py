@@ -147,15 +147,27 @@ def measured_view(view: SlotView, table: np.ndarray, factor: np.ndarray | None =
     return replace(view, est_speed=est)
 
 
-def on_measured_speeds(cfg) -> StatelessPolicy:
+def on_measured_speeds(cfg, view_factor: bool = False) -> StatelessPolicy:
     """The planner on the speeds the simulator (``cfg``: a dl2d.sim.engine.SimConfig) trains a PS job with, its
-    type's measured table, less the job's hidden interference and the noise (:func:`measured_view`): a
-    reference and a teacher (dl2d.policy.plan_distill), never a scheduler (no real one reads the simulator's
-    table)."""
+    type's measured table, less the job's hidden interference and the noise (:func:`measured_view`); with
+    ``view_factor``, times each job's measured speed (the view's ``job_speed_factor``; 1 before it is measured),
+    what a scheduler learns of the interference by watching the job: a reference and a teacher
+    (dl2d.policy.plan_distill), never a scheduler (no real one reads the simulator's table)."""
     from dl2d.workload.speed import speed_table
 
     table = speed_table(cfg.speed_model)
-    return StatelessPolicy(lambda view: lp_plan(measured_view(view, table)), "lp-plan-measured")
+    if not view_factor:
+        return StatelessPolicy(lambda view: lp_plan(measured_view(view, table)), "lp-plan-measured")
+    return StatelessPolicy(lambda view: lp_plan(measured_view(view, table, view_speed_factor(view))),
+                           "lp-plan-measured-factor")
+
+
+def view_speed_factor(view: SlotView) -> np.ndarray:
+    """[jobs] each job's measured speed against the model (the view's ``job_speed_factor``), 1 where it is not
+    measured (yet, or by this backend)."""
+    if view.job_speed_factor is None:
+        return np.ones(len(view))
+    return np.nan_to_num(np.asarray(view.job_speed_factor, float), nan=1.0)
 
 
 register(PolicyEntry("lp-plan", "plans every slot with the JCT bound's linear program from where the cluster stands "

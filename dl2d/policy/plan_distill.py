@@ -98,10 +98,11 @@ class Recorder:
 
 
 def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[int], params=None,
-            on_trace: Callable[[int, float], None] | None = None) -> Samples:
-    """The slots of one simulator run per trace, labelled by the planner on the measured speeds, driven by the
-    network (``params``) or the planner."""
-    planner = on_measured_speeds(cfg)
+            on_trace: Callable[[int, float], None] | None = None, view_factor: bool = False) -> Samples:
+    """The slots of one simulator run per trace, labelled by the planner on the measured speeds (times each
+    job's measured speed, the view's ``job_speed_factor``, with ``view_factor``), driven by the network
+    (``params``) or the planner."""
+    planner = on_measured_speeds(cfg, view_factor=view_factor)
     parts = []
     for trace, seed in zip(traces, seeds):
         t0 = time.perf_counter()
@@ -113,15 +114,19 @@ def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[in
     return Samples.concat(parts)
 
 
-def every_count(tcfg: T.TargetConfig, params) -> tuple[T.TargetConfig, dict]:
-    """The network ``params`` of ``tcfg`` on every whole count as a level (TargetConfig.every_count), choosing
-    as before: each new pair's logit is the one of the pair the old levels round it down to, and the feature
-    columns of the new levels enter with zero weight (so the logits of the old pairs are what the old network
-    gives the same features at the old levels). A warm start for learning the planner, whose PS counts the
-    base levels do not hold."""
-    new = dataclasses.replace(tcfg, every_count=True)
+def widen(tcfg: T.TargetConfig, params, **changes) -> tuple[T.TargetConfig, dict]:
+    """The network ``params`` of ``tcfg`` under ``tcfg`` with ``changes`` that only add to it
+    (``every_count=True``: every whole count a level; ``speed_factor=True``: the measured-speed column), choosing
+    as before: each new pair's logit is the one of the pair the old levels round it down to, and every new feature
+    column (a new level's, the measured speed) enters with zero weight, so the logits of the old pairs are what the
+    old network gives the same features. A warm start for learning the planner, whose PS counts the base levels
+    do not hold and which reads each job's measured speed."""
+    for name, value in changes.items():
+        if name not in ("every_count", "speed_factor") or value is not True:
+            raise ValueError(f"widen only turns on every_count or speed_factor, got {name}={value!r}")
+    new = dataclasses.replace(tcfg, **changes)
     old_at = {c: i for i, c in enumerate(T.feature_columns(tcfg))}
-    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])  # -1: a new level's column
+    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])  # -1: a new column
 
     def embed(k):
         k = np.asarray(k)

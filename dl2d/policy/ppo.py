@@ -111,7 +111,7 @@ def env_obs(tcfg: T.TargetConfig, params: X.EnvParams, state: X.EnvState) -> dic
            "slot_seconds": params.slot_seconds, "capacity_gpus": params.server_capacity[0] * params.num_servers,
            "bundle": bundle, "worker_demand": jobs.worker_demand, "ps_demand": jobs.ps_demand,
            "capacity": params.server_capacity * params.num_servers, "speed": speed,
-           "arrival_slot": jobs.arrival_slot}
+           "arrival_slot": jobs.arrival_slot, "job_speed_factor": X.measured_speed_factor(state.speed_factors)}
     return T.with_optimus(obs)
 
 

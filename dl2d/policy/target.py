@@ -58,6 +58,10 @@ class TargetConfig:
     #: the planner the DL2 world's policy learns from (dl2d.policy.plan_distill) gives a job 11, 13 or 15 PS,
     #: which the base levels round down, and its pairs through the base levels cost it 1-2 % of its JCT
     every_count: bool = False
+    #: a feature column with each job's measured speed against the speed model (the log of the view's
+    #: ``job_speed_factor``, dl2d.daemon.jobstats; 0 before it is measured): the hidden interference and model
+    #: error a scheduler sees only by measuring, which moves a job's remaining time; a checkpoint without it has none
+    speed_factor: bool = False
 
     #: Each integer field's bounds: a checkpoint's config is checked against them before any network is built.
     BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
@@ -73,16 +77,17 @@ class TargetConfig:
             raise ValueError(f"teacher must be one of {', '.join(self.TEACHERS)}, got {self.teacher!r}")
         if isinstance(self.prior, bool) or not isinstance(self.prior, (int, float)) or not 0 <= self.prior <= 50:
             raise ValueError(f"prior must be a number in [0, 50], got {self.prior!r}")
-        if not isinstance(self.every_count, bool):
-            raise ValueError(f"every_count must be true or false, got {self.every_count!r}")
+        for name in ("every_count", "speed_factor"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return {**{name: int(getattr(self, name)) for name in self.BOUNDS}, "teacher": self.teacher,
-                "prior": float(self.prior), "every_count": self.every_count}
+                "prior": float(self.prior), "every_count": self.every_count, "speed_factor": self.speed_factor}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetConfig":
-        known = (*cls.BOUNDS, "teacher", "prior", "every_count")
+        known = (*cls.BOUNDS, "teacher", "prior", "every_count", "speed_factor")
         unknown = sorted(repr(k) for k in d if k not in known)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -114,9 +119,9 @@ class TargetConfig:
 
 def feature_columns(cfg: TargetConfig) -> list[tuple[str, int]]:
     """What each column of :func:`job_features` is, in order: (block, the scalar's index or the worker or PS
-    level the column is of). A network on other levels maps its columns by these (plan_distill.every_count)."""
+    level the column is of). A network on other levels maps its columns by these (plan_distill.widen)."""
     lv, pl = cfg.levels, cfg.ps_levels
-    return ([("scalar", i) for i in range(9)] + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv]
+    return ([("scalar", i) for i in range(9)] + [("speed_factor", 0)] * cfg.speed_factor + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv]
             + [("ps_gain", k) for k in pl] + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
 
 
@@ -128,7 +133,8 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     ``curves`` [J, L] estimated epochs/s at each level (as many PS as workers for a PS job), ``ps_curves``
     [J, Lp] with one worker and each PS level (PS jobs; all-reduce jobs: their one-worker speed),
     ``slot_seconds`` [], ``capacity_gpus`` [] the cluster's, ``optimus_workers``/``optimus_ps`` [J] what the
-    best heuristic would give each job this slot (:func:`with_optimus`).
+    best heuristic would give each job this slot (:func:`with_optimus`); with ``cfg.speed_factor``,
+    ``job_speed_factor`` [J] (NaN: not measured yet).
     """
     act = obs["active"]
     c = jnp.maximum(obs["curves"], 0.0)
@@ -147,6 +153,9 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
             obs["prev_workers"] / cfg.max_workers, obs["worker_gpus"], obs["allreduce"].astype(c.dtype),
             rank / n_act, jnp.broadcast_to(jnp.log1p(n_act.astype(c.dtype)), act.shape),
             jnp.broadcast_to(jnp.log1p(demand), act.shape)]
+    if cfg.speed_factor:  # measured against believed; unmeasured reads as the model's own speed
+        factor = jnp.asarray(obs["job_speed_factor"], c.dtype)
+        cols.append(jnp.log(jnp.clip(jnp.where(jnp.isnan(factor), 1.0, factor), 1e-3, 1e3)))
     ps_gain = jnp.log1p(jnp.maximum(obs["ps_curves"], 0.0) / one[:, None])
     teacher = teacher_pairs(cfg, obs)  # the teacher's pair, one-hot: following it is easy to learn
     opt_w = jax.nn.one_hot(teacher // len(cfg.ps_levels), cfg.num_levels, dtype=c.dtype)
@@ -389,7 +398,8 @@ def view_obs(cfg: TargetConfig, view) -> dict:
         else np.zeros((0, len(psl)))
     server_gpus = max(float(np.max(view.capacity[:, 0])), 1.0) if len(view.capacity) else 1.0
     bundle = view.worker_demand + np.where(view.allreduce[:, None], 0.0, view.ps_demand)  # one worker, one PS
-    return {"active": np.ones(len(view), bool), "remaining_epochs": np.asarray(view.remaining_epochs, np.float32),
+    factor = np.full(len(view), np.nan) if view.job_speed_factor is None else view.job_speed_factor
+    return {"job_speed_factor": np.asarray(factor, np.float32), "active": np.ones(len(view), bool), "remaining_epochs": np.asarray(view.remaining_epochs, np.float32),
             "slots_run": np.asarray(view.slots_run, np.float32),
             "age": np.maximum(view.slot - np.asarray(view.arrival_slot), 0).astype(np.float32),
             "prev_workers": np.asarray(view.prev_workers, np.float32),

@@ -22,7 +22,9 @@ What a slot does is the engine's `step`, array for array (docs/simulator.md, "Th
 - a job whose allocation changes (an all-reduce job also when its servers change) loses
   ``resize_overhead_s`` of training, carried over to the next slots when longer than a slot;
 - a job stops at its true epochs, finishing at the fraction of the slot it needed; the reward is DL2's
-  eq. 1, the epochs trained this slot over each job's estimate, summed.
+  eq. 1, the epochs trained this slot over each job's estimate, summed;
+- every job that trained through a whole slot has its measured speed recorded as the daemon and the engine
+  measure it (``EnvState.speed_factors``; `observe` gives their mean as ``job_speed_factor``).
 
 Placement: with ``EnvParams.placement`` (the default when the trace has all-reduce jobs) `step` takes the
 workers per server of every job, ``[J, servers]``, as the engine's placed allocation gives them, and matches
@@ -46,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from dl2d.core.contract import SPEED_FACTOR_SLOTS
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import Trace
 from dl2d.workload import catalog, throughput
@@ -121,6 +124,9 @@ class EnvState:
     restart_debt: jnp.ndarray  # [J] seconds of resize overhead still to lose
     servers: jnp.ndarray  # [J, servers] int: last slot's workers per server ([J, 0] without placement)
     key: jnp.ndarray  # PRNG key of the slot noise
+    # [J, SPEED_FACTOR_SLOTS] each job's trained / predicted speed in its last full slots, newest last (NaN:
+    # none yet): the engine's SimState.speed_factors
+    speed_factors: jnp.ndarray
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -233,7 +239,8 @@ def reset(params: EnvParams, jobs: Jobs, key) -> EnvState:
         jobs=jobs, slot=jnp.where(jnp.any(jobs.valid), first, 0).astype(jnp.int32), epochs_done=jnp.zeros(J, f),
         finished=~jobs.valid, finish_time=jnp.full(J, jnp.nan, f), slots_run=zi, workers=zi, ps=zi,
         restart_debt=jnp.zeros(J, f),
-        servers=jnp.zeros((J, params.num_servers if params.placement else 0), jnp.int32), key=key)
+        servers=jnp.zeros((J, params.num_servers if params.placement else 0), jnp.int32), key=key,
+        speed_factors=jnp.full((J, SPEED_FACTOR_SLOTS), jnp.nan, f))
 
 
 def from_trace(trace: Trace, cfg: SimConfig, max_jobs: int, *, seed: int = 0,
@@ -279,13 +286,38 @@ def is_done(state: EnvState) -> jnp.ndarray:
 
 def observe(params: EnvParams, state: EnvState) -> dict:
     """What a scheduler may know of the slot about to be decided (the engine's SlotView, padded to J rows, with
-    ``active`` marking its rows): no true epochs, no interference factor."""
+    ``active`` marking its rows): no true epochs, no interference factor (only its measurement,
+    ``job_speed_factor``)."""
     j = state.jobs
     return {"slot": state.slot, "active": active(state), "type_idx": j.type_idx, "arrival_slot": j.arrival_slot,
             "slots_run": state.slots_run, "epochs_done": state.epochs_done, "est_epochs": j.est_epochs,
             "remaining_epochs": jnp.maximum(j.est_epochs - state.epochs_done, 0.0), "prev_workers": state.workers,
             "prev_ps": state.ps, "allreduce": j.allreduce, "worker_demand": j.worker_demand,
-            "ps_demand": j.ps_demand, "prev_servers": state.servers}
+            "ps_demand": j.ps_demand, "prev_servers": state.servers,
+            "job_speed_factor": measured_speed_factor(state.speed_factors)}
+
+
+def measured_speed_factor(factors) -> jnp.ndarray:
+    """[J] the mean of each row of ``factors`` [J, slots] over its measured slots (NaN: none), as the engine's."""
+    seen = ~jnp.isnan(factors)
+    count = jnp.sum(seen, axis=1)
+    total = jnp.sum(jnp.where(seen, factors, 0.0), axis=1)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+
+
+def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, p, epochs, tps):
+    """``state.speed_factors`` with this slot's trained / predicted speed appended for every job that trained
+    through the whole slot (the engine's measure_speed): the prediction is the speed model's at the pair run,
+    with factor 1, for a whole slot (a PS job's table, an all-reduce job's packed rate, its est_speed)."""
+    n = params.speed_table.shape[1] - 1
+    per_s = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)] / params.batches_per_epoch[tps]
+    if params.has_allreduce:
+        per_s = jnp.where(state.jobs.allreduce, _allreduce_rates(params, state.jobs, w, None)[0], per_s)
+    predicted = per_s * params.slot_seconds
+    full = act & ~ends & (predicted > 0)
+    ratio = epochs / jnp.where(predicted > 0, predicted, 1.0)
+    rolled = jnp.concatenate([state.speed_factors[:, 1:], ratio[:, None]], axis=1)
+    return jnp.where(full[:, None], rolled, state.speed_factors)
 
 
 def _pollux_step_time(fit, gpus, nodes, local_bsz):
@@ -387,7 +419,8 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
         finished=state.finished | ends, finish_time=finish, slots_run=state.slots_run + act,
         workers=jnp.where(act, w, state.workers), ps=jnp.where(act, p, state.ps),
         restart_debt=jnp.where(act, debt - (params.slot_seconds - seconds), state.restart_debt),
-        servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key)
+        servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key,
+        speed_factors=_measure_speed(params, state, act, ends, w, p, epochs, tps))
     total = params.server_capacity * params.num_servers
     used = jnp.sum(w[:, None] * jobs.worker_demand + p[:, None] * jobs.ps_demand, axis=0)
     info = {
@@ -426,14 +459,14 @@ def step_autoreset(params: EnvParams, state: EnvState, workers, ps, placement=No
 def replay(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
     """A fixed sequence of allocations (leading axis = slot: workers/ps [T, J], placement [T, J, servers],
     noise [T, J]) under `jax.lax.scan`: (final state, per-slot reward, done, epochs_done [T, J], finish_time
-    [T, J], resized)."""
+    [T, J], resized, the measured job_speed_factor after the slot [T, J])."""
     xs = (workers, ps, placement, noise)
 
     def body(s, x):
         w, p, pl, nz = x
         s, r, d, info = step(params, s, w, p, pl, nz)
         return s, {"reward": r, "done": d, "epochs_done": s.epochs_done, "finish_time": s.finish_time,
-                   "resized": info["resized"]}
+                   "resized": info["resized"], "job_speed_factor": measured_speed_factor(s.speed_factors)}
 
     return jax.lax.scan(body, state, xs)
 

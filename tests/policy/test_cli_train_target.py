@@ -177,17 +177,17 @@ def test_today_the_planner_is_not_learned_unless_asked(tmp_path):
 
 
 def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_path):
-    """The DL2 world's shipped policy has every whole count as a level (dl2d.policy.plan_distill.every_count):
+    """The DL2 world's shipped policy has every whole count as a level (dl2d.policy.plan_distill.widen):
     --init from such a checkpoint trains on its levels, not the base ones."""
     from dl2d.policy.checkpoint import TargetCheckpoint, save_target
-    from dl2d.policy.plan_distill import every_count
+    from dl2d.policy.plan_distill import widen
 
     base = tmp_path / "base.msgpack"
     r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "0", "--out",
                str(base), "--json")
     assert r.exit_code == 0, r.output
     ck = load_target(base)
-    wide_cfg, wide_params = every_count(ck.config, ck.params)
+    wide_cfg, wide_params = widen(ck.config, ck.params, every_count=True)
     wide = tmp_path / "wide.msgpack"
     save_target(wide, TargetCheckpoint(wide_cfg, wide_params, ck.meta))
     out = tmp_path / "again.msgpack"

@@ -75,3 +75,27 @@ def test_measured_view_scales_the_table_by_each_jobs_factor_and_carry_out_rounds
     one = carry_out(plain, [0], np.array([0, -1]), p.options)
     assert (one.ps[0], one.workers[0]) == (int(p.options[0][0][0]), int(p.options[0][1][0]))
     assert one.workers[1] == one.ps[1] == 0
+
+
+def test_the_teacher_with_the_views_factor_plans_on_the_table_times_each_jobs_measured_speed():
+    """lp_plan.on_measured_speeds(view_factor=True): a job not measured yet (NaN, or a view with no
+    measurements) reads as the table; a measured one as the table times its factor."""
+    from dataclasses import replace
+
+    from dl2d.policy.lp_plan import on_measured_speeds, view_speed_factor
+    from dl2d.workload.speed import speed_table
+
+    view = make_view(["resnet-50", "vgg-16", "inception-bn"], spec=ClusterSpec(3), arrival=[0, 0, 0],
+                     max_workers=8, max_ps=8)
+    cfg = E.SimConfig(cluster=ClusterSpec(3))
+    table = speed_table(cfg.speed_model)
+    assert np.array_equal(view_speed_factor(view), np.ones(3))
+    unmeasured = replace(view, job_speed_factor=np.full(3, np.nan))
+    plain, with_factor = on_measured_speeds(cfg)(unmeasured), on_measured_speeds(cfg, view_factor=True)(unmeasured)
+    assert np.array_equal(plain.workers, with_factor.workers) and np.array_equal(plain.ps, with_factor.ps)
+    measured = replace(view, job_speed_factor=np.array([0.2, np.nan, 3.0]))
+    assert np.allclose(view_speed_factor(measured), [0.2, 1.0, 3.0])
+    want = lp_plan(measured_view(measured, table, np.array([0.2, 1.0, 3.0])))
+    got = on_measured_speeds(cfg, view_factor=True)(measured)
+    assert np.array_equal(got.workers, want.workers) and np.array_equal(got.ps, want.ps)
+    assert not (np.array_equal(got.workers, plain.workers) and np.array_equal(got.ps, plain.ps))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from dl2d.policy import plan_distill as D
 from dl2d.policy import target as T
@@ -10,6 +11,7 @@ from dl2d.policy.lp_plan import on_measured_speeds
 from dl2d.sim import engine as E
 from dl2d.sim import trace as TR
 from dl2d.sim.cluster import preset
+from dl2d.sim.worlds import world
 
 TCFG = T.TargetConfig(max_workers=8, max_ps=8, hidden=16, teacher="optimus-relative")
 
@@ -77,7 +79,7 @@ def test_a_network_widened_to_every_count_chooses_as_before():
     base = T.TargetConfig(max_workers=16, max_ps=16, hidden=16, teacher="optimus-relative")
     params = T.init_params(base, jax.random.PRNGKey(3))
     params = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(jax.random.PRNGKey(5), a.shape), params)
-    wide, wparams = D.every_count(base, params)
+    wide, wparams = D.widen(base, params, every_count=True)
     assert wide.every_count and wide.num_actions == 17 * 16
     # features at the base levels, and anything at the new ones: the base pairs' logits are the old network's
     rng = np.random.default_rng(0)
@@ -95,6 +97,37 @@ def test_a_network_widened_to_every_count_chooses_as_before():
     assert np.allclose(vn, vo, atol=1e-5)
     # a new pair takes the logit of the base pair below it: (1 worker, 13 PS) is (1, 12)'s
     assert np.allclose(ln[:, 1 * 16 + 12], lo[:, 1 * 12 + 9], atol=1e-5)
+
+
+def test_the_measured_speed_column_and_a_network_widened_to_it():
+    """TargetConfig.speed_factor: one more column, the log of each job's measured speed (0 before it is
+    measured); a network widened to it (plan_distill.widen) chooses as before whatever the column holds, and a
+    checkpoint's config written before the field reads without it."""
+    base = T.TargetConfig(max_workers=16, max_ps=16, hidden=16, every_count=True)
+    params = T.init_params(base, jax.random.PRNGKey(3))
+    params = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(jax.random.PRNGKey(5), a.shape), params)
+    new, wparams = D.widen(base, params, speed_factor=True)
+    assert new.speed_factor and new.feature_dim == base.feature_dim + 1
+    col = T.feature_columns(new).index(("speed_factor", 0))
+    rng = np.random.default_rng(0)
+    x_old = rng.normal(size=(5, base.feature_dim)).astype(np.float32)
+    x_new = np.insert(x_old, col, rng.normal(size=5), axis=1).astype(np.float32)
+    active, allreduce = np.ones(5, bool), np.zeros(5, bool)
+    np.testing.assert_allclose(T.apply(new, wparams, x_new, active, allreduce)[0],
+                               T.apply(base, params, x_old, active, allreduce)[0], atol=1e-5)
+    with pytest.raises(ValueError, match="only turns on every_count or speed_factor"):
+        D.widen(base, params, teacher="elastic")
+    old = {k: v for k, v in new.to_dict().items() if k != "speed_factor"}
+    assert T.TargetConfig.from_dict(old) == base and T.TargetConfig.from_dict(new.to_dict()) == new
+    with pytest.raises(ValueError, match="speed_factor must be true or false"):
+        T.TargetConfig(speed_factor=1)
+    # the column from a view: log of the measured factor, 0 where the view has none
+    trace = TR.generate(TR.TraceConfig(num_jobs=3, max_arrivals_per_slot=3), seed=1)
+    cfg = world("dl2").sim_config("testbed")
+    view = E.view_of(trace, E.replace(E.SimState.initial(3), slot=int(trace.arrival_slot.max())), cfg)
+    view = E.replace(view, job_speed_factor=np.array([0.5, np.nan, 2.0]))
+    x = np.asarray(T.job_features(new, T.with_optimus(T.view_obs(new, view))))
+    np.testing.assert_allclose(x[:, col], np.log([0.5, 1.0, 2.0]), atol=1e-6)
 
 
 def test_the_training_runs_planner_phase_learns_the_planners_choices():

@@ -220,7 +220,7 @@ def test_vmapped_greedy_evaluation_equals_single_runs():
 def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name, cluster):
     """One contract: the features the NumPy simulator's view gives the policy (what the daemon gives it too) are
     the ones training saw in the JAX environment, for the same state (a trace's first slots, both sides run
-    with the same allocations, noise off)."""
+    with the same allocations, noise off), each job's measured speed among them (TargetConfig.speed_factor)."""
     from dl2d.sim import engine as E
 
     from dl2d.workload import philly
@@ -230,11 +230,14 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
              TR.from_workload(philly.generate(8, load=1.0, cluster_gpus=int(cfg.cluster.capacity[0]), seed=3), 60.0,
                               seed=3))
     slots = 3 if world_name == "dl2" else 1  # all-reduce speeds depend on placement, which the two sides do apart
-    tc = T.TargetConfig(max_workers=min(cfg.max_workers, 16), max_ps=min(cfg.max_ps, 16), hidden=32)
+    tc = T.TargetConfig(max_workers=min(cfg.max_workers, 16), max_ps=min(cfg.max_ps, 16), hidden=32,
+                        speed_factor=True)
     net = T.init_params(tc, jax.random.PRNGKey(7))
     policy = T.TargetPolicy(tc, net)
     env, state = X.from_trace(trace, cfg, len(trace), placement=False)
     checked = 0
+    factor_col = T.feature_columns(tc).index(("speed_factor", 0))
+    measured = []
 
     def scheduler(view):
         nonlocal state, checked
@@ -246,6 +249,7 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
             mine = np.asarray(T.job_features(tc, T.with_optimus(T.view_obs(tc, view))))
             theirs = np.asarray(T.job_features(tc, obs))[rows]
             np.testing.assert_allclose(mine, theirs, rtol=2e-3, atol=2e-3)
+            measured.append(np.count_nonzero(mine[:, factor_col]))
             checked += 1
         alloc = policy(view)
         full_w, full_p = np.zeros(len(trace), int), np.zeros(len(trace), int)
@@ -258,6 +262,8 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
     with pytest.raises(Checked):
         E.run(trace, scheduler, cfg, seed=0)
     assert checked == slots
+    # nothing is measured before a job has run a whole slot; in the DL2 world's third slot, jobs are
+    assert measured[0] == 0 and (measured[-1] > 0) == (world_name == "dl2")
 
 
 class Checked(Exception):

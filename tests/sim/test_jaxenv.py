@@ -111,6 +111,7 @@ def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dic
     state = replace(E.SimState.initial(len(tr)), slot=int(tr.arrival_slot.min()))
     S = cfg.cluster.num_servers
     out = {k: np.zeros((SLOTS, J)) for k in ("noise", "epochs")}
+    out["factor"] = np.full((SLOTS, J), np.nan)  # the measured job_speed_factor after each slot
     out.update(workers=np.zeros((SLOTS, J), np.int32), ps=np.zeros((SLOTS, J), np.int32),
                placement=np.zeros((SLOTS, J, S), np.int32), reward=np.zeros(SLOTS), resized=np.zeros(SLOTS, int))
     t = shared = moved = unmeasured = 0
@@ -135,10 +136,12 @@ def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dic
             moved += sum(bool(allreduce.moved([prev[k]], [info["worker_servers"][k]])[0])
                          and info["workers"][k] == len(prev[k]) > 0 for k in ar)
         out["epochs"][t, :len(tr)] = state.epochs_done
+        out["factor"][t, :len(tr)] = E.measured_speed_factor(state.speed_factors)
         out["reward"][t], out["resized"][t] = reward, info["resized"]
         t += 1
     assert t <= SLOTS
     out["epochs"][t:] = out["epochs"][t - 1]
+    out["factor"][t:] = out["factor"][t - 1]
     out.update(slots=t, jct=state.finish_time - tr.arrival_slot, shared=shared, moved=moved, unmeasured=unmeasured)
     return out
 
@@ -185,6 +188,10 @@ def test_the_jax_environment_matches_the_engine_slot_for_slot(case, noise):
     np.testing.assert_allclose(np.asarray(traj["epochs_done"])[:, :n], rec["epochs"][:, :n], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(traj["reward"])[:t], rec["reward"][:t], rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(traj["resized"])[:t], rec["resized"][:t])
+    # each job's measured speed (the daemon's job_speed_factor) after every slot, unmeasured (NaN) alike
+    np.testing.assert_allclose(np.asarray(traj["job_speed_factor"])[:, :n], rec["factor"][:, :n], rtol=1e-4,
+                               atol=1e-5)
+    assert np.isfinite(rec["factor"][:t, :n]).any(axis=0).sum() >= 3  # jobs measured: not NaN against NaN
     np.testing.assert_allclose(np.asarray(X.jct(final))[:n], rec["jct"], rtol=1e-5, atol=1e-3)
     done = np.asarray(traj["done"])
     assert done[t - 1] and not done[:t - 1].any()  # done in the same slot as the engine
