@@ -305,14 +305,14 @@ def measured_speed_factor(factors) -> jnp.ndarray:
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
-def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, p, epochs, tps):
+def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, p, epochs, tps, packed_rate):
     """``state.speed_factors`` with this slot's trained / predicted speed appended for every job that trained
     through the whole slot (the engine's measure_speed): the prediction is the speed model's at the pair run,
-    with factor 1, for a whole slot (a PS job's table, an all-reduce job's packed rate, its est_speed)."""
+    with factor 1, for a whole slot (a PS job's table; an all-reduce job's ``packed_rate``, its est_speed)."""
     n = params.speed_table.shape[1] - 1
     per_s = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)] / params.batches_per_epoch[tps]
-    if params.has_allreduce:
-        per_s = jnp.where(state.jobs.allreduce, _allreduce_rates(params, state.jobs, w, None)[0], per_s)
+    if packed_rate is not None:
+        per_s = jnp.where(state.jobs.allreduce, packed_rate, per_s)
     predicted = per_s * params.slot_seconds
     full = act & ~ends & (predicted > 0)
     ratio = epochs / jnp.where(predicted > 0, predicted, 1.0)
@@ -400,8 +400,10 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
     tps = jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)
     speed = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)]
     epochs = speed * factor * seconds / params.batches_per_epoch[tps]  # workload.speed.epochs_trained
+    packed_rate = None  # an all-reduce job's believed speed at its size (est_speed): what its speed is measured against
     if params.has_allreduce:
         rate, shared = _allreduce_rates(params, jobs, w, counts)
+        packed_rate = rate if counts is None else _allreduce_rates(params, jobs, w, None)[0]
         ar_epochs = rate * factor * (1 - params.shared_node_slowdown * shared) * seconds
         epochs = jnp.where(ar, ar_epochs, epochs)
     epochs = jnp.where(act, epochs, 0.0)
@@ -420,7 +422,7 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
         workers=jnp.where(act, w, state.workers), ps=jnp.where(act, p, state.ps),
         restart_debt=jnp.where(act, debt - (params.slot_seconds - seconds), state.restart_debt),
         servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key,
-        speed_factors=_measure_speed(params, state, act, ends, w, p, epochs, tps))
+        speed_factors=_measure_speed(params, state, act, ends, w, p, epochs, tps, packed_rate))
     total = params.server_capacity * params.num_servers
     used = jnp.sum(w[:, None] * jobs.worker_demand + p[:, None] * jobs.ps_demand, axis=0)
     info = {
