@@ -82,10 +82,7 @@ def speed_belief(params: X.EnvParams, state: X.EnvState) -> jnp.ndarray:
     speed = est[jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)]
     if not params.has_allreduce:
         return speed
-    k = jnp.arange(params.max_workers + 1, dtype=jnp.int32)
-    ar = jax.vmap(lambda n: X._allreduce_rates(params, jobs, jnp.full(jobs.type_idx.shape, n), None)[0],
-                  out_axes=1)(k)
-    row0 = jnp.where(jobs.allreduce[:, None], ar, speed[:, 0, :])
+    row0 = jnp.where(jobs.allreduce[:, None], jobs.packed_rate, speed[:, 0, :])  # computed with the trace's arrays
     speed = jnp.where(jobs.allreduce[:, None, None], 0.0, speed)
     return speed.at[:, 0, :].set(row0)
 

@@ -106,6 +106,10 @@ class Jobs:
     site_rate: jnp.ndarray  # [J, G + 1] a site's curve by GPUs (width 1 when no site speeds are given)
     use_site: jnp.ndarray  # [J] bool: the site's curve replaces the measured lookup
     site_spread: jnp.ndarray  # [J] the site's slowdown of the job's class spread over more nodes than it needs
+    # [J, W + 1] an all-reduce job's epochs/s packed on the fewest servers at each worker count (what a scheduler
+    # believes of it, the view's est_speed row 0, and what its speed is measured against); 0 for a PS job: it
+    # depends on the job only, so it is computed once per trace, not every slot (`packed_rates`)
+    packed_rate: jnp.ndarray
 
 
 @struct.dataclass
@@ -210,7 +214,7 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
             site_rate[j] = [site.epochs_per_s(model, g) for g in range(g_max + 1)]
             spread[j] = site.spread_slowdown(model)
     big = np.finfo(np.float32).max
-    return Jobs(
+    jobs = Jobs(
         valid=jnp.asarray(pad(np.ones(n, bool), False, bool)),
         arrival_slot=jnp.asarray(pad(trace.arrival_slot, np.iinfo(np.int32).max, np.int32)),
         type_idx=jnp.asarray(pad(t, 0, np.int32)),
@@ -226,7 +230,21 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
         measured_rate=jnp.asarray(np.concatenate([meas, np.full((J - n, meas.shape[1]), np.nan)]), f),
         site_rate=jnp.asarray(np.concatenate([site_rate, np.zeros((J - n, g_max + 1))]), f),
         use_site=jnp.asarray(pad(use_site, False, bool)), site_spread=jnp.asarray(pad(spread, 0.0, float), f),
+        packed_rate=jnp.zeros((J, cfg.max_workers + 1), f),
     )
+    if not ar.any():
+        return jobs
+    return jobs.replace(packed_rate=packed_rates(make_params(cfg, J, has_allreduce=True, placement=False), jobs))
+
+
+@jax.jit
+def packed_rates(params: EnvParams, jobs: Jobs) -> jnp.ndarray:
+    """[J, W + 1] every job's epochs/s as an all-reduce job packed on the fewest servers at 0..W workers (0 for
+    a PS job): `_allreduce_rates` without a placement, at every count."""
+    k = jnp.arange(params.max_workers + 1, dtype=jnp.int32)
+    rates = jax.vmap(lambda n: _allreduce_rates(params, jobs, jnp.full(jobs.type_idx.shape, n), None)[0],
+                     out_axes=1)(k)
+    return jnp.where(jobs.allreduce[:, None], rates, 0.0)
 
 
 def reset(params: EnvParams, jobs: Jobs, key) -> EnvState:
@@ -305,14 +323,16 @@ def measured_speed_factor(factors) -> jnp.ndarray:
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
-def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, p, epochs, tps, packed_rate):
+def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, p, epochs, tps):
     """``state.speed_factors`` with this slot's trained / predicted speed appended for every job that trained
     through the whole slot (the engine's measure_speed): the prediction is the speed model's at the pair run,
-    with factor 1, for a whole slot (a PS job's table; an all-reduce job's ``packed_rate``, its est_speed)."""
+    with factor 1, for a whole slot (a PS job's table; an all-reduce job's packed rate, its est_speed)."""
     n = params.speed_table.shape[1] - 1
     per_s = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)] / params.batches_per_epoch[tps]
-    if packed_rate is not None:
-        per_s = jnp.where(state.jobs.allreduce, packed_rate, per_s)
+    if params.has_allreduce:
+        jobs = state.jobs
+        packed = jobs.packed_rate[jnp.arange(w.shape[0]), jnp.clip(w, 0, jobs.packed_rate.shape[1] - 1)]
+        per_s = jnp.where(jobs.allreduce, packed, per_s)
     predicted = per_s * params.slot_seconds
     full = act & ~ends & (predicted > 0)
     ratio = epochs / jnp.where(predicted > 0, predicted, 1.0)
@@ -400,10 +420,8 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
     tps = jnp.minimum(jobs.type_idx, NUM_DL2_TYPES - 1)
     speed = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)]
     epochs = speed * factor * seconds / params.batches_per_epoch[tps]  # workload.speed.epochs_trained
-    packed_rate = None  # an all-reduce job's believed speed at its size (est_speed): what its speed is measured against
     if params.has_allreduce:
         rate, shared = _allreduce_rates(params, jobs, w, counts)
-        packed_rate = rate if counts is None else _allreduce_rates(params, jobs, w, None)[0]
         ar_epochs = rate * factor * (1 - params.shared_node_slowdown * shared) * seconds
         epochs = jnp.where(ar, ar_epochs, epochs)
     epochs = jnp.where(act, epochs, 0.0)
@@ -422,7 +440,7 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
         workers=jnp.where(act, w, state.workers), ps=jnp.where(act, p, state.ps),
         restart_debt=jnp.where(act, debt - (params.slot_seconds - seconds), state.restart_debt),
         servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key,
-        speed_factors=_measure_speed(params, state, act, ends, w, p, epochs, tps, packed_rate))
+        speed_factors=_measure_speed(params, state, act, ends, w, p, epochs, tps))
     total = params.server_capacity * params.num_servers
     used = jnp.sum(w[:, None] * jobs.worker_demand + p[:, None] * jobs.ps_demand, axis=0)
     info = {
