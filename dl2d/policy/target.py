@@ -121,8 +121,8 @@ def feature_columns(cfg: TargetConfig) -> list[tuple[str, int]]:
     """What each column of :func:`job_features` is, in order: (block, the scalar's index or the worker or PS
     level the column is of). A network on other levels maps its columns by these (plan_distill.widen)."""
     lv, pl = cfg.levels, cfg.ps_levels
-    return ([("scalar", i) for i in range(9)] + [("speed_factor", 0)] * cfg.speed_factor + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv]
-            + [("ps_gain", k) for k in pl] + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
+    return ([("scalar", i) for i in range(9)] + [("speed_factor", 0)] * cfg.speed_factor
+            + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv] + [("ps_gain", k) for k in pl] + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
 
 
 def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
@@ -399,7 +399,8 @@ def view_obs(cfg: TargetConfig, view) -> dict:
     server_gpus = max(float(np.max(view.capacity[:, 0])), 1.0) if len(view.capacity) else 1.0
     bundle = view.worker_demand + np.where(view.allreduce[:, None], 0.0, view.ps_demand)  # one worker, one PS
     factor = np.full(len(view), np.nan) if view.job_speed_factor is None else view.job_speed_factor
-    return {"job_speed_factor": np.asarray(factor, np.float32), "active": np.ones(len(view), bool), "remaining_epochs": np.asarray(view.remaining_epochs, np.float32),
+    return {"job_speed_factor": np.asarray(factor, np.float32), "active": np.ones(len(view), bool),
+            "remaining_epochs": np.asarray(view.remaining_epochs, np.float32),
             "slots_run": np.asarray(view.slots_run, np.float32),
             "age": np.maximum(view.slot - np.asarray(view.arrival_slot), 0).astype(np.float32),
             "prev_workers": np.asarray(view.prev_workers, np.float32),
