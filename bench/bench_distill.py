@@ -153,7 +153,8 @@ def main() -> None:
     if args.out:
         first = presets[0]
         setup = setup_of(first)
-        meta = {"world": "dl2", "cluster": setup.cluster, "jobs": setup.jobs, "teacher": "lp-plan-measured" + "-factor" * args.view_factor,
+        meta = {"world": "dl2", "cluster": setup.cluster, "jobs": setup.jobs,
+                "teacher": "lp-plan-measured" + "-factor" * args.view_factor,
                 "features_teacher": tcfg.teacher, "method": "distilled (behaviour cloning, then DAgger)",
                 "chosen": f"round {rnd}", "presets": presets, "train_seeds": [args.first_seed, args.first_seed + (args.rounds + 1) * args.traces - 1],
                 "validation_seeds": [500, 504], "held_out_seeds": [0, 4],

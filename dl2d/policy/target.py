@@ -122,7 +122,8 @@ def feature_columns(cfg: TargetConfig) -> list[tuple[str, int]]:
     level the column is of). A network on other levels maps its columns by these (plan_distill.widen)."""
     lv, pl = cfg.levels, cfg.ps_levels
     return ([("scalar", i) for i in range(9)] + [("speed_factor", 0)] * cfg.speed_factor
-            + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv] + [("ps_gain", k) for k in pl] + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
+            + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv] + [("ps_gain", k) for k in pl]
+            + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
 
 
 def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
