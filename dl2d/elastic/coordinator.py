@@ -104,6 +104,9 @@ class Coordinator:
         self.leaving_w: list[int] = []
         self.reg_time: dict[tuple[str, int], float] = {}
         self.clients: dict[str, P.Client] = {}
+        # the fan-out's threads, the loop and close() all reach for clients: one lock, so that close() never
+        # iterates the dict while a thread adds to it ("dictionary changed size during iteration")
+        self._clients_lock = threading.Lock()
         self.assignment: dict[int, int] = {}
         self.requests: list[tuple] = []
         self.records: list[dict] = []
@@ -157,14 +160,18 @@ class Coordinator:
         with self.cv:
             self.cv.notify_all()
         self.server.close()
-        for c in self.clients.values():
+        with self._clients_lock:
+            clients, self.clients = list(self.clients.values()), {}
+        for c in clients:
             c.close()
 
     # -- helpers ---------------------------------------------------------------------
     def _c(self, addr: str) -> P.Client:
-        if addr not in self.clients:
-            self.clients[addr] = P.Client(addr, auth=self._creds)
-        return self.clients[addr]
+        with self._clients_lock:
+            c = self.clients.get(addr)
+            if c is None:
+                c = self.clients[addr] = P.Client(addr, auth=self._creds)
+            return c
 
     def _answers(self, addr: str) -> bool:
         """Whether a newly registered role answers a PING within JOIN_PING_TIMEOUT_S."""
@@ -693,7 +700,10 @@ class Coordinator:
             self._c(addr).call(op, **kw)
         except Exception:
             pass
-        c = self.clients.pop(addr, None) if op == "EXIT" else None
+        if op != "EXIT":
+            return
+        with self._clients_lock:
+            c = self.clients.pop(addr, None)
         if c:
             c.close()
 
@@ -765,9 +775,10 @@ class Coordinator:
         rec["t_checkpoint"] = time.perf_counter() - t0
         t = time.perf_counter()
         self.spawner.kill_all()
-        for c in self.clients.values():
+        with self._clients_lock:
+            clients, self.clients = list(self.clients.values()), {}
+        for c in clients:
             c.close()
-        self.clients.clear()
         rec["t_kill"] = time.perf_counter() - t
         with self.cv:
             self.ps, self.workers, self.assignment = {}, {}, {}
