@@ -28,6 +28,9 @@ from dl2d.workload.speed import epochs_trained
 #: a job is flagged ``slow`` when its speed factor stayed below LOW_FACTOR for SLOW_SLOTS measured slots
 LOW_FACTOR = 0.8
 SLOW_SLOTS = 3
+#: the daemon keeps each job's last this many measured slots: enough for the slow flag and for the view's
+#: job_speed_factor (speed_factor_estimate, SPEED_FACTOR_SLOTS of them), whichever needs more
+HISTORY_SLOTS = max(SLOW_SLOTS, SPEED_FACTOR_SLOTS)
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class SlotLoop:
         self._status_state = "starting"
         self.started_at = time.time()
         # per-job measurements (dl2d.daemon.jobstats): the agents' samples of the current slot, each job's last
-        # JS.SLOW_SLOTS stats (from the DB at recover), and the speed model the measured speed is compared with
+        # JS.HISTORY_SLOTS stats (from the DB at recover), and the speed model the measured speed is compared with
         self._slot_samples: list[dict[str, Any]] = []
         self._job_hist: dict[int, list[JS.JobSlotStats]] = {}
         self._speed_table = getattr(backend, "table", None)
@@ -241,7 +241,7 @@ class SlotLoop:
             self._last_change = db_slots.last_size_changes(s, active)
             self._job_hist = {j: [JS.JobSlotStats(**{k: r[k] for k in JS.JobSlotStats.__dataclass_fields__})
                                   for r in rows]
-                              for j, rows in db_slots.recent_job_slot_stats(s, active, JS.SLOW_SLOTS).items()}
+                              for j, rows in db_slots.recent_job_slot_stats(s, active, JS.HISTORY_SLOTS).items()}
         n += len(replay)
         self.metrics.replayed.inc(n)
         if n:
@@ -452,7 +452,7 @@ class SlotLoop:
                                        self._speed_table) if measure else []
             db_slots.record_job_slot_stats(s, slot_id, [m.row() for m in measured])
             for m in measured:
-                self._job_hist[m.job_id] = [*self._job_hist.get(m.job_id, []), m][-JS.SLOW_SLOTS:]
+                self._job_hist[m.job_id] = [*self._job_hist.get(m.job_id, []), m][-JS.HISTORY_SLOTS:]
             self._job_hist = {j: h for j, h in self._job_hist.items() if j in before}
             self.reconcile(s, statuses, now)
             self._count_jobs(s)
