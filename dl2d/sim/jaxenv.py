@@ -323,12 +323,11 @@ def measured_speed_factor(factors) -> jnp.ndarray:
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
-def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, p, epochs, tps):
+def _measure_speed(params: EnvParams, state: EnvState, act, ends, w, per_s, epochs):
     """``state.speed_factors`` with this slot's trained / predicted speed appended for every job that trained
     through the whole slot (the engine's measure_speed): the prediction is the speed model's at the pair run,
-    with factor 1, for a whole slot (a PS job's table; an all-reduce job's packed rate, its est_speed)."""
-    n = params.speed_table.shape[1] - 1
-    per_s = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)] / params.batches_per_epoch[tps]
+    with factor 1, for a whole slot (a PS job's table, ``per_s`` epochs/s as the step looked it up; an
+    all-reduce job's packed rate, its est_speed)."""
     if params.has_allreduce:
         jobs = state.jobs
         packed = jobs.packed_rate[jnp.arange(w.shape[0]), jnp.clip(w, 0, jobs.packed_rate.shape[1] - 1)]
@@ -440,7 +439,8 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
         workers=jnp.where(act, w, state.workers), ps=jnp.where(act, p, state.ps),
         restart_debt=jnp.where(act, debt - (params.slot_seconds - seconds), state.restart_debt),
         servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key,
-        speed_factors=_measure_speed(params, state, act, ends, w, p, epochs, tps))
+        speed_factors=_measure_speed(params, state, act, ends, w,
+                                     speed / params.batches_per_epoch[tps], epochs))
     total = params.server_capacity * params.num_servers
     used = jnp.sum(w[:, None] * jobs.worker_demand + p[:, None] * jobs.ps_demand, axis=0)
     info = {
