@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.2)
     ap.add_argument("--temperature", type=float, default=None,
                     help="the learner samples at this temperature (default: the daemon's, policy.online_temperature)")
+    ap.add_argument("--explore", default=None, choices=("every", "resizing"),
+                    help="which jobs the learner samples for (default: the daemon's, policy.online_explore)")
     ap.add_argument("--fallback", default="drf")
     ap.add_argument("--heuristics", default="elastic,optimus", help="more heuristics to run on the same traces")
     ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
@@ -54,6 +56,7 @@ def main() -> None:
     except ValueError as e:
         raise SystemExit(str(e)) from None
     temperature = PolicyOptions().online_temperature if args.temperature is None else args.temperature
+    explore = PolicyOptions().online_explore if args.explore is None else args.explore
     rows = []
     for seed in seeds:
         trace = TT.make_trace(setup, cfg, seed)
@@ -66,7 +69,8 @@ def main() -> None:
         def daemon_like(window, trace=trace, seed=seed):
             learner = registry.build("dl2-target", PolicyOptions(online_rl=True, fallback=args.fallback, seed=seed, world=args.world,
                                                                  online_window=window, revert_margin=args.margin,
-                                                                 online_temperature=temperature))
+                                                                 online_temperature=temperature,
+                                                                 online_explore=explore))
             ratios, scheduler = [], as_scheduler(learner)
 
             def decide(view):

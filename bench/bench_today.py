@@ -9,7 +9,7 @@ preemptions), and the lower bound (dl2d.sim.bound). The trace seeds here (worklo
 workload seed 2000) are used by no training and by no tuning (elastic's settings were chosen on Philly
 seeds 100-103).
 
-    python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online[:T]] [--folders workloads,...]
+    python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online[:T[:EXPLORE]]] [--folders workloads,...]
         [--philly-jobs 1280] [--skip-philly] [--allreduce-placement spread|pack] [--out FILE.json]
 """
 from __future__ import annotations
@@ -51,16 +51,19 @@ def contended_util(trace, res, gpus: float) -> tuple[float, float]:
 
 
 def build(name: str, seed: int):
-    """A registered policy; ``NAME@online`` (``NAME@online:T``): that learned policy learning online from the
-    shipped checkpoint (sampling at temperature T), one learner per workload (dl2d.policy.target_online), as
-    the daemon runs it with ``policy.online_rl``."""
+    """A registered policy; ``NAME@online`` (``NAME@online:T``, ``NAME@online:T:EXPLORE``): that learned policy
+    learning online from the shipped checkpoint (sampling at temperature T, for the jobs EXPLORE says:
+    ``policy.online_explore``), one learner per workload (dl2d.policy.target_online), as the daemon runs it with
+    ``policy.online_rl``."""
     base, _, online = name.partition("@")
     if not online:
         return registry.build(name)
     from dl2d.policy.target_online import as_scheduler
 
-    _, _, temperature = online.partition(":")
-    options = registry.PolicyOptions(online_rl=True, seed=seed, online_temperature=float(temperature or 1.0))
+    _, _, rest = online.partition(":")
+    temperature, _, explore = rest.partition(":")
+    options = registry.PolicyOptions(online_rl=True, seed=seed, online_temperature=float(temperature or 1.0),
+                                     online_explore=explore or registry.PolicyOptions.online_explore)
     return as_scheduler(registry.build(base, options))
 
 

@@ -27,6 +27,7 @@ DEFAULT_CONFIG = "/etc/dl2d/dl2d.toml"
 DEFAULT_STATE_DIR = "/var/lib/dl2d"
 #: policy.name: every policy of the registry fit for a real cluster; guardrails.fallback: its heuristics.
 POLICIES = registry.names(daemon=True)
+ONLINE_EXPLORE = registry.ONLINE_EXPLORE
 HEURISTICS = registry.names(heuristic=True)
 #: policy.placement: balance = the policy's own placement (load balancing); dltap = DLTAP re-places its tasks.
 PLACEMENTS = registry.PLACEMENTS
@@ -74,6 +75,7 @@ class PolicySection:
     online_window: int = 8  # dl2-target online: slots per update and per check of the revert rule
     revert_margin: float = 0.2  # dl2-target online: revert when a window scores below 1 - this of the fallback's
     online_temperature: float = 0.5  # dl2-target online: sample from softmax(logits / this); below 1 explores less
+    online_explore: str = "every"  # dl2-target online: which jobs sample: every | resizing (those that restart anyway)
     seed: int = 0
     world: str = "today"  # today (a GPU cluster of today) | dl2: the pretrained policy a learned one uses by default
 
@@ -206,6 +208,8 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     need(0 <= p.revert_margin < 1, "policy.revert_margin", f"must be in [0, 1), got {p.revert_margin}")
     need(0 < p.online_temperature <= 10, "policy.online_temperature",
          f"must be in (0, 10], got {p.online_temperature}")
+    need(p.online_explore in ONLINE_EXPLORE, "policy.online_explore",
+         f"must be one of {', '.join(ONLINE_EXPLORE)}, got {p.online_explore!r}")
     if p.name in POLICIES:
         for option, msg in registry.problems(p.name, policy_options(cfg)):
             bad.append((f"policy.{option}", f"{msg}; set policy.{option}, or policy.name = \"drf\""))
@@ -259,7 +263,8 @@ def policy_options(cfg: DaemonConfig) -> registry.PolicyOptions:
     return registry.PolicyOptions(checkpoint=p.checkpoint, seed=p.seed, online_rl=p.online_rl,
                                   allow_untrained=p.allow_untrained, resume=cfg.policy_save_path, world=p.world,
                                   fallback=cfg.guardrails.fallback, online_window=p.online_window,
-                                  revert_margin=p.revert_margin, online_temperature=p.online_temperature)
+                                  revert_margin=p.revert_margin, online_temperature=p.online_temperature,
+                                  online_explore=p.online_explore)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

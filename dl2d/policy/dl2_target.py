@@ -68,7 +68,7 @@ def _learner(options: PolicyOptions, path: str):
 
     fallback = registry.build(options.fallback)
     common = {"fallback": fallback, "window": options.online_window, "margin": options.revert_margin,
-              "temperature": options.online_temperature, "seed": options.seed}
+              "temperature": options.online_temperature, "explore": options.online_explore, "seed": options.seed}
     if options.resume and Path(options.resume).exists():
         path = options.resume
         log.info("policy: dl2-target learning online, from its online checkpoint %s", path)
@@ -84,4 +84,4 @@ register(PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) fo
                      "first; slot-level PPO in the JAX simulator, and online", build, check, learned=True,
                      trained_by="dl2ctl train --policy dl2-target", online=True,
                      options=("checkpoint", "seed", "allow_untrained", "online_rl", "resume", "fallback",
-                              "online_window", "revert_margin", "online_temperature")))
+                              "online_window", "revert_margin", "online_temperature", "online_explore")))

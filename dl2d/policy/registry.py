@@ -78,6 +78,11 @@ class StatelessPolicy(IgnoresFeedback):
         return f"StatelessPolicy({self.name})"
 
 
+#: Which jobs an online learner samples a pair for (dl2d.policy.target_online): "every" job, or only those
+#: "resizing" anyway (not yet running, or whose greedy pair changes what they hold).
+ONLINE_EXPLORE = ("every", "resizing")
+
+
 @dataclass(frozen=True)
 class PolicyOptions:
     """What a policy may be built with; each entry's ``check`` says which options it needs."""
@@ -94,6 +99,7 @@ class PolicyOptions:
     online_window: int = 8  # slots per online update, and per check of the revert rule (dl2-target)
     revert_margin: float = 0.2  # revert when a window scores below 1 - margin of the fallback's (dl2-target)
     online_temperature: float = 0.5  # dl2-target online: samples from softmax(logits / this); < 1 explores less
+    online_explore: str = "every"  # dl2-target online: which jobs sample ("every"; "resizing": those that restart anyway)
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:

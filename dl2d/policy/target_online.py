@@ -41,6 +41,7 @@ from dl2d.policy import ppo as PPO
 from dl2d.policy import target as T
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
 from dl2d.policy.online import OnlineStats
+from dl2d.policy.registry import ONLINE_EXPLORE
 
 #: Online PPO: training's loss and learning rate, fewer samples per update (a window of live slots).
 ONLINE_PPO = PPO.PPOConfig(lr=1e-4, ent_coef=0.0, epochs=4, minibatches=2, credit="job")
@@ -122,9 +123,16 @@ class OnlineTargetLearner(T.TargetPolicy):
                  reward_jobs: int = 40, seed: int = 0, version: int = 0, good_params=None,
                  good_version: int | None = None, meta: dict | None = None,
                  name: str = "dl2-target", kinds: tuple[str, ...] = ("ps", "allreduce"),
-                 temperature: float = 1.0, pcfg: PPO.PPOConfig = ONLINE_PPO):
+                 temperature: float = 1.0, explore: str = "every", pcfg: PPO.PPOConfig = ONLINE_PPO):
         if window < pcfg.minibatches:
             raise ValueError(f"online window must be at least {pcfg.minibatches} slots, got {window}")
+        if explore not in ONLINE_EXPLORE:
+            raise ValueError(f"online explore must be one of {', '.join(ONLINE_EXPLORE)}, got {explore!r}")
+        # which jobs sample their pair: "every" job, every slot; or only those "resizing" anyway (not running yet,
+        # or whose greedy pair changes what they hold), the others keeping their greedy pair, not learned from.
+        # Why: where every change of size is a restart, a running job sampled away from its greedy pair pays a
+        # restart (and one more to come back); a job that restarts anyway explores for free.
+        self.explore = explore
         super().__init__(cfg, params, name=name, kinds=kinds)
         pcfg = dataclasses.replace(pcfg, temperature=temperature)
         self.fallback, self.window, self.rule = fallback, int(window), RevertRule(margin)
@@ -153,12 +161,20 @@ class OnlineTargetLearner(T.TargetPolicy):
             self._end_window(dict(zip(map(int, view.job_ids), values)))
         self.key, k = jax.random.split(self.key)
         out = {name: np.asarray(a)[:n] for name, a in self._sample(self.params, padded, k).items()}
+        learn = out["known"].astype(bool)
+        if self.explore == "resizing":
+            greedy = np.asarray(self._decide(self.params, padded))[:n]
+            held = self.place(view, greedy, obs)  # what the greedy pairs give each job, after the fill
+            resizing = (np.asarray(view.prev_workers) == 0) | (np.asarray(held.workers) != view.prev_workers) | (
+                np.asarray(held.ps) != view.prev_ps)
+            out["action"] = np.where(resizing, out["action"], greedy)
+            learn &= resizing
         alloc = self.place(view, out["action"], obs)
         good = np.nan
         if self.good_params is not self.params:
             good = slot_score(view, self.place(view, np.asarray(self._decide(self.good_params, padded))[:n], obs))
         self._pending = _Slot(np.asarray(view.job_ids, int), out["x"], np.asarray(view.allreduce, bool),
-                              out["known"].astype(bool), out["action"], out["log_prob"], out["value"], alloc,
+                              learn, out["action"], out["log_prob"], out["value"], alloc,
                               slot_score(view, alloc), slot_score(view, self.fallback(view)), good)
         return alloc
 

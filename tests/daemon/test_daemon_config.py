@@ -33,6 +33,7 @@ def test_precedence_file_env_flags():
     ({"policy": {"name": "dl2"}}, "policy.checkpoint", "needs a trained checkpoint"),
     ({"policy": {"online_rl": True}}, "policy.online_rl", "needs policy.name"),
     ({"policy": {"world": "mars"}}, "policy.world", "must be one of today, dl2"),
+    ({"policy": {"online_explore": "some"}}, "policy.online_explore", "must be one of every, resizing"),
     ({"agents": {"stale_after": 0}}, "agents.stale_after", ">= 1"),
     ({"agents": {"nodes": {"n1": "ftp://x"}}}, "agents.nodes.n1", "http://"),
     ({"sim": {"noise": 1.5}}, "sim.noise", "[0, 1)"),

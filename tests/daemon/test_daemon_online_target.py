@@ -94,3 +94,13 @@ def test_a_starving_online_policy_is_reverted_recorded_and_saved(tmp_path):
     db = json.loads(r.stdout)["database"]
     assert db["policy_reverts"] == 1 and db["last_policy_revert"]["reason"] == detail["reason"]
     assert db["last_policy_revert"]["good_version"] == 4  # the .good file's version
+
+
+def test_the_configured_exploration_reaches_the_learner(tmp_path):
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "sim": {"cluster": "t4-16"},
+                        "metrics": {"enabled": False},
+                        "policy": {"name": "dl2-target", "online_rl": True, "online_explore": "resizing"}}, {})
+    loop = build_loop(cfg, DemoFeeder(2, 0, world="today", slot_seconds=cfg.slot_seconds,
+                                      cluster_gpus=demo_cluster_gpus(cfg)))
+    assert loop.learner.explore == "resizing"
+    loop.engine.dispose()

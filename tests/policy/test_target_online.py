@@ -167,3 +167,27 @@ def test_a_low_temperature_samples_the_greedy_pair_and_learns_that_distribution(
         warm.observe(0.0)
     with pytest.raises(ValueError, match="temperature must be in"):
         learner(online_temperature=0.0)
+
+
+def test_exploring_only_where_jobs_resize_keeps_every_held_pair_and_learns_only_from_the_others():
+    """explore="resizing": a running job whose greedy pair is what it holds keeps it (no restart to explore,
+    nothing learned); the jobs that start or resize anyway sample. At a hot temperature "every" moves held jobs."""
+    import dataclasses
+
+    greedy = registry.build("dl2-target")
+    held = 0
+    for v in views(6)[2:]:
+        g = greedy(v)
+        v = dataclasses.replace(v, prev_workers=np.asarray(g.workers), prev_ps=np.asarray(g.ps))
+        want = greedy(v)  # the greedy pairs once the jobs hold them (the keep rule and the fill may still move some)
+        keeps = (want.workers == v.prev_workers) & (want.ps == v.prev_ps) & (v.prev_workers > 0)
+        lrn = learner(window=2, online_temperature=10.0, online_explore="resizing", seed=held)
+        got = lrn(v)
+        assert np.array_equal(got.workers[keeps], v.prev_workers[keeps])
+        assert not lrn._pending.learn[keeps].any() and lrn._pending.learn[~keeps].all()
+        held += int(keeps.sum())
+        every = learner(window=2, online_temperature=10.0, online_explore="every", seed=held)(v)
+        assert not np.array_equal(every.workers[keeps], v.prev_workers[keeps])  # hot sampling moves some of them
+    assert held > 0
+    with pytest.raises(ValueError, match="explore must be one of every, resizing"):
+        learner(online_explore="some")
