@@ -197,3 +197,14 @@ def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_
     again = load_target(out)
     assert again.config == wide_cfg and again.config.every_count and again.meta["setup"]["every_count"] is True
     assert again.config.num_actions == 17 * 16
+
+
+@pytest.mark.parametrize("world, last_seed", [("today", 10_019), ("dl2", 10_004)])
+def test_the_world_says_how_many_validation_traces_pick_the_policy(tmp_path, world, last_seed):
+    """Without --val-traces: 20 in today's world (5 let a few long traces decide), 5 in the DL2 world."""
+    tiny = [a for a in TINY if a not in ("--val-traces", "1")]
+    out = tmp_path / "p.msgpack"
+    r = invoke(*tiny, "--world", world, "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "0",
+               "--out", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    assert load_target(out).meta["validation_seeds"] == [10_000, last_seed]
