@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from dl2d.core.contract import ALLREDUCE_PLACEMENTS
+from dl2d.policy.registry import ONLINE_EXPLORE
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.2)
     ap.add_argument("--temperature", type=float, default=None,
                     help="the learner samples at this temperature (default: the daemon's, policy.online_temperature)")
-    ap.add_argument("--explore", default=None, choices=("every", "resizing"),
+    ap.add_argument("--explore", default=None, choices=ONLINE_EXPLORE,
                     help="which jobs the learner samples for (default: the daemon's, policy.online_explore)")
     ap.add_argument("--fallback", default="drf")
     ap.add_argument("--heuristics", default="elastic,optimus", help="more heuristics to run on the same traces")

@@ -216,7 +216,8 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
                          prior=prior, plan_rounds=WORLDS[world].plan_rounds if plan_rounds is None else plan_rounds,
                          plan_traces=min(8, clusters) if plan_traces is None else plan_traces,
                          plan_iters=plan_iters, credit=credit, seed=seed, val_seed=val_seed,
-                         val_traces=WORLDS[world].val_traces if val_traces is None else val_traces, eval_every=eval_every, speed_model=speed_model, init_path=init_path, out_path=out_path,
+                         val_traces=WORLDS[world].val_traces if val_traces is None else val_traces,
+                         eval_every=eval_every, speed_model=speed_model, init_path=init_path, out_path=out_path,
                          as_json=as_json, command=_command(ctx), rescue=_rescue)
         return
     cluster = cluster or "small"

@@ -427,17 +427,18 @@ def decide(cfg: TargetConfig, params, obs: dict, kinds: tuple[str, ...], key=Non
     """One slot's choice for every job of ``obs`` (a :func:`view_obs`, padded): the greedy pair, or (``key``)
     one sampled from softmax(logits / ``temperature``), its log-probability under that; a job of a kind the
     policy never trained on (``kinds``: "ps", "allreduce") gets its teacher's pair (the network's choice for it
-    is a guess: today's policy starved PS jobs). Pure (JAX): {"action", "log_prob", "value",
-    "x" (the features), "known"} [J]."""
+    is a guess: today's policy starved PS jobs). Pure (JAX): {"action", "greedy" (the greedy pair, = "action"
+    without ``key``), "log_prob", "value", "x" (the features), "known"} [J]."""
     o = with_optimus(obs)
     x = job_features(cfg, o)
     logits, value = apply(cfg, params, x, o["active"], o["allreduce"])
     logits = logits / temperature
-    picked = jnp.argmax(logits, axis=1) if key is None else sample(key, logits)
     known = jnp.where(o["allreduce"], "allreduce" in kinds, "ps" in kinds)
-    action = jnp.where(known, picked, features_teacher(cfg, x))
+    teacher = features_teacher(cfg, x)
+    greedy = jnp.where(known, jnp.argmax(logits, axis=1), teacher)
+    action = greedy if key is None else jnp.where(known, sample(key, logits), teacher)
     log_prob = chosen(jax.nn.log_softmax(logits), action)
-    return {"action": action, "log_prob": log_prob, "value": value, "x": x, "known": known}
+    return {"action": action, "greedy": greedy, "log_prob": log_prob, "value": value, "x": x, "known": known}
 
 
 def padded_rows(n: int) -> int:

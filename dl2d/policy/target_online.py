@@ -163,7 +163,7 @@ class OnlineTargetLearner(T.TargetPolicy):
         out = {name: np.asarray(a)[:n] for name, a in self._sample(self.params, padded, k).items()}
         learn = out["known"].astype(bool)
         if self.explore == "resizing":
-            greedy = np.asarray(self._decide(self.params, padded))[:n]
+            greedy = out["greedy"]  # the same network call's argmax
             held = self.place(view, greedy, obs)  # what the greedy pairs give each job, after the fill
             resizing = (np.asarray(view.prev_workers) == 0) | (np.asarray(held.workers) != view.prev_workers) | (
                 np.asarray(held.ps) != view.prev_ps)
