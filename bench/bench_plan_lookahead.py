@@ -16,10 +16,11 @@ between jobs, that rounding can be a poor slot. Here each slot:
 trained against what the table says for the pair it ran (its hidden interference, which any scheduler can
 measure; the noise averages out). ``--view-factor``: the view's ``job_speed_factor`` instead, the mean of the
 job's last 3 measured slots as the daemon and the simulator measure it (NaN, before one: 1). Without either the
-planner believes the table as it stands.
+planner believes the table as it stands. ``--in-bucket 8``: the planner's program (its own and the lookahead's)
+with the bound's in-bucket term (dl2d.sim.lp_bound).
 
     python bench/bench_plan_lookahead.py --cluster testbed --jobs 30 --seeds 500-502 --candidates 8 --horizon 3
-        [--measured-factor] [--out FILE.jsonl]
+        [--measured-factor | --view-factor] [--in-bucket 8] [--out FILE.jsonl]
 
 Prints a JSON line per seed: the planner's average JCT (slots) and the lookahead's, the slots where a
 candidate beat the planner's own, and the seconds spent deciding.
@@ -84,8 +85,8 @@ def after_slot(view: SlotView, alloc: Allocation) -> tuple[SlotView | None, np.n
 class Lookahead:
     """The policy of the module docstring."""
 
-    def __init__(self, table, candidates: int, horizon: int, factor: str | None, seed: int):
-        self.table, self.candidates, self.horizon = table, candidates, horizon
+    def __init__(self, table, candidates: int, horizon: int, factor: str | None, seed: int, in_bucket: int = 0):
+        self.table, self.candidates, self.horizon, self.in_bucket = table, candidates, horizon, in_bucket
         self.factor = {None: None, "slots": MeasuredFactor(table),
                        "view": LP.view_speed_factor}[factor]
         self.rng = np.random.default_rng(seed)
@@ -94,7 +95,7 @@ class Lookahead:
     def __call__(self, view: SlotView) -> Allocation:
         t0 = time.perf_counter()
         view = LP.measured_view(view, self.table, self.factor(view) if self.factor else None)
-        p = LP.plan(view)
+        p = LP.plan(view, in_bucket=self.in_bucket)
         candidates = [LP.first_slot(view, p)]
         for _ in range(self.candidates - 1):
             sizes = np.full(len(view), -1)
@@ -123,8 +124,8 @@ class Lookahead:
             if v is None:
                 return total
             if h + 1 < self.horizon:
-                alloc = LP.lp_plan(v)
-        return total + len(v) * self.horizon * view.slot_seconds + LP.plan(v).value
+                alloc = LP.lp_plan(v, in_bucket=self.in_bucket)
+        return total + len(v) * self.horizon * view.slot_seconds + LP.plan(v, in_bucket=self.in_bucket).value
 
     def applied(self, view, allocation, overridden: bool) -> None:
         pass
@@ -143,10 +144,12 @@ def main() -> None:
     ap.add_argument("--measured-factor", action="store_true", help="each job's speed: the mean over all its slots")
     ap.add_argument("--view-factor", action="store_true", help="each job's speed: the view's job_speed_factor")
     ap.add_argument("--no-planner", action="store_true", help="skip the planner's own run")
+    ap.add_argument("--in-bucket", type=int, default=0,
+                    help="the program's in-bucket term, its tangent lines (dl2d.sim.lp_bound; 0: without it)")
     ap.add_argument("--out", default=None, help="append the JSON lines here too")
     args = ap.parse_args()
-    if args.candidates < 1 or args.horizon < 1:
-        raise SystemExit("--candidates and --horizon must be at least 1")
+    if args.candidates < 1 or args.horizon < 1 or args.in_bucket < 0:
+        raise SystemExit("--candidates and --horizon must be at least 1, --in-bucket at least 0")
     if args.measured_factor and args.view_factor:
         raise SystemExit("--measured-factor and --view-factor are two sources of one estimate: name one")
     factor = "slots" if args.measured_factor else "view" if args.view_factor else None
@@ -156,10 +159,11 @@ def main() -> None:
     for seed in seed_range(args.seeds):
         trace = TT.make_trace(setup, cfg, seed)
         row = {"cluster": args.cluster, "jobs": args.jobs, "seed": seed, "candidates": args.candidates,
-               "horizon": args.horizon, "measured_factor": factor}
+               "horizon": args.horizon, "measured_factor": factor, "in_bucket": args.in_bucket}
         if not args.no_planner:
-            row["planner"] = round(float(E.run(trace, LP.on_measured_speeds(cfg), cfg, seed=seed).jct_slots.mean()), 3)
-        policy = Lookahead(table, args.candidates, args.horizon, factor, seed)
+            planner = LP.on_measured_speeds(cfg, in_bucket=args.in_bucket)
+            row["planner"] = round(float(E.run(trace, planner, cfg, seed=seed).jct_slots.mean()), 3)
+        policy = Lookahead(table, args.candidates, args.horizon, factor, seed, args.in_bucket)
         row["lookahead"] = round(float(E.run(trace, policy, cfg, seed=seed).jct_slots.mean()), 3)
         row.update(changed_slots=policy.changed, slots=policy.slots, decide_s=round(policy.seconds, 1))
         print(json.dumps(row), flush=True)

@@ -136,14 +136,15 @@ def make_trace(setup: TrainSetup, cfg: SimConfig, seed: int) -> TR.Trace:
                             site_mix=mix)
 
 
-def lower_bound(traces, cfg: SimConfig) -> dict | None:
-    """The mean LP lower bound on the average JCT of ``traces`` (dl2d.sim.lp_bound), in slots: at the slot
-    noise's upper end ("every_run", a bound for any run) and at nominal speed ("nominal", what any policy can
-    expect at best). None where the program does not apply (heterogeneous servers)."""
+def lower_bound(traces, cfg: SimConfig, bucket_s: float | None = None) -> dict | None:
+    """The mean LP lower bound on the average JCT of ``traces`` (dl2d.sim.lp_bound; ``bucket_s``: its buckets,
+    default whole slots), in slots: at the slot noise's upper end ("every_run", a bound for any run) and at
+    nominal speed ("nominal", what any policy can expect at best). None where the program does not apply
+    (heterogeneous servers)."""
     from dl2d.sim.lp_bound import lp_lower_bound
 
     try:
-        return {label: round(float(np.mean([lp_lower_bound(t, c).avg_jct_slots for t in traces])), 3)
+        return {label: round(float(np.mean([lp_lower_bound(t, c, bucket_s).avg_jct_slots for t in traces])), 3)
                 for label, c in (("every_run", cfg), ("nominal", dataclasses.replace(cfg, slot_noise=0.0)))}
     except ValueError:
         return None

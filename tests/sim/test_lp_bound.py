@@ -64,6 +64,31 @@ def small_cfg(**kw):
                        max_workers=8, max_ps=2, resize_overhead_s=30.0, **kw)
 
 
+def test_the_in_bucket_term_counts_what_a_bucket_trains_from_its_start():
+    """One job of 100 s on one GPU, buckets of 10 s: counted at each bucket's start its mean busy time is 45 s
+    (bound 95 s); trained at its one rate from each bucket's start it is 50 s, and the bound is its completion,
+    100 s. Two such jobs on the GPU (optimum 100 + 200 s): the term lifts 290 s towards 300, and stays below it,
+    since jobs sharing a bucket each count from its start."""
+    one = [np.array([1 / 100.0])]
+    gpu = [np.array([[1.0, 0.0, 0.0]])]
+    edges, cap = np.arange(0, 301, 10.0), np.array([1.0, 0.0, 0.0])
+    assert solve(one, gpu, np.zeros(1), edges, cap)[0] == pytest.approx(95.0, abs=1e-6)
+    assert solve(one, gpu, np.zeros(1), edges, cap, in_bucket=8)[0] == pytest.approx(100.0, abs=1e-6)
+    without = solve(one * 2, gpu * 2, np.zeros(2), edges, cap)[0]
+    with_term = solve(one * 2, gpu * 2, np.zeros(2), edges, cap, in_bucket=8)[0]
+    assert without == pytest.approx(290.0, abs=1e-6)
+    assert 290.0 + 1.0 < with_term <= 300.0 + 1e-6
+
+
+def test_the_bound_has_the_in_bucket_term_by_default_and_it_only_tightens():
+    tr, cfg = contended_trace(), small_cfg()
+    plain = lp_lower_bound(tr, cfg, in_bucket=0)
+    default = lp_lower_bound(tr, cfg)
+    assert default.lp_slots > plain.lp_slots
+    assert min(E.run(tr, registry.build(name), cfg, seed=0).avg_jct_slots
+               for name in ("elastic", "optimus")) >= default.avg_jct_slots
+
+
 def test_where_jobs_compete_the_program_is_above_both_simple_bounds():
     tr, cfg = contended_trace(), small_cfg()
     simple = lower_bound(tr, cfg)
