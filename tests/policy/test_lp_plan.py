@@ -42,6 +42,18 @@ def test_where_one_job_fits_the_shorter_runs_first():
     assert shared.workers[0] >= 1 and shared.workers[1] >= 1
 
 
+def test_the_in_bucket_term_raises_the_plans_value_towards_a_schedule_and_keeps_its_choice():
+    """The same two jobs: with the bound's in-bucket term the program's value (a lower bound on the sum of the
+    completions) rises, stays below the short-first schedule's, and the plan still runs the short job now."""
+    view = make_view(["resnet-50", "resnet-50"], spec=ClusterSpec(1), arrival=[0, 0], est=[100.0, 10.0],
+                     max_workers=8, max_ps=8)
+    plain, with_term = plan(view), plan(view, in_bucket=8)
+    alone = view.remaining_epochs / np.array([plain.options[j][2].max() for j in range(2)])
+    assert plain.value + 1.0 < with_term.value <= alone.sum() + alone[1] + 1e-6
+    alloc = lp_plan(view, in_bucket=8)
+    assert alloc.workers[1] >= 1 and alloc.workers[0] == 0
+
+
 def test_a_job_no_size_of_which_fits_is_left_out():
     view = make_view(["resnet-50", "resnet-50"], spec=ClusterSpec(1, gpus=0.0), max_workers=4, max_ps=4)
     alloc = lp_plan(view)
