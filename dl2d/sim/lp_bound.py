@@ -46,8 +46,9 @@ alone at its fastest; jobs that share a bucket's resources each count from its s
 of what the buckets lose there. Measured (DL2 world, seed 0, nominal speeds): whole-slot buckets with it
 are about as tight as quarter-slot buckets without it at a tenth of the time (`testbed` 40.36 -> 40.72
 against 40.72 in 62 s; `small` 25.71 -> 26.17 against 26.06), and quarter-slot ones gain 0.2-0.5 %
-(40.82, 26.18). The planner (dl2d.policy.lp_plan) solves the program without it: with it, 34.229 against
-34.275 slots on `testbed` validation traces 500-502, one trace better and one worse.
+(40.82, 26.18). The planner (dl2d.policy.lp_plan) solves the program without it unless asked (``in_bucket``):
+with it, on `testbed`, 32.335 against 32.399 slots on held-out traces 0-4 and 34.229 against 34.275 on
+validation traces 500-502, better on 6 of the 8.
 
 Time-sharing between sizes inside a bucket is allowed (it only enlarges the feasible set), so
 only the sizes on the upper concave hull of speed against resources matter; the others are dropped before the
@@ -58,9 +59,10 @@ which trains as much with no more resources and leaves the job's last share trai
 
 What it does not know, as lower_bound: which server a task lands on (placement contention, the shared-node
 slowdown, a job spread when packed would be faster), restarts after the first, the noise's draws. Buckets
-coarser than a slot lose up to a bucket per job (mass at a bucket's end is counted at its start), so the
-result is the largest of this program and both of lower_bound's (the in-bucket term takes back part of that). Solved with HiGHS (scipy's ``linprog``); a
-solve that does not reach optimality raises rather than report a number that may not be a bound.
+coarser than a slot lose up to a bucket per job (mass at a bucket's end is counted at its start; the in-bucket
+term takes back part of that), so the result is the largest of this program and both of lower_bound's. Solved
+with HiGHS (scipy's ``linprog``); a solve that does not reach optimality raises rather than report a number that
+may not be a bound.
 """
 from __future__ import annotations
 
