@@ -283,7 +283,7 @@ def solve_program(rho: list[np.ndarray], demand: list[np.ndarray], start: np.nda
     y = res.x[:m]
     tail = float(np.sum(y[~closed] * rate[~closed])) / n
     original = np.concatenate(kept)[offsets[job] + size]
-    return Solution(float(res.fun) + sum(0.5 / float(r.max()) for r in rho), job, bucket, original, y, tail)
+    return Solution(float(res.fun) + float(np.sum(0.5 / rho_max)), job, bucket, original, y, tail)
 
 
 def in_bucket_rows(mass: sparse.csr_matrix, width: np.ndarray, rate_max: np.ndarray, tangents: int):
