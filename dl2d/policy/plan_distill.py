@@ -1,6 +1,7 @@
 """Teaching the target-size network a planner it cannot run: the bound's program on the speeds the simulator
-trains with (dl2d.policy.lp_plan on measured speeds), distilled by supervised learning on the slots it and the
-network visit in the NumPy simulator (DAgger: the network drives, the planner labels).
+trains with (dl2d.policy.lp_plan on measured speeds, or its lookahead, dl2d.policy.lp_lookahead), distilled by
+supervised learning on the slots it and the network visit in the NumPy simulator (DAgger: the network drives,
+the planner labels).
 
 Why: the greedy heuristics the JAX teachers are (dl2d.policy.teachers) leave 8-12 % between themselves and the
 LP bound in the DL2 world, and the planner on the measured speeds comes within 2-4 % of it; reinforcement
@@ -98,14 +99,16 @@ class Recorder:
 
 
 def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[int], params=None,
-            on_trace: Callable[[int, float], None] | None = None, view_factor: bool = False) -> Samples:
-    """The slots of one simulator run per trace, labelled by the planner on the measured speeds (times each
-    job's measured speed, the view's ``job_speed_factor``, with ``view_factor``), driven by the network
-    (``params``) or the planner."""
-    planner = on_measured_speeds(cfg, view_factor=view_factor)
+            on_trace: Callable[[int, float], None] | None = None, view_factor: bool = False,
+            teacher: Callable[[int], Callable] | None = None) -> Samples:
+    """The slots of one simulator run per trace, labelled by the teacher, driven by the network (``params``) or
+    the teacher. The teacher: ``teacher(seed)``, a policy for the trace of that seed (the lookahead,
+    dl2d.policy.lp_lookahead, draws its roundings from it), or by default the planner on the measured speeds
+    (times each job's measured speed, the view's ``job_speed_factor``, with ``view_factor``)."""
     parts = []
     for trace, seed in zip(traces, seeds):
         t0 = time.perf_counter()
+        planner = teacher(seed) if teacher is not None else on_measured_speeds(cfg, view_factor=view_factor)
         rec = Recorder(tcfg, planner, params)
         res = E.run(trace, rec, cfg, seed=seed)
         parts.append(rec.samples())
