@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--in-bucket", type=int, default=0,
                     help="the teacher's program with the bound's in-bucket term, its tangent lines (0: without)")
     ap.add_argument("--traces", type=int, default=32, help="training traces per preset and round")
+    ap.add_argument("--dagger-traces", type=int, default=None,
+                    help="training traces per preset in each DAgger round (default: --traces)")
     ap.add_argument("--rounds", type=int, default=2, help="DAgger rounds after the behaviour cloning")
     ap.add_argument("--iters", default="3000", help="Adam steps per round; A,B,..: validated after A, B, .. steps")
     ap.add_argument("--first-seed", type=int, default=1000, help="the first training trace's seed")
@@ -162,6 +164,9 @@ def main() -> None:
     ap.add_argument("--curve-out", default=None)
     args = ap.parse_args()
     stages = stages_of(args.iters)
+    dagger_traces = args.traces if args.dagger_traces is None else args.dagger_traces
+    if args.traces < 1 or dagger_traces < 1 or args.rounds < 0:
+        raise SystemExit("--traces and --dagger-traces must be at least 1, --rounds at least 0")
     presets = args.presets.split(",")
     scored = args.score_presets.split(",") if args.score_presets else presets
     for p in {*presets, *scored}:
@@ -210,7 +215,8 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
         for rnd in range(args.rounds + 1):
             t0 = time.perf_counter()
-            seeds = list(range(args.first_seed + rnd * args.traces, args.first_seed + (rnd + 1) * args.traces))
+            lo = args.first_seed + (rnd > 0) * args.traces + max(rnd - 1, 0) * dagger_traces
+            seeds = list(range(lo, lo + (args.traces if rnd == 0 else dagger_traces)))
             new = collect(pool, presets, seeds, tcfg, None if rnd == 0 else params, spec, args.cache)
             data = new if data is None else D.Samples.concat([data, new])
             t1 = time.perf_counter()
@@ -250,7 +256,7 @@ def main() -> None:
         meta = {"world": "dl2", "cluster": setup.cluster, "jobs": setup.jobs, "teacher": teacher_name(spec),
                 "features_teacher": tcfg.teacher, "method": "distilled (behaviour cloning, then DAgger)",
                 "chosen": chosen, "presets": presets, "score_presets": scored,
-                "train_seeds": [args.first_seed, args.first_seed + (args.rounds + 1) * args.traces - 1],
+                "train_seeds": [args.first_seed, args.first_seed + args.traces + args.rounds * dagger_traces - 1],
                 "validation_seeds": [500, 504], "held_out_seeds": [0, 4],
                 "validation_jct": val[first], "validation_jct_mean": round(float(np.mean(val[first])), 3),
                 "held_out_jct_numpy": held[first], "held_out_jct_numpy_mean": round(float(np.mean(held[first])), 3),
