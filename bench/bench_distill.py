@@ -8,8 +8,9 @@ validation traces (NumPy simulator), and scoring the chosen network on the held-
 
 The teacher: ``--teacher plan``, the planner on the measured speeds (dl2d.policy.lp_plan.on_measured_speeds);
 ``--teacher lookahead``, its one-slot lookahead over roundings (dl2d.policy.lp_lookahead; ``--candidates``,
-``--horizon``; 3-6 minutes a `testbed` trace). ``--in-bucket N``: either's program with the bound's in-bucket
-term. ``--presets`` are collected on, ``--score-presets`` (default: the same) validated and scored on.
+``--horizon``; 4-12 minutes a `testbed` trace on the 2-core development CPU). ``--in-bucket N``: either's
+program with the bound's in-bucket term. ``--presets`` are collected on, ``--score-presets`` (default: the same)
+validated and scored on.
 ``--cache DIR``: each trace's slots saved there as it is collected (npz, named by preset, teacher, seed and, for
 a DAgger round, the driving network's digest) and read back instead of collected again, so a long run that
 stops picks up where it was.
@@ -43,7 +44,10 @@ from dl2d.workload.speed import speed_table
 
 
 def setup_of(preset: str) -> TT.TrainSetup:
-    cluster, _, jobs = preset.partition(":")
+    """A preset, CLUSTER:JOBS (testbed:30), as the DL2 world's setup; a malformed one stops the run."""
+    cluster, sep, jobs = preset.partition(":")
+    if not sep or not jobs.isdigit() or int(jobs) < 1:
+        raise SystemExit(f"a preset is CLUSTER:JOBS (testbed:30), got {preset!r}")
     return TT.TrainSetup(world="dl2", cluster=cluster, jobs=int(jobs))
 
 
@@ -170,9 +174,7 @@ def main() -> None:
     presets = args.presets.split(",")
     scored = args.score_presets.split(",") if args.score_presets else presets
     for p in {*presets, *scored}:
-        cluster, sep, jobs = p.partition(":")
-        if not sep or not jobs.isdigit() or int(jobs) < 1:
-            raise SystemExit(f"a preset is CLUSTER:JOBS (testbed:30), got {p!r}")
+        setup_of(p)
     if args.candidates < 1 or args.horizon < 1 or args.in_bucket < 0:
         raise SystemExit("--candidates and --horizon must be at least 1, --in-bucket at least 0")
     if args.teacher == "lookahead" and args.view_factor:
