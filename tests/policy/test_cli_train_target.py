@@ -153,14 +153,14 @@ def test_in_the_dl2_world_it_learns_from_the_relative_optimus_then_the_planner_b
     on the measured speeds is learned by default too (two rounds between the warm-up and PPO, on every whole
     count as a level): its rounds are in the curve and the checkpoint, and the plan phase showed its progress."""
     out = tmp_path / "d.msgpack"
-    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "1", "--plan-iters", "30", "--out",
-               str(out))
+    r = invoke(*TINY, "--world", "dl2", "--clusters", "1", "--sl-iters", "1", "--rl-iters", "1", "--plan-iters", "30",
+               "--out", str(out))
     assert r.exit_code == 0, r.output
     assert "optimus-relative (teacher)" in r.output
     assert "learning the planner: 2 round(s)" in r.output  # its progress (stderr, which CliRunner mixes in)
     ck = load_target(out)
     assert ck.config.teacher == "optimus-relative" and ck.config.every_count
-    assert ck.meta["setup"]["plan_rounds"] == 2 and ck.meta["setup"]["plan_traces"] == 2  # no more than --clusters
+    assert ck.meta["setup"]["plan_rounds"] == 2 and ck.meta["setup"]["plan_traces"] == 1  # no more than --clusters
 
 
 def test_today_the_planner_is_not_learned_unless_asked(tmp_path):

@@ -31,7 +31,8 @@ def test_the_jax_elastic_gives_elastics_sizes_on_a_simulated_run():
         redrawn = dataclasses.replace(view, prev_workers=rng.integers(0, 9, len(view)))
         for v in (view, redrawn):
             want = np.asarray(elastic_srtf(v).workers)
-            sizes = lv[np.asarray(rule(T.view_obs(tc, v))) // len(tc.ps_levels)]
+            pairs = np.asarray(rule(T.padded(T.view_obs(tc, v), len(v))))[:len(v)]  # one compilation, every view
+            sizes = lv[pairs // len(tc.ps_levels)]
             assert np.array_equal(sizes, want), f"slot {v.slot}"
             eff = efficient_sizes(size_curves(v), EFFICIENCY)
             checked += len(v)
@@ -67,13 +68,21 @@ def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_op
     _, steps = run_slots(TT.make_trace(setup, sim, 7), elastic_srtf, 60, sim)
     nl, np_ = len(old.levels), len(old.ps_levels)
     relative = dataclasses.replace(cfg, teacher="optimus-relative")
+
+    def features_and_pair(c):  # one compilation per teacher (views padded to one size), not one per operation
+        def run(o):
+            o = T.with_optimus(o)
+            return T.job_features(c, o), TE.teacher(c.teacher)(c, o)
+        return jax.jit(run)
+
+    configs = (old, cfg, relative)
+    jitted = {c.teacher: features_and_pair(c) for c in configs}
     differ = 0
     for view, _ in steps[::6]:
         pairs = {}
-        for c in (old, cfg, relative):
-            o = T.with_optimus(jax.tree.map(jax.numpy.asarray, T.view_obs(c, view)))
-            x = np.asarray(T.job_features(c, o))
-            pairs[c.teacher] = np.asarray(TE.teacher(c.teacher)(c, o))
+        for c in configs:
+            x, pair = jitted[c.teacher](T.padded(T.view_obs(c, view), len(view)))
+            x, pairs[c.teacher] = np.asarray(x)[:len(view)], np.asarray(pair)[:len(view)]
             assert np.array_equal(x[:, -nl - np_:-np_].argmax(1), pairs[c.teacher] // np_)
             assert np.array_equal(np.asarray(T.features_teacher(c, x)), pairs[c.teacher])  # read back whole
         differ += not np.array_equal(pairs["optimus"], pairs["elastic"])
@@ -99,7 +108,7 @@ def test_the_jax_relative_optimus_gives_relative_optimus_pairs_where_one_server_
         if not len(view):
             continue
         want, other = RelativeOptimus()(view), Optimus()(view)
-        got = np.asarray(rule(jax.tree.map(jax.numpy.asarray, T.view_obs(tc, view))))[: len(view)]
+        got = np.asarray(rule(T.padded(T.view_obs(tc, view), len(view))))[: len(view)]
         round_w = lambda w: lv[np.maximum(np.searchsorted(lv, w, side="right") - 1, 0)]  # noqa: E731
         round_p = lambda p: plv[np.maximum(np.searchsorted(plv, p, side="right") - 1, 0)]  # noqa: E731
         assert np.array_equal(lv[got // np_], round_w(want.workers)), f"slot {view.slot}"
@@ -120,10 +129,10 @@ def test_a_prior_on_the_teachers_pair_makes_an_untrained_policy_its_teacher():
     for prior in (0.0, 20.0):
         cfg = T.TargetConfig(max_workers=16, max_ps=16, hidden=16, teacher="elastic", prior=prior)
         params = T.init_params(cfg, jax.random.PRNGKey(3))
-        o = jax.tree.map(jax.numpy.asarray, T.view_obs(cfg, view))
-        out = T.decide(cfg, params, o, ("ps", "allreduce"))
-        picks[prior] = np.asarray(out["action"])
-        teacher = np.asarray(TE.elastic(cfg, T.with_optimus(o)))
+        run = jax.jit(lambda p, o, cfg=cfg: (T.decide(cfg, p, o, ("ps", "allreduce"))["action"],
+                                             TE.elastic(cfg, T.with_optimus(o))))  # compiled whole, not op by op
+        action, pair = run(params, T.padded(T.view_obs(cfg, view), len(view)))
+        picks[prior], teacher = np.asarray(action)[:len(view)], np.asarray(pair)[:len(view)]
     assert np.array_equal(picks[20.0], teacher)
     assert not np.array_equal(picks[0.0], teacher)
     assert T.TargetConfig.from_dict(T.TargetConfig(prior=8.0).to_dict()).prior == 8.0
