@@ -7,7 +7,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from testkit.sim import bound_case
 from testkit.sim import run_slots as simulate
 
 from dl2d.policy import registry
@@ -15,7 +14,7 @@ from dl2d.policy.slurm_fifo import slurm_fifo
 from dl2d.policy.tiresias import Tiresias
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
-from dl2d.sim.bound import lower_bound, srpt_completions
+from dl2d.sim.bound import srpt_completions
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.workloads import WorkloadJob
 
@@ -92,17 +91,6 @@ def test_tiresias_promotes_a_starving_job():
 def test_srpt_on_one_machine():
     done = srpt_completions(np.array([0.0, 1.0, 2.0]), np.array([4.0, 1.0, 5.0]))
     assert list(done) == [5.0, 2.0, 10.0]
-
-
-@pytest.mark.parametrize("world", ["today", "dl2"])
-def test_no_policy_beats_the_lower_bound(world):
-    config, tr = bound_case(world)
-    bound = lower_bound(tr, config)
-    assert bound.avg_jct_slots == max(bound.no_contention_slots, bound.capacity_slots) > 0
-    for name in [*registry.names(heuristic=True), "oracle"]:
-        res = E.run(tr, registry.build(name), config, seed=7)
-        assert res.avg_jct_slots >= bound.avg_jct_slots, name
-        assert np.all(res.jct_slots * config.slot_seconds >= bound.min_seconds - 1e-6), name
 
 
 # ---------------------------------------------------------------- elastic (dl2d's own heuristic)

@@ -101,14 +101,18 @@ def test_where_jobs_compete_the_program_is_above_both_simple_bounds():
 
 
 @pytest.mark.parametrize("world", ["today", "dl2"])
-def test_no_policy_beats_the_lp_bound(world):
+def test_no_policy_beats_either_bound(world):
+    """Every heuristic and the oracle, run once each: no job finishes sooner than alone on the cluster (the simple
+    bound's per-job minimum), and no average beats the LP bound, which is at least the simple bound."""
     config, tr = bound_case(world)
     lp = lp_lower_bound(tr, config)
     simple = lower_bound(tr, config)
+    assert simple.avg_jct_slots == max(simple.no_contention_slots, simple.capacity_slots) > 0
     assert lp.avg_jct_slots >= simple.avg_jct_slots
     for name in [*registry.names(heuristic=True), "oracle"]:
         res = E.run(tr, registry.build(name), config, seed=7)
         assert res.avg_jct_slots >= lp.avg_jct_slots, name
+        assert np.all(res.jct_slots * config.slot_seconds >= simple.min_seconds - 1e-6), name
 
 
 def test_a_ps_job_keeps_only_pairs_no_other_beats():
