@@ -129,6 +129,12 @@ def test_refused_where_it_would_not_be_a_bound():
         lp_lower_bound(tr, replace(small_cfg(), server_speed_classes=(1.0, 1.5)))
     with pytest.raises(ValueError, match="bucket_s"):
         lp_lower_bound(tr, small_cfg(), bucket_s=0.0)
+    # what training reports: no bound for heterogeneous servers, and any other fault of the program shown
+    from dl2d.policy import target_train as TT
+
+    assert TT.lower_bound([tr], replace(small_cfg(), server_speed_classes=(1.0, 1.5))) is None
+    with pytest.raises(ValueError, match="bucket_s"):
+        TT.lower_bound([tr], small_cfg(), bucket_s=0.0)
 
 
 def test_a_size_the_cluster_cannot_hold_is_never_used():
