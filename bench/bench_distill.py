@@ -53,10 +53,11 @@ def setup_of(preset: str) -> TT.TrainSetup:
 
 def teacher_name(spec: dict) -> str:
     """The teacher's name in the meta and the cache: ``lp-plan-measured[-factor][-ib8]`` or
-    ``lp-plan-lookahead-c8-h3[-ib8]``."""
+    ``lp-plan-lookahead-c8-h3[-s4-k3][-ib8]`` (with local moves: starts, shrinks)."""
     ib = f"-ib{spec['in_bucket']}" * bool(spec["in_bucket"])
+    moves = f"-s{spec.get('starts', 0)}-k{spec.get('shrinks', 0)}" * bool(spec.get("starts") or spec.get("shrinks"))
     if spec["kind"] == "lookahead":
-        return f"lp-plan-lookahead-c{spec['candidates']}-h{spec['horizon']}{ib}"
+        return f"lp-plan-lookahead-c{spec['candidates']}-h{spec['horizon']}{moves}{ib}"
     return "lp-plan-measured" + "-factor" * spec["view_factor"] + ib
 
 
@@ -64,7 +65,8 @@ def make_teacher(spec: dict, cfg: E.SimConfig):
     """seed -> the teacher's policy for that seed's trace (plan_distill.collect's ``teacher``)."""
     if spec["kind"] == "lookahead":
         table = speed_table(cfg.speed_model)
-        return lambda seed: Lookahead(table, spec["candidates"], spec["horizon"], None, seed, spec["in_bucket"])
+        return lambda seed: Lookahead(table, spec["candidates"], spec["horizon"], None, seed, spec["in_bucket"],
+                                      spec.get("starts", 0), spec.get("shrinks", 0))
     return lambda seed: on_measured_speeds(cfg, view_factor=spec["view_factor"], in_bucket=spec["in_bucket"])
 
 
@@ -137,6 +139,10 @@ def main() -> None:
                          "roundings (dl2d.policy.lp_lookahead)")
     ap.add_argument("--candidates", type=int, default=8, help="the lookahead's roundings a slot")
     ap.add_argument("--horizon", type=int, default=3, help="the slots the lookahead simulates")
+    ap.add_argument("--starts", type=int, default=0,
+                    help="the lookahead's local moves: start each of the first N jobs the planner leaves waiting")
+    ap.add_argument("--shrinks", type=int, default=0,
+                    help="the lookahead's local moves: each of the N jobs with the most tasks one size smaller")
     ap.add_argument("--in-bucket", type=int, default=0,
                     help="the teacher's program with the bound's in-bucket term, its tangent lines (0: without)")
     ap.add_argument("--traces", type=int, default=32, help="training traces per preset and round")
@@ -175,12 +181,15 @@ def main() -> None:
     scored = args.score_presets.split(",") if args.score_presets else presets
     for p in {*presets, *scored}:
         setup_of(p)
-    if args.candidates < 1 or args.horizon < 1 or args.in_bucket < 0:
-        raise SystemExit("--candidates and --horizon must be at least 1, --in-bucket at least 0")
+    if args.candidates < 1 or args.horizon < 1 or min(args.in_bucket, args.starts, args.shrinks) < 0:
+        raise SystemExit("--candidates and --horizon must be at least 1, --in-bucket, --starts and --shrinks at least 0")
+    if (args.starts or args.shrinks) and args.teacher != "lookahead":
+        raise SystemExit("--starts and --shrinks are the lookahead's moves: add --teacher lookahead")
     if args.teacher == "lookahead" and args.view_factor:
         raise SystemExit("--view-factor is the planner's; the lookahead plans on the table as it stands")
     spec = {"kind": args.teacher, "candidates": args.candidates, "horizon": args.horizon,
-            "in_bucket": args.in_bucket, "view_factor": args.view_factor}
+            "in_bucket": args.in_bucket, "view_factor": args.view_factor, "starts": args.starts,
+            "shrinks": args.shrinks}
     if args.cache:
         os.makedirs(args.cache, exist_ok=True)
     HEURISTICS = [h for h in args.heuristics.split(",") if h]

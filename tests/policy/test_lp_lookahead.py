@@ -9,7 +9,7 @@ from testkit.sim import make_view
 
 from dl2d.policy import plan_distill as D
 from dl2d.policy import target as T
-from dl2d.policy.lp_lookahead import Lookahead, after_slot
+from dl2d.policy.lp_lookahead import Lookahead, after_slot, local_moves
 from dl2d.policy.lp_plan import first_slot, lp_plan, on_measured_speeds, plan
 from dl2d.sim import engine as E
 from dl2d.sim import trace as TR
@@ -78,3 +78,34 @@ def test_more_candidates_are_drawn_from_the_seed_and_bad_settings_are_refused():
                        ({"in_bucket": -1}, "in_bucket"), ({"factor": "oracle"}, "factor")):
         with pytest.raises(ValueError, match=match):
             Lookahead(table, **bad)
+
+
+def test_local_moves_start_a_waiting_job_first_and_shrink_the_largest_the_same_whatever_the_seed():
+    view = make_view(["resnet-50", "vgg-16", "seq2seq", "resnet-50"], servers=2, est=[40.0, 5.0, 20.0, 60.0],
+                     max_workers=8, max_ps=8)
+    p = plan(view)
+    own = first_slot(view, p)
+    waiting = [j for j in range(len(view)) if own.workers[j] == 0]
+    tasks = np.asarray(own.workers) + np.asarray(own.ps)
+    assert waiting and tasks.max() > 1  # the case is one where both kinds of move apply
+    moves = local_moves(view, p, starts=1, shrinks=1)
+    assert len(moves) == 2
+    started, shrunk = moves
+    first = min(waiting, key=lambda j: (p.now[j] >= 0, p.alpha[j]))  # the first waiting job in the plan's order
+    assert started.workers[first] >= 1
+    big = int(np.argmax(tasks))
+    assert 1 <= shrunk.workers[big] + shrunk.ps[big] < tasks[big]
+    assert local_moves(view, p, 0, 0) == []
+    # as candidates of the lookahead they are drawn from nothing: two seeds give one run
+    tr = TR.generate(TR.TraceConfig(num_jobs=6), seed=3)
+    cfg = E.SimConfig(cluster=preset("tiny"), max_workers=8, max_ps=8)
+    table = speed_table(cfg.speed_model)
+    runs = [Lookahead(table, 1, 2, None, seed, 0, starts=2, shrinks=2) for seed in (1, 2)]
+    jcts = [E.run(tr, look, cfg, seed=3).jct_slots for look in runs]
+    np.testing.assert_array_equal(jcts[0], jcts[1])
+    planner = E.run(tr, on_measured_speeds(cfg), cfg, seed=3).jct_slots
+    assert runs[0].slots > 3
+    # the planner's own rounding is a candidate: a move is taken only where it scores better
+    assert runs[0].changed == 0 or not np.allclose(jcts[0], planner)
+    with pytest.raises(ValueError, match="starts and shrinks"):
+        Lookahead(table, starts=-1)
