@@ -20,7 +20,8 @@ slot. Each slot here:
 With 8 candidates, a horizon of 3 and the bound's in-bucket term (``in_bucket=8``) it is 3.02 % above the LP bound
 on `testbed`'s held-out seeds 0-19 (the planner 3.7 %), reading nothing the network lacks but the measured table;
 2-8 minutes a trace on the 2-core development CPU. The local moves alone (one candidate, ``starts=4``,
-``shrinks=3``) beat the planner on each of 10 `testbed` traces, by 0.66 % on average (docs/BENCHMARKS.md).
+``shrinks=3``) beat the planner on each of `testbed`'s held-out seeds 0-19, by 0.63 % (3.07 % above the bound;
+docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
