@@ -36,6 +36,8 @@ from dl2d.policy.lp_plan import on_measured_speeds
 from dl2d.policy.plan_distill import pair_labels
 from dl2d.sim import engine as E
 
+from bench_plan import seed_range
+
 VARIANTS = ("none", "all", "ps", "start", "size", "teacher")
 #: the kinds of a job-slot, in the order the counts are printed
 KINDS = ("agree", "ps", "net_waits", "net_runs", "net_more_workers", "net_fewer_workers")
@@ -94,13 +96,14 @@ def _run(args):
 
 
 def seeds_of(text: str) -> list[int]:
-    """``500-504,0-4`` -> [500, ..., 504, 0, ..., 4]; a malformed one stops the run."""
+    """``500-504,0-4`` -> [500, ..., 504, 0, ..., 4] (each part as bench_plan.seed_range reads it); a malformed one
+    stops the run."""
     out = []
     for part in text.split(","):
         lo, _, hi = part.partition("-")
         if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) < int(lo):
             raise SystemExit(f"--seeds is LO-HI[,LO-HI...] of whole numbers, got {text!r}")
-        out += range(int(lo), int(hi or lo) + 1)
+        out += seed_range(part)
     return out
 
 

@@ -75,18 +75,17 @@ def after_slot(view: SlotView, alloc: Allocation) -> tuple[SlotView | None, np.n
     return nxt, finished
 
 
-def local_moves(view: SlotView, p: LP.Plan, starts: int, shrinks: int) -> list[Allocation]:
-    """Local moves of the planner's own rounding of plan ``p`` (lp_plan.first_slot): for each of the first
-    ``starts`` jobs it leaves waiting (in its order), that job placed first at its smallest size with a worker;
-    for each of the ``shrinks`` jobs given the most tasks (more than one), that job at its largest size with fewer
-    tasks and a worker. Why: where the lookahead's random roundings beat the planner's (`testbed`), they mostly
-    start a long job at one worker with a task taken from the shortest jobs' last ones (docs/BENCHMARKS.md); these
-    moves try that on purpose, the same in every run of the same slot."""
-    sizes = np.where(p.now >= 0, p.now, p.most)
-    order = [int(j) for j in np.lexsort((p.alpha, p.now < 0))]
-    base = LP.carry_out(view, order, sizes, p.options)
-    workers = np.asarray(base.workers)
-    tasks = workers + np.asarray(base.ps)
+def local_moves(view: SlotView, p: LP.Plan, own: Allocation, starts: int, shrinks: int) -> list[Allocation]:
+    """Local moves of the planner's own rounding of plan ``p`` (lp_plan.own_rounding; ``own``, that rounding
+    carried out, lp_plan.first_slot): for each of the first ``starts`` jobs it leaves waiting (in its order), that
+    job placed first at its smallest size with a worker; for each of the ``shrinks`` jobs given the most tasks
+    (more than one), that job at its largest size with fewer tasks and a worker. Why: where the lookahead's random
+    roundings beat the planner's (`testbed`), they mostly start a long job at one worker with a task taken from the
+    shortest jobs' last ones (docs/BENCHMARKS.md); these moves try that on purpose, the same in every run of the
+    same slot."""
+    order, sizes = LP.own_rounding(p)
+    workers = np.asarray(own.workers)
+    tasks = workers + np.asarray(own.ps)
     out = []
     waiting = [j for j in order if workers[j] == 0 and len(p.options[j][2])]
     for k in waiting[:starts]:
@@ -122,10 +121,10 @@ class Lookahead(IgnoresFeedback):
                              f"{candidates}, {horizon}, {in_bucket}")
         if starts < 0 or shrinks < 0:
             raise ValueError(f"starts and shrinks must be at least 0, got {starts}, {shrinks}")
-        self.starts, self.shrinks = starts, shrinks
         if factor not in FACTORS:
             raise ValueError(f"factor must be one of {FACTORS}, got {factor!r}")
         self.table, self.candidates, self.horizon, self.in_bucket = table, candidates, horizon, in_bucket
+        self.starts, self.shrinks = starts, shrinks
         self.factor = {None: None, "slots": MeasuredFactor(table), "view": LP.view_speed_factor}[factor]
         self.rng = np.random.default_rng(seed)
         self.name, self.changed, self.slots, self.seconds = "lp-plan-lookahead", 0, 0, 0.0
@@ -146,7 +145,7 @@ class Lookahead(IgnoresFeedback):
             order = np.lexsort((jitter, sizes < 0))
             candidates.append(LP.carry_out(view, [int(j) for j in order], np.where(sizes >= 0, sizes, p.most),
                                            p.options))
-        candidates += local_moves(view, p, self.starts, self.shrinks)
+        candidates += local_moves(view, p, candidates[0], self.starts, self.shrinks)
         best = int(np.argmin([self.value(view, a) for a in candidates]))
         self.changed += best != 0
         self.slots += 1

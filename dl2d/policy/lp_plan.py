@@ -106,11 +106,17 @@ def lp_plan(view: SlotView, bucket_slots=BUCKET_SLOTS, in_bucket: int = 0) -> Al
     return first_slot(view, plan(view, bucket_slots, in_bucket))
 
 
+def own_rounding(p: Plan) -> tuple[list[int], np.ndarray]:
+    """The plan's own rounding of its first bucket, as (order, sizes) for :func:`carry_out`: the jobs planned for
+    this slot first, each group by alpha point, each at the size it spends most of the bucket at (a job planned
+    for later: its most used size)."""
+    return [int(j) for j in np.lexsort((p.alpha, p.now < 0))], np.where(p.now >= 0, p.now, p.most)
+
+
 def first_slot(view: SlotView, p: Plan) -> Allocation:
-    """The plan's own rounding of its first bucket: the jobs planned for this slot first, each group by alpha
-    point, each at the size it spends most of the bucket at (a job planned for later: its most used size)."""
-    order = np.lexsort((p.alpha, p.now < 0))
-    return carry_out(view, [int(j) for j in order], np.where(p.now >= 0, p.now, p.most), p.options)
+    """The plan's own rounding of its first bucket (:func:`own_rounding`) on the view's servers."""
+    order, sizes = own_rounding(p)
+    return carry_out(view, order, sizes, p.options)
 
 
 def carry_out(view: SlotView, order: list[int], sizes: np.ndarray, options: list) -> Allocation:

@@ -88,14 +88,14 @@ def test_local_moves_start_a_waiting_job_first_and_shrink_the_largest_the_same_w
     waiting = [j for j in range(len(view)) if own.workers[j] == 0]
     tasks = np.asarray(own.workers) + np.asarray(own.ps)
     assert waiting and tasks.max() > 1  # the case is one where both kinds of move apply
-    moves = local_moves(view, p, starts=1, shrinks=1)
+    moves = local_moves(view, p, own, starts=1, shrinks=1)
     assert len(moves) == 2
     started, shrunk = moves
     first = min(waiting, key=lambda j: (p.now[j] >= 0, p.alpha[j]))  # the first waiting job in the plan's order
     assert started.workers[first] >= 1
     big = int(np.argmax(tasks))
     assert 1 <= shrunk.workers[big] + shrunk.ps[big] < tasks[big]
-    assert local_moves(view, p, 0, 0) == []
+    assert local_moves(view, p, own, 0, 0) == []
     # as candidates of the lookahead they are drawn from nothing: two seeds give one run
     tr = TR.generate(TR.TraceConfig(num_jobs=6), seed=3)
     cfg = E.SimConfig(cluster=preset("tiny"), max_workers=8, max_ps=8)
