@@ -17,6 +17,7 @@ dl2d's CI); the JAX example (examples/jax_allreduce.py) is the one the tests run
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -81,13 +82,22 @@ def main(argv: list[str] | None = None) -> int:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, d / "state.pt")
         dist.barrier()  # nobody exits (or goes on) before the checkpoint is whole
 
+    def leave() -> None:
+        """Take the distributed runtime down while the interpreter is whole. Left to the interpreter's
+        teardown, DDP's reducer and gloo's work objects die with it, which once aborted a rank after the last
+        barrier ("terminate called without an active exception", exit -6) in dl2d's CI."""
+        nonlocal ddp
+        ddp = None
+        gc.collect()  # DDP's hooks hold the module in cycles: free the reducer now, not at exit
+        dist.destroy_process_group()
+
     stop = torch.zeros(1, dtype=torch.int32)
     while step < args.steps:
         stop.fill_(int(run.stop_requested))
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # the ranks agree on the step they stop at
         if stop.item():
             save(step)
-            dist.destroy_process_group()
+            leave()
             run.exit_checkpointed(step)
         idx = np.random.default_rng([args.seed, step + 1]).choice(len(xs), args.global_batch, replace=False)
         mine = torch.as_tensor(idx[c.rank * local:(c.rank + 1) * local])
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_seconds:
             time.sleep(args.step_seconds)
     save(step)
-    dist.destroy_process_group()
+    leave()
     if c.is_primary and args.params_out:
         np.savez(args.params_out, **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     run.finished(step)
