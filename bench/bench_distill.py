@@ -53,9 +53,12 @@ def setup_of(preset: str) -> TT.TrainSetup:
 
 def teacher_name(spec: dict) -> str:
     """The teacher's name in the meta and the cache: ``lp-plan-measured[-factor][-ib8]`` or
-    ``lp-plan-lookahead-c8-h3[-s4-k3][-ib8]`` (with local moves: starts, shrinks)."""
+    ``lp-plan-lookahead-c8-h3[-s4-k3[-g3][-r3]][-ib8]`` (with local moves: starts, shrinks, grows; rounds of
+    them)."""
     ib = f"-ib{spec['in_bucket']}" * bool(spec["in_bucket"])
     moves = f"-s{spec.get('starts', 0)}-k{spec.get('shrinks', 0)}" * bool(spec.get("starts") or spec.get("shrinks"))
+    moves += f"-g{spec.get('grows', 0)}" * bool(spec.get("grows"))
+    moves += f"-r{spec.get('move_rounds', 1)}" * (spec.get("move_rounds", 1) > 1)
     if spec["kind"] == "lookahead":
         return f"lp-plan-lookahead-c{spec['candidates']}-h{spec['horizon']}{moves}{ib}"
     return "lp-plan-measured" + "-factor" * spec["view_factor"] + ib
@@ -66,7 +69,8 @@ def make_teacher(spec: dict, cfg: E.SimConfig):
     if spec["kind"] == "lookahead":
         table = speed_table(cfg.speed_model)
         return lambda seed: Lookahead(table, spec["candidates"], spec["horizon"], None, seed, spec["in_bucket"],
-                                      spec.get("starts", 0), spec.get("shrinks", 0))
+                                      spec.get("starts", 0), spec.get("shrinks", 0), spec.get("grows", 0),
+                                      spec.get("move_rounds", 1))
     return lambda seed: on_measured_speeds(cfg, view_factor=spec["view_factor"], in_bucket=spec["in_bucket"])
 
 
@@ -143,6 +147,10 @@ def main() -> None:
                     help="the lookahead's local moves: start each of the first N jobs the planner leaves waiting")
     ap.add_argument("--shrinks", type=int, default=0,
                     help="the lookahead's local moves: each of the N jobs with the most tasks one size smaller")
+    ap.add_argument("--grows", type=int, default=0,
+                    help="the lookahead's local moves: each of the first N jobs the planner runs one size larger")
+    ap.add_argument("--move-rounds", type=int, default=1,
+                    help="the lookahead's local moves of its best move in turn, while one is better (at most N-1)")
     ap.add_argument("--in-bucket", type=int, default=0,
                     help="the teacher's program with the bound's in-bucket term, its tangent lines (0: without)")
     ap.add_argument("--traces", type=int, default=32, help="training traces per preset and round")
@@ -181,15 +189,18 @@ def main() -> None:
     scored = args.score_presets.split(",") if args.score_presets else presets
     for p in {*presets, *scored}:
         setup_of(p)
-    if args.candidates < 1 or args.horizon < 1 or min(args.in_bucket, args.starts, args.shrinks) < 0:
-        raise SystemExit("--candidates and --horizon must be at least 1, --in-bucket, --starts and --shrinks at least 0")
-    if (args.starts or args.shrinks) and args.teacher != "lookahead":
-        raise SystemExit("--starts and --shrinks are the lookahead's moves: add --teacher lookahead")
+    if (args.candidates < 1 or args.horizon < 1 or args.move_rounds < 1
+            or min(args.in_bucket, args.starts, args.shrinks, args.grows) < 0):
+        raise SystemExit("--candidates, --horizon and --move-rounds must be at least 1, --in-bucket, --starts, --shrinks "
+                         "and --grows at least 0")
+    if (args.starts or args.shrinks or args.grows or args.move_rounds > 1) and args.teacher != "lookahead":
+        raise SystemExit("--starts, --shrinks, --grows and --move-rounds are the lookahead's moves: "
+                         "add --teacher lookahead")
     if args.teacher == "lookahead" and args.view_factor:
         raise SystemExit("--view-factor is the planner's; the lookahead plans on the table as it stands")
     spec = {"kind": args.teacher, "candidates": args.candidates, "horizon": args.horizon,
             "in_bucket": args.in_bucket, "view_factor": args.view_factor, "starts": args.starts,
-            "shrinks": args.shrinks}
+            "shrinks": args.shrinks, "grows": args.grows, "move_rounds": args.move_rounds}
     if args.cache:
         os.makedirs(args.cache, exist_ok=True)
     HEURISTICS = [h for h in args.heuristics.split(",") if h]

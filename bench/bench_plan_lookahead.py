@@ -12,10 +12,12 @@ planner believes the table as it stands. ``--in-bucket 8``: the planner's progra
 with the bound's in-bucket term (dl2d.sim.lp_bound).
 
     python bench/bench_plan_lookahead.py --cluster testbed --jobs 30 --seeds 500-502 --candidates 8 --horizon 3
-        [--measured-factor | --view-factor] [--in-bucket 8] [--starts 4 --shrinks 3] [--out FILE.jsonl]
+        [--measured-factor | --view-factor] [--in-bucket 8] [--starts 4 --shrinks 3 [--grows 3] [--move-rounds 3]]
+        [--out FILE.jsonl]
 
-``--starts`` / ``--shrinks``: local moves of the planner's rounding as candidates too (lp_lookahead.local_moves);
-with ``--candidates 1`` they are the only ones, and the teacher is the same whatever the seed.
+``--starts`` / ``--shrinks`` / ``--grows``: local moves of the planner's rounding as candidates too
+(lp_lookahead.moves); with ``--candidates 1`` they are the only ones, and the teacher is the same whatever the seed.
+``--move-rounds``: moves of the best move in turn while one is better.
 
 Prints a JSON line per seed: the planner's average JCT (slots) and the lookahead's, the slots where a
 candidate beat the planner's own, and the seconds spent deciding.
@@ -48,12 +50,18 @@ def main() -> None:
                     help="local moves: start each of the first N jobs the planner leaves waiting (lp_lookahead.local_moves)")
     ap.add_argument("--shrinks", type=int, default=0,
                     help="local moves: each of the N jobs with the most tasks one size smaller")
+    ap.add_argument("--grows", type=int, default=0,
+                    help="local moves: each of the first N jobs the planner runs one size larger")
+    ap.add_argument("--move-rounds", type=int, default=1,
+                    help="local moves of the best move in turn, while one is better (at most N-1 times)")
     ap.add_argument("--in-bucket", type=int, default=0,
                     help="the program's in-bucket term, its tangent lines (dl2d.sim.lp_bound; 0: without it)")
     ap.add_argument("--out", default=None, help="append the JSON lines here too")
     args = ap.parse_args()
-    if args.candidates < 1 or args.horizon < 1 or min(args.in_bucket, args.starts, args.shrinks) < 0:
-        raise SystemExit("--candidates and --horizon must be at least 1, --in-bucket, --starts and --shrinks at least 0")
+    if (args.candidates < 1 or args.horizon < 1 or args.move_rounds < 1
+            or min(args.in_bucket, args.starts, args.shrinks, args.grows) < 0):
+        raise SystemExit("--candidates, --horizon and --move-rounds must be at least 1, --in-bucket, --starts, --shrinks "
+                         "and --grows at least 0")
     if args.measured_factor and args.view_factor:
         raise SystemExit("--measured-factor and --view-factor are two sources of one estimate: name one")
     factor = "slots" if args.measured_factor else "view" if args.view_factor else None
@@ -64,12 +72,14 @@ def main() -> None:
         trace = TT.make_trace(setup, cfg, seed)
         row = {"cluster": args.cluster, "jobs": args.jobs, "seed": seed, "candidates": args.candidates,
                "horizon": args.horizon, "measured_factor": factor, "in_bucket": args.in_bucket,
-               **({"starts": args.starts, "shrinks": args.shrinks} if args.starts or args.shrinks else {})}
+               **({"starts": args.starts, "shrinks": args.shrinks} if args.starts or args.shrinks else {}),
+               **({"grows": args.grows} if args.grows else {}),
+               **({"move_rounds": args.move_rounds} if args.move_rounds > 1 else {})}
         if not args.no_planner:
             planner = LP.on_measured_speeds(cfg, in_bucket=args.in_bucket)
             row["planner"] = round(float(E.run(trace, planner, cfg, seed=seed).jct_slots.mean()), 3)
         policy = Lookahead(table, args.candidates, args.horizon, factor, seed, args.in_bucket, args.starts,
-                           args.shrinks)
+                           args.shrinks, args.grows, args.move_rounds)
         row["lookahead"] = round(float(E.run(trace, policy, cfg, seed=seed).jct_slots.mean()), 3)
         row.update(changed_slots=policy.changed, slots=policy.slots, decide_s=round(policy.seconds, 1))
         print(json.dumps(row), flush=True)

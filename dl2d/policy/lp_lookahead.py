@@ -75,34 +75,50 @@ def after_slot(view: SlotView, alloc: Allocation) -> tuple[SlotView | None, np.n
     return nxt, finished
 
 
-def local_moves(view: SlotView, p: LP.Plan, own: Allocation, starts: int, shrinks: int) -> list[Allocation]:
-    """Local moves of the planner's own rounding of plan ``p`` (lp_plan.own_rounding; ``own``, that rounding
-    carried out, lp_plan.first_slot): for each of the first ``starts`` jobs it leaves waiting (in its order), that
-    job placed first at its smallest size with a worker; for each of the ``shrinks`` jobs given the most tasks
-    (more than one), that job at its largest size with fewer tasks and a worker. Why: where the lookahead's random
-    roundings beat the planner's (`testbed`), they mostly start a long job at one worker with a task taken from the
-    shortest jobs' last ones (docs/BENCHMARKS.md); these moves try that on purpose, the same in every run of the
-    same slot."""
-    order, sizes = LP.own_rounding(p)
-    workers = np.asarray(own.workers)
-    tasks = workers + np.asarray(own.ps)
+def moves(view: SlotView, p: LP.Plan, order: list[int], sizes: np.ndarray, alloc: Allocation, starts: int,
+          shrinks: int, grows: int = 0) -> list[tuple[list[int], np.ndarray]]:
+    """Local moves of a rounding (``order``, ``sizes``) of plan ``p`` for :func:`lp_plan.carry_out` (``alloc``:
+    that rounding carried out), as (order, sizes) pairs: for each of the first ``starts`` jobs it leaves waiting
+    (in its order), that job placed first at its smallest size with a worker; for each of the ``shrinks`` jobs
+    given the most tasks (more than one), that job at its largest size with fewer tasks and a worker; for each of
+    the first ``grows`` jobs it runs (in its order), that job at its smallest size with more tasks. Why: where the
+    lookahead's random roundings beat the planner's (`testbed`), they mostly start a long job at one worker with a
+    task taken from the shortest jobs' last ones (docs/BENCHMARKS.md); these moves try that on purpose, the same
+    in every run of the same slot."""
+    workers = np.asarray(alloc.workers)
+    tasks = workers + np.asarray(alloc.ps)
     out = []
+
+    def resized(j: int, k: int) -> np.ndarray:
+        moved = sizes.copy()
+        moved[j] = k
+        return moved
+
     waiting = [j for j in order if workers[j] == 0 and len(p.options[j][2])]
     for k in waiting[:starts]:
         ps, w = p.options[k][0], p.options[k][1]
         ok = np.flatnonzero(w >= 1)
         if len(ok):
-            moved = sizes.copy()
-            moved[k] = int(ok[np.argmin((ps + w)[ok])])
-            out.append(LP.carry_out(view, [k] + [j for j in order if j != k], moved, p.options))
+            out.append(([k] + [j for j in order if j != k], resized(k, int(ok[np.argmin((ps + w)[ok])]))))
     for j in [int(j) for j in np.argsort(-tasks, kind="stable")[:shrinks] if tasks[j] > 1]:
         total = p.options[j][0] + p.options[j][1]
         smaller = np.flatnonzero((total < tasks[j]) & (p.options[j][1] >= 1))
         if len(smaller):
-            moved = sizes.copy()
-            moved[j] = int(smaller[np.argmax(total[smaller])])
-            out.append(LP.carry_out(view, order, moved, p.options))
+            out.append((order, resized(j, int(smaller[np.argmax(total[smaller])]))))
+    for j in [j for j in order if workers[j] > 0][:grows]:
+        total = p.options[j][0] + p.options[j][1]
+        larger = np.flatnonzero((total > tasks[j]) & (p.options[j][1] >= 1))
+        if len(larger):
+            out.append((order, resized(j, int(larger[np.argmin(total[larger])]))))
     return out
+
+
+def local_moves(view: SlotView, p: LP.Plan, own: Allocation, starts: int, shrinks: int,
+                grows: int = 0) -> list[Allocation]:
+    """:func:`moves` of the planner's own rounding of plan ``p`` (lp_plan.own_rounding; ``own``, that rounding
+    carried out, lp_plan.first_slot), carried out."""
+    order, sizes = LP.own_rounding(p)
+    return [LP.carry_out(view, o, s, p.options) for o, s in moves(view, p, order, sizes, own, starts, shrinks, grows)]
 
 
 #: where each job's speed factor comes from: none (the table as it stands), its slots so far, the view's
@@ -112,19 +128,20 @@ FACTORS = (None, "slots", "view")
 
 class Lookahead(IgnoresFeedback):
     """The policy of the module docstring, on the measured ``table`` (dl2d.workload.speed.speed_table), its
-    random roundings drawn from ``seed``."""
+    random roundings drawn from ``seed``. With ``rounds`` > 1, a slot whose best candidate is not the planner's
+    own tries the local moves of that best in turn, while one of them is better (at most ``rounds`` - 1 times)."""
 
     def __init__(self, table, candidates: int = 8, horizon: int = 3, factor: str | None = None, seed: int = 0,
-                 in_bucket: int = 8, starts: int = 0, shrinks: int = 0):
-        if candidates < 1 or horizon < 1 or in_bucket < 0:
-            raise ValueError(f"candidates and horizon must be at least 1 and in_bucket at least 0, got "
-                             f"{candidates}, {horizon}, {in_bucket}")
-        if starts < 0 or shrinks < 0:
-            raise ValueError(f"starts and shrinks must be at least 0, got {starts}, {shrinks}")
+                 in_bucket: int = 8, starts: int = 0, shrinks: int = 0, grows: int = 0, rounds: int = 1):
+        if candidates < 1 or horizon < 1 or in_bucket < 0 or rounds < 1:
+            raise ValueError(f"candidates, horizon and rounds must be at least 1 and in_bucket at least 0, got "
+                             f"{candidates}, {horizon}, {rounds}, {in_bucket}")
+        if min(starts, shrinks, grows) < 0:
+            raise ValueError(f"starts, shrinks and grows must be at least 0, got {starts}, {shrinks}, {grows}")
         if factor not in FACTORS:
             raise ValueError(f"factor must be one of {FACTORS}, got {factor!r}")
         self.table, self.candidates, self.horizon, self.in_bucket = table, candidates, horizon, in_bucket
-        self.starts, self.shrinks = starts, shrinks
+        self.starts, self.shrinks, self.grows, self.rounds = starts, shrinks, grows, rounds
         self.factor = {None: None, "slots": MeasuredFactor(table), "view": LP.view_speed_factor}[factor]
         self.rng = np.random.default_rng(seed)
         self.name, self.changed, self.slots, self.seconds = "lp-plan-lookahead", 0, 0, 0.0
@@ -133,7 +150,7 @@ class Lookahead(IgnoresFeedback):
         t0 = time.perf_counter()
         view = LP.measured_view(view, self.table, self.factor(view) if self.factor else None)
         p = LP.plan(view, in_bucket=self.in_bucket)
-        candidates = [LP.first_slot(view, p)]
+        roundings = [LP.own_rounding(p)]
         for _ in range(self.candidates - 1):
             sizes = np.full(len(view), -1)
             for j, share in enumerate(p.first_share):
@@ -143,14 +160,34 @@ class Lookahead(IgnoresFeedback):
                     sizes[j] = k if k < len(share) else -1
             jitter = p.alpha + self.rng.uniform(0, 2 * view.slot_seconds, len(view))
             order = np.lexsort((jitter, sizes < 0))
-            candidates.append(LP.carry_out(view, [int(j) for j in order], np.where(sizes >= 0, sizes, p.most),
-                                           p.options))
-        candidates += local_moves(view, p, candidates[0], self.starts, self.shrinks)
-        best = int(np.argmin([self.value(view, a) for a in candidates]))
-        self.changed += best != 0
+            roundings.append(([int(j) for j in order], np.where(sizes >= 0, sizes, p.most)))
+        seen: set[bytes] = set()
+
+        def scored(pairs):  # (value, order, sizes, allocation) of each pair whose allocation is new
+            out = []
+            for order, sizes in pairs:
+                a = LP.carry_out(view, order, sizes, p.options)
+                key = np.concatenate([a.workers, a.ps]).astype(np.int64).tobytes()
+                if key not in seen:
+                    seen.add(key)
+                    out.append((self.value(view, a), order, sizes, a))
+            return out
+
+        own = scored(roundings[:1])[0]
+        pool = [own] + scored(roundings[1:])
+        pool += scored(moves(view, p, *own[1:], self.starts, self.shrinks, self.grows))
+        best = min(pool, key=lambda c: c[0])
+        for _ in range(self.rounds - 1):
+            if best is own:
+                break
+            around = scored(moves(view, p, *best[1:], self.starts, self.shrinks, self.grows))
+            if not around or min(c[0] for c in around) >= best[0]:
+                break
+            best = min(around, key=lambda c: c[0])
+        self.changed += best is not own
         self.slots += 1
         self.seconds += time.perf_counter() - t0
-        return candidates[best]
+        return best[3]
 
     def value(self, view: SlotView, alloc: Allocation) -> float:
         """The sum over the view's jobs of their completion times (seconds from now): ``alloc``, then the

@@ -80,7 +80,7 @@ def test_more_candidates_are_drawn_from_the_seed_and_bad_settings_are_refused():
             Lookahead(table, **bad)
 
 
-def test_local_moves_start_a_waiting_job_first_and_shrink_the_largest_the_same_whatever_the_seed():
+def test_local_moves_start_a_waiting_job_first_shrink_the_largest_grow_the_first_the_same_whatever_the_seed():
     view = make_view(["resnet-50", "vgg-16", "seq2seq", "resnet-50"], servers=2, est=[40.0, 5.0, 20.0, 60.0],
                      max_workers=8, max_ps=8)
     p = plan(view)
@@ -96,16 +96,21 @@ def test_local_moves_start_a_waiting_job_first_and_shrink_the_largest_the_same_w
     big = int(np.argmax(tasks))
     assert 1 <= shrunk.workers[big] + shrunk.ps[big] < tasks[big]
     assert local_moves(view, p, own, 0, 0) == []
+    (grown,) = local_moves(view, p, own, 0, 0, grows=1)
+    lead = next(j for j in sorted(range(len(view)), key=lambda j: (p.now[j] < 0, p.alpha[j])) if own.workers[j])
+    assert grown.workers[lead] + grown.ps[lead] > tasks[lead]  # the first job it runs, one size larger
     # as candidates of the lookahead they are drawn from nothing: two seeds give one run
     tr = TR.generate(TR.TraceConfig(num_jobs=6), seed=3)
     cfg = E.SimConfig(cluster=preset("tiny"), max_workers=8, max_ps=8)
     table = speed_table(cfg.speed_model)
-    runs = [Lookahead(table, 1, 2, None, seed, 0, starts=2, shrinks=2) for seed in (1, 2)]
+    runs = [Lookahead(table, 1, 2, None, seed, 0, starts=2, shrinks=2, grows=1, rounds=3) for seed in (1, 2)]
     jcts = [E.run(tr, look, cfg, seed=3).jct_slots for look in runs]
     np.testing.assert_array_equal(jcts[0], jcts[1])
     planner = E.run(tr, on_measured_speeds(cfg), cfg, seed=3).jct_slots
     assert runs[0].slots > 3
     # the planner's own rounding is a candidate: a move is taken only where it scores better
     assert runs[0].changed == 0 or not np.allclose(jcts[0], planner)
-    with pytest.raises(ValueError, match="starts and shrinks"):
+    with pytest.raises(ValueError, match="starts, shrinks and grows"):
         Lookahead(table, starts=-1)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        Lookahead(table, rounds=0)
