@@ -191,8 +191,8 @@ def main() -> None:
         setup_of(p)
     if (args.candidates < 1 or args.horizon < 1 or args.move_rounds < 1
             or min(args.in_bucket, args.starts, args.shrinks, args.grows) < 0):
-        raise SystemExit("--candidates, --horizon and --move-rounds must be at least 1, --in-bucket, --starts, --shrinks "
-                         "and --grows at least 0")
+        raise SystemExit("--candidates, --horizon and --move-rounds must be at least 1, "
+                         "--in-bucket, --starts, --shrinks and --grows at least 0")
     if (args.starts or args.shrinks or args.grows or args.move_rounds > 1) and args.teacher != "lookahead":
         raise SystemExit("--starts, --shrinks, --grows and --move-rounds are the lookahead's moves: "
                          "add --teacher lookahead")

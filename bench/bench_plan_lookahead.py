@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--view-factor", action="store_true", help="each job's speed: the view's job_speed_factor")
     ap.add_argument("--no-planner", action="store_true", help="skip the planner's own run")
     ap.add_argument("--starts", type=int, default=0,
-                    help="local moves: start each of the first N jobs the planner leaves waiting (lp_lookahead.local_moves)")
+                    help="local moves: start each of the first N jobs the planner leaves waiting (lp_lookahead.moves)")
     ap.add_argument("--shrinks", type=int, default=0,
                     help="local moves: each of the N jobs with the most tasks one size smaller")
     ap.add_argument("--grows", type=int, default=0,
@@ -60,8 +60,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.candidates < 1 or args.horizon < 1 or args.move_rounds < 1
             or min(args.in_bucket, args.starts, args.shrinks, args.grows) < 0):
-        raise SystemExit("--candidates, --horizon and --move-rounds must be at least 1, --in-bucket, --starts, --shrinks "
-                         "and --grows at least 0")
+        raise SystemExit("--candidates, --horizon and --move-rounds must be at least 1, "
+                         "--in-bucket, --starts, --shrinks and --grows at least 0")
     if args.measured_factor and args.view_factor:
         raise SystemExit("--measured-factor and --view-factor are two sources of one estimate: name one")
     factor = "slots" if args.measured_factor else "view" if args.view_factor else None

@@ -77,8 +77,8 @@ def after_slot(view: SlotView, alloc: Allocation) -> tuple[SlotView | None, np.n
     return nxt, finished
 
 
-def moves(view: SlotView, p: LP.Plan, order: list[int], sizes: np.ndarray, alloc: Allocation, starts: int,
-          shrinks: int, grows: int = 0) -> list[tuple[list[int], np.ndarray]]:
+def moves(p: LP.Plan, order: list[int], sizes: np.ndarray, alloc: Allocation, starts: int, shrinks: int,
+          grows: int = 0) -> list[tuple[list[int], np.ndarray]]:
     """Local moves of a rounding (``order``, ``sizes``) of plan ``p`` for :func:`lp_plan.carry_out` (``alloc``:
     that rounding carried out), as (order, sizes) pairs: for each of the first ``starts`` jobs it leaves waiting
     (in its order), that job placed first at its smallest size with a worker; for each of the ``shrinks`` jobs
@@ -113,14 +113,6 @@ def moves(view: SlotView, p: LP.Plan, order: list[int], sizes: np.ndarray, alloc
         if len(larger):
             out.append((order, resized(j, int(larger[np.argmin(total[larger])]))))
     return out
-
-
-def local_moves(view: SlotView, p: LP.Plan, own: Allocation, starts: int, shrinks: int,
-                grows: int = 0) -> list[Allocation]:
-    """:func:`moves` of the planner's own rounding of plan ``p`` (lp_plan.own_rounding; ``own``, that rounding
-    carried out, lp_plan.first_slot), carried out."""
-    order, sizes = LP.own_rounding(p)
-    return [LP.carry_out(view, o, s, p.options) for o, s in moves(view, p, order, sizes, own, starts, shrinks, grows)]
 
 
 #: where each job's speed factor comes from: none (the table as it stands), its slots so far, the view's
@@ -177,15 +169,16 @@ class Lookahead(IgnoresFeedback):
 
         own = scored(roundings[:1])[0]
         pool = [own] + scored(roundings[1:])
-        pool += scored(moves(view, p, *own[1:], self.starts, self.shrinks, self.grows))
+        pool += scored(moves(p, *own[1:], self.starts, self.shrinks, self.grows))
         best = min(pool, key=lambda c: c[0])
         for _ in range(self.rounds - 1):
             if best is own:
                 break
-            around = scored(moves(view, p, *best[1:], self.starts, self.shrinks, self.grows))
-            if not around or min(c[0] for c in around) >= best[0]:
+            better = min(scored(moves(p, *best[1:], self.starts, self.shrinks, self.grows)), key=lambda c: c[0],
+                         default=None)
+            if better is None or better[0] >= best[0]:
                 break
-            best = min(around, key=lambda c: c[0])
+            best = better
         self.changed += best is not own
         self.slots += 1
         self.seconds += time.perf_counter() - t0

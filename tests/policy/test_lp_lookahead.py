@@ -9,8 +9,8 @@ from testkit.sim import make_view
 
 from dl2d.policy import plan_distill as D
 from dl2d.policy import target as T
-from dl2d.policy.lp_lookahead import Lookahead, after_slot, local_moves
-from dl2d.policy.lp_plan import first_slot, lp_plan, on_measured_speeds, plan
+from dl2d.policy.lp_lookahead import Lookahead, after_slot, moves
+from dl2d.policy.lp_plan import carry_out, first_slot, lp_plan, on_measured_speeds, own_rounding, plan
 from dl2d.sim import engine as E
 from dl2d.sim import trace as TR
 from dl2d.sim.cluster import ClusterSpec, preset
@@ -85,18 +85,22 @@ def test_local_moves_start_a_waiting_job_first_shrink_the_largest_grow_the_first
                      max_workers=8, max_ps=8)
     p = plan(view)
     own = first_slot(view, p)
+
+    def local_moves(starts, shrinks, grows=0):  # the moves of the planner's own rounding, carried out
+        return [carry_out(view, o, s, p.options) for o, s in moves(p, *own_rounding(p), own, starts, shrinks, grows)]
+
     waiting = [j for j in range(len(view)) if own.workers[j] == 0]
     tasks = np.asarray(own.workers) + np.asarray(own.ps)
     assert waiting and tasks.max() > 1  # the case is one where both kinds of move apply
-    moves = local_moves(view, p, own, starts=1, shrinks=1)
-    assert len(moves) == 2
-    started, shrunk = moves
+    found = local_moves(starts=1, shrinks=1)
+    assert len(found) == 2
+    started, shrunk = found
     first = min(waiting, key=lambda j: (p.now[j] >= 0, p.alpha[j]))  # the first waiting job in the plan's order
     assert started.workers[first] >= 1
     big = int(np.argmax(tasks))
     assert 1 <= shrunk.workers[big] + shrunk.ps[big] < tasks[big]
-    assert local_moves(view, p, own, 0, 0) == []
-    (grown,) = local_moves(view, p, own, 0, 0, grows=1)
+    assert local_moves(0, 0) == []
+    (grown,) = local_moves(0, 0, grows=1)
     lead = next(j for j in sorted(range(len(view)), key=lambda j: (p.now[j] < 0, p.alpha[j])) if own.workers[j])
     assert grown.workers[lead] + grown.ps[lead] > tasks[lead]  # the first job it runs, one size larger
     # as candidates of the lookahead they are drawn from nothing: two seeds give one run
