@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dl2d.policy import learned_speeds as LS
 from dl2d.policy import lp_plan as LP
 from dl2d.policy import target_train as TT
 from dl2d.policy.lp_lookahead import Lookahead
@@ -56,6 +57,9 @@ def main() -> None:
                     help="local moves of the best move in turn, while one is better (at most N-1 times)")
     ap.add_argument("--in-bucket", type=int, default=0,
                     help="the program's in-bucket term, its tangent lines (dl2d.sim.lp_bound; 0: without it)")
+    ap.add_argument("--table", default=None,
+                    help="plan on this learned table (dl2d.policy.learned_speeds; 'shipped': the package's) instead "
+                         "of the measured one; the planner's run too")
     ap.add_argument("--out", default=None, help="append the JSON lines here too")
     args = ap.parse_args()
     if (args.candidates < 1 or args.horizon < 1 or args.move_rounds < 1
@@ -68,15 +72,21 @@ def main() -> None:
     setup = TT.TrainSetup(world="dl2", cluster=args.cluster, jobs=args.jobs)
     cfg = TT.sim_config(setup)
     table = speed_table(cfg.speed_model)
+    if args.table:
+        try:
+            table = LS.load(LS.SHIPPED if args.table == "shipped" else args.table)[0]
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     for seed in seed_range(args.seeds):
         trace = TT.make_trace(setup, cfg, seed)
         row = {"cluster": args.cluster, "jobs": args.jobs, "seed": seed, "candidates": args.candidates,
                "horizon": args.horizon, "measured_factor": factor, "in_bucket": args.in_bucket,
+               **({"table": args.table} if args.table else {}),
                **({"starts": args.starts, "shrinks": args.shrinks} if args.starts or args.shrinks else {}),
                **({"grows": args.grows} if args.grows else {}),
                **({"move_rounds": args.move_rounds} if args.move_rounds > 1 else {})}
         if not args.no_planner:
-            planner = LP.on_measured_speeds(cfg, in_bucket=args.in_bucket)
+            planner = LP.on_table(table, in_bucket=args.in_bucket)
             row["planner"] = round(float(E.run(trace, planner, cfg, seed=seed).jct_slots.mean()), 3)
         policy = Lookahead(table, args.candidates, args.horizon, factor, seed, args.in_bucket, args.starts,
                            args.shrinks, args.grows, args.move_rounds)

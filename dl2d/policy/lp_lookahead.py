@@ -1,7 +1,8 @@
-"""A one-slot lookahead over roundings of the planner's first slot (dl2d.policy.lp_plan), on the measured speeds:
-a teacher for the target-size network in the DL2 world (bench/bench_distill.py ``--teacher lookahead``) and the
-subject of bench/bench_plan_lookahead.py. Like the planner on the measured speeds it reads what no scheduler
-has, so it is a teacher and a reference, never a registered policy.
+"""A one-slot lookahead over roundings of the planner's first slot (dl2d.policy.lp_plan), on a speed table. On the
+simulator's measured table, which no scheduler reads, it is a teacher for the target-size network in the DL2
+world (bench/bench_distill.py ``--teacher lookahead``) and the subject of bench/bench_plan_lookahead.py; on a
+table learned from what jobs trained (dl2d.policy.learned_speeds), with the settings :data:`REGISTERED`, it is
+the registered policy ``lp-lookahead``.
 
 Why: the planner rounds its program's first bucket to one size a job (the size it spends most of the bucket at,
 in alpha-point order). Where the program time-shares the first slot between jobs, that rounding can be a poor
@@ -33,8 +34,10 @@ from dataclasses import replace
 import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
+from dl2d.policy import learned_speeds as LS
 from dl2d.policy import lp_plan as LP
-from dl2d.policy.registry import IgnoresFeedback
+from dl2d.policy.optimus import FittedOptimus
+from dl2d.policy.registry import IgnoresFeedback, PolicyEntry, register
 from dl2d.sim.bound import ps_rates
 
 
@@ -196,3 +199,22 @@ class Lookahead(IgnoresFeedback):
             if h + 1 < self.horizon:
                 alloc = LP.lp_plan(v, in_bucket=self.in_bucket)
         return total + len(v) * self.horizon * view.slot_seconds + LP.plan(v, in_bucket=self.in_bucket).value
+
+
+#: The registered policy's settings: the wider local moves alone (no random rounding: the same slot gets the
+#: same decision), 3 slots simulated, the program with the in-bucket term (docs/BENCHMARKS.md, stops 44-45).
+REGISTERED = {"candidates": 1, "horizon": 3, "in_bucket": 8, "starts": 4, "shrinks": 3, "grows": 3, "rounds": 3}
+
+
+def on_learned_speeds(path=None) -> FittedOptimus:
+    """The lookahead (:data:`REGISTERED`) on a learned speed table (dl2d.policy.learned_speeds; the package's by
+    default) for PS jobs; all-reduce jobs, and PS jobs of a type the table lacks, on the fitted Optimus's
+    speeds, as the registered ``lp-plan``."""
+    table = LS.load(LS.SHIPPED if path is None else path)[0]
+    return FittedOptimus(rule=Lookahead(table, **REGISTERED), name="lp-lookahead")
+
+
+register(PolicyEntry("lp-lookahead", "plans every slot with the JCT bound's program on a speed table learned from "
+                     "simulated runs (dl2d.policy.learned_speeds), then tries local moves of that plan, each scored by "
+                     "3 slots simulated on the table; seconds a slot at tens of jobs",
+                     lambda options: on_learned_speeds(), trained_by="python bench/bench_learned_speeds.py"))

@@ -141,14 +141,18 @@ def carry_out(view: SlotView, order: list[int], sizes: np.ndarray, options: list
 
 
 def measured_view(view: SlotView, table: np.ndarray, factor: np.ndarray | None = None) -> SlotView:
-    """The view with every PS job's believed speeds replaced by its type's row of the speed ``table`` the
-    simulator trains with, times ``factor`` [jobs] where given (an estimate of each job's own speed against the
-    table); all-reduce jobs keep theirs (their measured curve already)."""
+    """The view with every PS job's believed speeds replaced by its type's row of the speed ``table`` (the one the
+    simulator trains with, or one learned: dl2d.policy.learned_speeds), times ``factor`` [jobs] where given (an
+    estimate of each job's own speed against the table); all-reduce jobs keep theirs (their measured curve
+    already), and so does a PS job of a type the table has no speed for."""
     from dl2d.sim.bound import ps_rates
 
     est = np.array(view.est_speed, float, copy=True)
     for j in np.flatnonzero(~np.asarray(view.allreduce)):
-        est[j] = ps_rates(int(view.type_idx[j]), table, view.max_ps, view.max_workers)
+        t = int(view.type_idx[j])
+        if not 0 <= t < len(table) or not table[t].any():  # a type the table does not know: the view's belief
+            continue
+        est[j] = ps_rates(t, table, view.max_ps, view.max_workers)
         if factor is not None:
             est[j] *= factor[j]
     return replace(view, est_speed=est)
@@ -164,12 +168,18 @@ def on_measured_speeds(cfg, view_factor: bool = False, in_bucket: int = 0) -> St
     against 34.275 on validation traces 500-502; better on 6 of the 8)."""
     from dl2d.workload.speed import speed_table
 
-    table = speed_table(cfg.speed_model)
+    return on_table(speed_table(cfg.speed_model), view_factor, in_bucket)
+
+
+def on_table(table: np.ndarray, view_factor: bool = False, in_bucket: int = 0,
+             name: str = "lp-plan-measured") -> StatelessPolicy:
+    """The planner on a speed ``table`` [types, PS, workers] for PS jobs (:func:`measured_view`): the simulator's
+    own (:func:`on_measured_speeds`) or one learned from observations (dl2d.policy.learned_speeds); with
+    ``view_factor`` as :func:`on_measured_speeds` says (its name then ends in ``-factor``)."""
     if not view_factor:
-        return StatelessPolicy(lambda view: lp_plan(measured_view(view, table), in_bucket=in_bucket),
-                               "lp-plan-measured")
+        return StatelessPolicy(lambda view: lp_plan(measured_view(view, table), in_bucket=in_bucket), name)
     return StatelessPolicy(lambda view: lp_plan(measured_view(view, table, view_speed_factor(view)),
-                                                in_bucket=in_bucket), "lp-plan-measured-factor")
+                                                in_bucket=in_bucket), f"{name}-factor")
 
 
 def view_speed_factor(view: SlotView) -> np.ndarray:
