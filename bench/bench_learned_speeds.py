@@ -16,6 +16,7 @@ import argparse
 import json
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +50,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.traces < 1 or args.processes < 1 or args.jobs < 1:
         raise SystemExit("--traces, --jobs and --processes must be at least 1")
+    if not Path(args.out).resolve().parent.is_dir():
+        raise SystemExit(f"--out {args.out}: its folder does not exist")
     seeds = list(range(args.first_seed, args.first_seed + args.traces))
     if set(seeds) & (set(range(20)) | set(range(500, 505))):
         raise SystemExit("the seeds overlap the held-out traces 0-19 or the validation traces 500-504")
