@@ -24,7 +24,6 @@ from dl2d.policy import learned_speeds as LS
 from dl2d.policy import lp_plan as LP
 from dl2d.policy import target_train as TT
 from dl2d.sim import engine as E
-from dl2d.workload.jobtypes import JOB_TYPES
 from dl2d.workload.speed import speed_table
 
 
@@ -36,7 +35,7 @@ def _collect(args: tuple) -> LS.Observations:
     cluster, jobs, seeds = args
     setup = TT.TrainSetup(world="dl2", cluster=cluster, jobs=jobs)
     cfg = TT.sim_config(setup)
-    return LS.learn(cfg, [(seed, TT.make_trace(setup, cfg, seed)) for seed in seeds])[2]
+    return LS.observe(cfg, [(seed, TT.make_trace(setup, cfg, seed)) for seed in seeds])
 
 
 def main() -> None:
@@ -55,7 +54,8 @@ def main() -> None:
     seeds = list(range(args.first_seed, args.first_seed + args.traces))
     if set(seeds) & (set(range(20)) | set(range(500, 505))):
         raise SystemExit("the seeds overlap the held-out traces 0-19 or the validation traces 500-504")
-    TT.TrainSetup(world="dl2", cluster=args.cluster, jobs=args.jobs)  # a bad preset stops here
+    setup = TT.TrainSetup(world="dl2", cluster=args.cluster, jobs=args.jobs)  # a bad preset stops here
+    cfg = TT.sim_config(setup)
     t0 = time.perf_counter()
     per = -(-len(seeds) // 16)  # 16 chunks in seed order whatever the processes: the same file from any
     chunks = [seeds[i:i + per] for i in range(0, len(seeds), per)]
@@ -66,20 +66,18 @@ def main() -> None:
             print(f"chunk {i + 1}/{len(chunks)}: {len(part.rate)} observations, {time.perf_counter() - t0:.0f} s",
                   flush=True)
     obs = LS.Observations.concat(obs_parts)
-    cfg = TT.sim_config(TT.TrainSetup(world="dl2", cluster=args.cluster, jobs=args.jobs))
-    size = max(cfg.max_ps, cfg.max_workers) + 1
-    table, counts = LS.fit_table(obs, len(JOB_TYPES), size)
+    table, counts = LS.fit_for(cfg, obs)
+    size = table.shape[1]
     command = (f"python bench/bench_learned_speeds.py --cluster {args.cluster} --jobs {args.jobs} --traces "
                f"{args.traces} --first-seed {args.first_seed}")
     # what a test checks the shipped table against: the planner on it, on one validation trace (seconds)
-    setup = TT.TrainSetup(world="dl2", cluster=args.cluster, jobs=args.jobs)
     trace = TT.make_trace(setup, cfg, VALIDATION_SEED)
     jct = float(E.run(trace, LP.on_table(table, in_bucket=8), cfg, seed=VALIDATION_SEED).jct_slots.mean())
     LS.save(args.out, table, counts, {"world": "dl2", "cluster": args.cluster, "jobs": args.jobs,
                                        "seeds": [seeds[0], seeds[-1]], "observations": int(len(obs.rate)),
                                        "command": command,
-                                       "source": "fitted from simulated runs of the DL2 world, whose speeds are the DL2 "
-                                                 "authors' testbed measurements (dl2d/workload/data)",
+                                       "source": "fitted from simulated runs of the DL2 world, whose speeds are "
+                                                 "the DL2 authors' testbed measurements (dl2d/workload/data)",
                                        "validation": {"policy": "lp-plan on this table, in_bucket 8",
                                                       "seed": VALIDATION_SEED, "jct_slots": round(jct, 4)}})
     true = speed_table(cfg.speed_model)[:, :size, :size]

@@ -28,14 +28,15 @@ def main() -> None:
     table = LS.load()[0]
     for jobs in args.jobs:
         trace = generate(TraceConfig(num_jobs=jobs, max_arrivals_per_slot=jobs), seed=1)
-        cfg = E.SimConfig(cluster=preset("dl2" if jobs > 100 else "small"))
+        cluster = "dl2" if jobs > 100 else "small"
+        cfg = E.SimConfig(cluster=preset(cluster))
         state = replace(E.SimState.initial(len(trace)), slot=int(trace.arrival_slot.max()))
         view = LP.measured_view(E.view_of(trace, state, cfg), table)
         t0 = time.perf_counter()
         plan = LP.plan(view, in_bucket=8)
         t1 = time.perf_counter()
         LP.first_slot(view, plan)
-        print(json.dumps({"jobs": jobs, "active": len(view), "cluster": "dl2" if jobs > 100 else "small",
+        print(json.dumps({"jobs": jobs, "active": len(view), "cluster": cluster,
                           "solve_s": round(t1 - t0, 2), "rounding_s": round(time.perf_counter() - t1, 3)}), flush=True)
 
 

@@ -146,12 +146,10 @@ def fit_table(obs: Observations, num_types: int, size: int, iters: int = 30) -> 
     return table * np.where(per_type > 0, scale, 1.0)[:, None, None], count.reshape(num_types, size, size)
 
 
-def learn(cfg, traces, on_trace: Callable[[int, int, float], None] | None = None,
-          iters: int = 30) -> tuple[np.ndarray, np.ndarray, Observations]:
-    """The table learned from one :class:`Explorer` run per (seed, trace) of ``traces`` on the simulator ``cfg``
-    (a dl2d.sim.engine.SimConfig), and the observations. ``on_trace(seed, rows, seconds)`` after each."""
+def observe(cfg, traces, on_trace: Callable[[int, int, float], None] | None = None) -> Observations:
+    """The observations of one :class:`Explorer` run per (seed, trace) of ``traces`` on the simulator ``cfg`` (a
+    dl2d.sim.engine.SimConfig), in the order of ``traces``. ``on_trace(seed, rows, seconds)`` after each."""
     from dl2d.sim import engine as E
-    from dl2d.workload.jobtypes import JOB_TYPES
 
     if cfg.resize_overhead_s > 0:
         raise ValueError(f"resize_overhead_s is {cfg.resize_overhead_s}: restarts would count as slow speeds; "
@@ -164,9 +162,21 @@ def learn(cfg, traces, on_trace: Callable[[int, int, float], None] | None = None
         parts.append(rec.observations())
         if on_trace is not None:
             on_trace(seed, len(parts[-1].rate), time.perf_counter() - t0)
-    obs = Observations.concat(parts)
-    table, counts = fit_table(obs, len(JOB_TYPES), max(cfg.max_ps, cfg.max_workers) + 1, iters)
-    return table, counts, obs
+    return Observations.concat(parts)
+
+
+def fit_for(cfg, obs: Observations, iters: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit_table` of ``obs`` for every job type, as large as the simulator ``cfg``'s sizes."""
+    from dl2d.workload.jobtypes import JOB_TYPES
+
+    return fit_table(obs, len(JOB_TYPES), max(cfg.max_ps, cfg.max_workers) + 1, iters)
+
+
+def learn(cfg, traces, on_trace: Callable[[int, int, float], None] | None = None,
+          iters: int = 30) -> tuple[np.ndarray, np.ndarray, Observations]:
+    """(table, counts, observations): the table learned from :func:`observe`'s runs (same arguments)."""
+    obs = observe(cfg, traces, on_trace)
+    return (*fit_for(cfg, obs, iters), obs)
 
 
 def save(path, table: np.ndarray, counts: np.ndarray, meta: dict) -> None:
