@@ -146,23 +146,28 @@ def widen(tcfg: T.TargetConfig, params, **changes) -> tuple[T.TargetConfig, dict
     return new, out
 
 
-def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label):
-    """Mean cross-entropy of the network's pair on the active rows of a batch of slots."""
+def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label, departure_weight: float = 1.0):
+    """Mean cross-entropy of the network's pair on the active rows of a batch of slots; a row whose label is not
+    the teacher's pair in its features (a departure: dl2d.policy.plan_net learns them) weighs
+    ``departure_weight``, the others 1."""
     logits, _ = T.apply(tcfg, params, x, active, allreduce)
     nll = -T.chosen(jax.nn.log_softmax(logits), label)
     m = active.astype(nll.dtype)
+    if departure_weight != 1.0:
+        m = m * jnp.where(label != T.features_teacher(tcfg, x), departure_weight, 1.0)
     return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 @functools.lru_cache(maxsize=8)
-def fit_step(tcfg: T.TargetConfig, lr: float):
-    """The optimiser and its jitted step for ``tcfg`` and ``lr``, built once: every round of a training (and every
-    test) that fits the same network shape reuses the compiled step instead of compiling it again."""
+def fit_step(tcfg: T.TargetConfig, lr: float, departure_weight: float = 1.0):
+    """The optimiser and its jitted step for ``tcfg``, ``lr`` and ``departure_weight`` (:func:`loss_fn`), built
+    once: every round of a training (and every test) that fits the same network shape reuses the compiled step
+    instead of compiling it again."""
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(lr))
 
     @jax.jit
     def step(params, state, x, a, ar, y):
-        loss, grad = jax.value_and_grad(lambda p: loss_fn(tcfg, p, x, a, ar, y))(params)
+        loss, grad = jax.value_and_grad(lambda p: loss_fn(tcfg, p, x, a, ar, y, departure_weight))(params)
         upd, state = opt.update(grad, state, params)
         return optax.apply_updates(params, upd), state, loss
 
@@ -170,10 +175,11 @@ def fit_step(tcfg: T.TargetConfig, lr: float):
 
 
 def fit(tcfg: T.TargetConfig, params, data: Samples, iters: int, lr: float = 1e-3, batch: int = 256,
-        seed: int = 0, on_iter: Callable[[int, float], None] | None = None):
-    """``iters`` Adam steps on minibatches of ``batch`` slots drawn from ``data``; the params and the last
-    loss."""
-    opt, step = fit_step(tcfg, lr)
+        seed: int = 0, on_iter: Callable[[int, float], None] | None = None, departure_weight: float = 1.0):
+    """``iters`` Adam steps on minibatches of ``batch`` slots drawn from ``data`` (:func:`loss_fn`); the params and
+    the last loss."""
+    # fit_step(tcfg, lr) when unweighted: the same cache entry as a caller's that names no weight
+    opt, step = fit_step(tcfg, lr) if departure_weight == 1.0 else fit_step(tcfg, lr, float(departure_weight))
     state = opt.init(params)
     rng = np.random.default_rng(seed)
     loss = float("nan")

@@ -65,8 +65,10 @@ class TargetConfig:
 
     #: Each integer field's bounds: a checkpoint's config is checked against them before any network is built.
     BOUNDS = {"max_workers": (1, 64), "max_ps": (1, 64), "hidden": (1, 1024)}
-    #: The teachers' names (dl2d.policy.teachers.TEACHERS, which a test keeps equal).
-    TEACHERS = ("optimus", "optimus-relative", "elastic")
+    #: The teachers' names: the JAX heuristics of dl2d.policy.teachers.TEACHERS (a test keeps them equal), and
+    #: ``lp-plan``, the planner on a learned speed table, which no JAX function is: its pair comes in the
+    #: observation (dl2d.policy.plan_net), and with it the plan's columns and the relative head
+    TEACHERS = ("optimus", "optimus-relative", "elastic", "lp-plan")
 
     def __post_init__(self):
         for name, (lo, hi) in self.BOUNDS.items():
@@ -114,6 +116,22 @@ class TargetConfig:
     def feature_dim(self) -> int:
         return len(feature_columns(self))
 
+    @property
+    def reads_plan(self) -> bool:
+        """Whether the network reads the planner's plan (teacher ``lp-plan``): its pair as the teacher's, the
+        :data:`PLAN_COLUMNS`, and a head of :data:`RELATIVE_MOVES` from its pair."""
+        return self.teacher == "lp-plan"
+
+
+#: What a network with teacher ``lp-plan`` reads of the planner's program besides its pair, each job's: planned
+#: to run this slot (1/0), its place in the planner's order over the jobs, its share of the first bucket, its
+#: alpha point in slots (log1p). Observation keys: ``plan_now``, ``plan_pos``, ``plan_share``, ``plan_alpha``.
+PLAN_COLUMNS = ("now", "order", "share", "alpha")
+#: The relative head's moves from the planner's pair: (worker levels, PS levels) added to it. The lookahead's
+#: departures from the planner (dl2d.policy.lp_lookahead) are nearly all within them: a PS job's PS changed by up
+#: to 4 levels, a job started or resized by a level or two.
+RELATIVE_MOVES = tuple((dw, dp) for dw in range(-2, 3) for dp in range(-4, 5))
+
 
 # ------------------------------------------------------------------------------------------ features (pure)
 
@@ -123,6 +141,7 @@ def feature_columns(cfg: TargetConfig) -> list[tuple[str, int]]:
     lv, pl = cfg.levels, cfg.ps_levels
     return ([("scalar", i) for i in range(9)] + [("speed_factor", 0)] * cfg.speed_factor
             + [("efficiency", k) for k in lv] + [("speedup", k) for k in lv] + [("ps_gain", k) for k in pl]
+            + [("plan", i) for i in range(len(PLAN_COLUMNS)) if cfg.reads_plan]
             + [("teacher_workers", k) for k in lv] + [("teacher_ps", k) for k in pl])
 
 
@@ -135,7 +154,8 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     [J, Lp] with one worker and each PS level (PS jobs; all-reduce jobs: their one-worker speed),
     ``slot_seconds`` [], ``capacity_gpus`` [] the cluster's, ``optimus_workers``/``optimus_ps`` [J] what the
     best heuristic would give each job this slot (:func:`with_optimus`); with ``cfg.speed_factor``,
-    ``job_speed_factor`` [J] (NaN: not measured yet).
+    ``job_speed_factor`` [J] (NaN: not measured yet); with teacher ``lp-plan``, ``plan_pair`` [J] and the
+    :data:`PLAN_COLUMNS`' keys (dl2d.policy.plan_net.plan_obs).
     """
     act = obs["active"]
     c = jnp.maximum(obs["curves"], 0.0)
@@ -161,7 +181,11 @@ def job_features(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
     teacher = teacher_pairs(cfg, obs)  # the teacher's pair, one-hot: following it is easy to learn
     opt_w = jax.nn.one_hot(teacher // len(cfg.ps_levels), cfg.num_levels, dtype=c.dtype)
     opt_p = jax.nn.one_hot(teacher % len(cfg.ps_levels), len(cfg.ps_levels), dtype=c.dtype)
-    x = jnp.concatenate([jnp.stack(cols, axis=1), eff, speedup, ps_gain, opt_w, opt_p], axis=1)
+    blocks = [jnp.stack(cols, axis=1), eff, speedup, ps_gain]
+    if cfg.reads_plan:
+        blocks.append(jnp.stack([obs["plan_now"], obs["plan_pos"] / n_act, obs["plan_share"],
+                                 jnp.log1p(jnp.maximum(obs["plan_alpha"], 0.0))], axis=1).astype(c.dtype))
+    x = jnp.concatenate([*blocks, opt_w, opt_p], axis=1)
     return jnp.where(act[:, None], jnp.nan_to_num(x, posinf=50.0), 0.0)
 
 
@@ -196,9 +220,15 @@ def level_index(levels, counts) -> jnp.ndarray:
 
 
 def teacher_pairs(cfg: TargetConfig, obs: dict) -> jnp.ndarray:
-    """[J] the pair ``cfg.teacher`` gives each job this slot (dl2d.policy.teachers)."""
+    """[J] the pair ``cfg.teacher`` gives each job this slot (dl2d.policy.teachers; ``lp-plan``: the observation's
+    ``plan_pair``, which only dl2d.policy.plan_net computes, outside JAX)."""
     from dl2d.policy.teachers import teacher
 
+    if cfg.reads_plan:
+        if "plan_pair" not in obs:
+            raise ValueError("teacher lp-plan's pair is the planner's, solved outside JAX (dl2d.policy.plan_net."
+                             "plan_obs): this observation has none (the JAX environment cannot train such a network)")
+        return jnp.asarray(obs["plan_pair"], jnp.int32)
     return teacher(cfg.teacher)(cfg, obs)
 
 
@@ -245,7 +275,10 @@ class TargetNet(nn.Module):
 
     @nn.compact
     def __call__(self, x, active):
-        logits = nn.Dense(self.cfg.num_actions, name="logits")(_SetNet(self.cfg.hidden, name="actor")(x, active))
+        h = _SetNet(self.cfg.hidden, name="actor")(x, active)
+        logits = nn.Dense(self.cfg.num_actions, name="logits")(h)
+        if self.cfg.reads_plan:
+            logits = logits + relative_logits(self.cfg, nn.Dense(len(RELATIVE_MOVES), name="relative")(h), x)
         v = nn.Dense(1, name="value")(_SetNet(self.cfg.hidden, name="critic")(x, active))[:, 0]
         return logits, jnp.where(active, v, 0.0)
 
@@ -286,11 +319,30 @@ def teacher_one_hot(cfg: TargetConfig, x) -> jnp.ndarray:
     return (w[:, :, None] * p[:, None, :]).reshape(x.shape[0], nl * np_)
 
 
+def relative_logits(cfg: TargetConfig, moves, x) -> jnp.ndarray:
+    """[R, A] the relative head's logits ``moves`` [R, len(RELATIVE_MOVES)] put on the pairs they move the
+    teacher's pair (read from feature rows ``x`` [R, F]) to; a move off the levels adds to no pair. Why: a
+    departure from the planner ("one PS more", "start it at one worker") is one weight here for every pair the
+    planner may give, where the absolute logits must learn it pair by pair."""
+    nl, np_ = cfg.num_levels, len(cfg.ps_levels)
+    pair = features_teacher(cfg, x)
+    w, p = pair // np_, pair % np_
+    dw, dp = (jnp.asarray(d, jnp.int32) for d in zip(*RELATIVE_MOVES))
+    w2, p2 = w[:, None] + dw[None, :], p[:, None] + dp[None, :]  # [R, moves]
+    ok = (w2 >= 0) & (w2 < nl) & (p2 >= 0) & (p2 < np_)
+    to = jnp.clip(w2, 0, nl - 1) * np_ + jnp.clip(p2, 0, np_ - 1)
+    rows = jnp.broadcast_to(jnp.arange(x.shape[0])[:, None], to.shape)
+    return jnp.zeros((x.shape[0], cfg.num_actions), moves.dtype).at[rows, to].add(jnp.where(ok, moves, 0.0))
+
+
 def _heads(cfg: TargetConfig, params, forward, allreduce, x):
     """(logits [R, A], values [R]) of the actor's and critic's rows ``forward(set_params)``, an all-reduce job's
     pairs other than the first PS level closed (it has no PS: the pair means workers only); the teacher's pair
-    raised by ``cfg.prior`` (feature rows ``x`` [R, F])."""
-    logits = forward(params["actor"]) @ params["logits"]["kernel"] + params["logits"]["bias"]
+    raised by ``cfg.prior`` (feature rows ``x`` [R, F]); with teacher ``lp-plan``, the relative head added."""
+    h = forward(params["actor"])
+    logits = h @ params["logits"]["kernel"] + params["logits"]["bias"]
+    if cfg.reads_plan:
+        logits = logits + relative_logits(cfg, h @ params["relative"]["kernel"] + params["relative"]["bias"], x)
     if cfg.prior:
         logits = logits + cfg.prior * teacher_one_hot(cfg, x)
     v = (forward(params["critic"]) @ params["value"]["kernel"] + params["value"]["bias"])[:, 0]

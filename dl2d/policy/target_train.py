@@ -84,6 +84,9 @@ class TrainSetup:
             raise ValueError(f"plan_traces ({self.plan_traces}) is more than the training traces ({self.clusters})")
         world_named(self.world)  # a ValueError naming the worlds
         T.TargetConfig(teacher=self.teacher, prior=self.prior)  # a ValueError naming a bad teacher or prior
+        from dl2d.policy.teachers import teacher
+
+        teacher(self.teacher)  # the JAX heuristics only: lp-plan's pair is no JAX function (dl2d.policy.plan_net)
 
     def training_seeds(self) -> range:
         return range(self.seed, self.seed + self.clusters)

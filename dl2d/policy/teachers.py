@@ -92,7 +92,7 @@ def elastic(cfg: T.TargetConfig, obs: dict) -> jnp.ndarray:
     return _pairs(cfg, final, obs["allreduce"])
 
 
-TEACHERS: dict[str, Callable] = {"optimus": optimus, "optimus-relative": optimus_relative, "elastic": elastic}  # keys: T.TargetConfig.TEACHERS
+TEACHERS: dict[str, Callable] = {"optimus": optimus, "optimus-relative": optimus_relative, "elastic": elastic}  # keys: T.TargetConfig.TEACHERS but lp-plan
 
 
 def teacher(name: str) -> Callable:

@@ -44,11 +44,15 @@ def test_the_jax_elastic_gives_elastics_sizes_on_a_simulated_run():
 def test_an_unknown_teacher_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown teacher 'drf'; choices: optimus, optimus-relative, elastic"):
         TE.teacher("drf")
-    with pytest.raises(ValueError, match="teacher must be one of optimus, optimus-relative, elastic, got 'drf'"):
+    with pytest.raises(ValueError, match="teacher must be one of optimus, optimus-relative, elastic, lp-plan, got 'drf'"):
         T.TargetConfig(teacher="drf")
     with pytest.raises(ValueError, match="teacher must be one of"):
         TT.TrainSetup(teacher="drf")  # refused before any trace is built
-    assert tuple(TE.TEACHERS) == T.TargetConfig.TEACHERS
+    # the planner's pair is solved outside JAX (dl2d.policy.plan_net): a network may read it, the JAX training
+    # cannot learn from it
+    with pytest.raises(ValueError, match="unknown teacher 'lp-plan'; choices: optimus, optimus-relative, elastic"):
+        TT.TrainSetup(teacher="lp-plan")
+    assert tuple(TE.TEACHERS) + ("lp-plan",) == T.TargetConfig.TEACHERS
 
 
 def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_optimus(tmp_path):

@@ -1,0 +1,155 @@
+"""Train the network that reads the planner's plan (dl2d.policy.plan_net, ``dl2-plan``) in the DL2 world: the
+lookahead on the learned speed table (lp_lookahead.REGISTERED) drives training traces and labels every slot, the
+network starts as the planner (the shipped DL2 network's trunk, pair logits and relative head at 0, ``--prior``)
+and learns the lookahead's pairs, its departures from the planner weighing ``--departure-weight``; it is then
+run on the validation traces (500-504), the planner beside it, and, with ``--held-out``, on held-out ones.
+
+    python bench/bench_plan_net.py --train-seeds 2000-2023 --cache DIR --out FILE.msgpack
+
+Collecting is the long part (the lookahead: 4-15 minutes a `testbed` trace on the 2-core development CPU, in
+``--workers`` processes); ``--cache DIR`` keeps each trace's slots (npz, by seed and the table's digest) and reads
+them back, so a run that stops picks up where it was. Prints a JSON line per trace and one at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from dl2d.policy import learned_speeds as LS
+from dl2d.policy import plan_distill as D
+from dl2d.policy import plan_net as PN
+from dl2d.policy import target_train as TT
+from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
+
+from bench_plan import seed_range
+
+INIT = "dl2d/policy/pretrained/target-dl2.msgpack"
+
+
+def setup(cluster: str, jobs: int):
+    s = TT.TrainSetup(world="dl2", cluster=cluster, jobs=jobs)
+    return s, TT.sim_config(s)
+
+
+def collect_one(args) -> tuple[int, D.Samples, float, float]:
+    """One worker: (seed, its Samples, the lookahead's JCT, seconds), from the cache where it holds them."""
+    seed, cluster, jobs, tcfg_dict, table_path, cache = args
+    from dl2d.policy import target as T
+
+    tcfg = T.TargetConfig.from_dict(tcfg_dict)
+    table, _, meta = LS.load(table_path)
+    path = os.path.join(cache, f"{cluster}-{jobs}-lookahead-{meta['sha256'][:12]}-s{seed}.npz") if cache else None
+    if path and os.path.exists(path):
+        z = np.load(path)
+        return seed, D.Samples(z["x"], z["active"], z["allreduce"], z["label"]), float(z["jct"]), 0.0
+    s, cfg = setup(cluster, jobs)
+    data, jct, secs = PN.collect(tcfg, cfg, TT.make_trace(s, cfg, seed), seed, table)
+    if path:
+        tmp = path + ".tmp.npz"
+        np.savez_compressed(tmp, x=data.x, active=data.active, allreduce=data.allreduce, label=data.label, jct=jct)
+        os.replace(tmp, path)
+    return seed, data, jct, secs
+
+
+def run_policy(policy, cluster: str, jobs: int, seed: int) -> float:
+    from dl2d.sim import engine as E
+
+    s, cfg = setup(cluster, jobs)
+    return float(E.run(TT.make_trace(s, cfg, seed), policy, cfg, seed=seed).jct_slots.mean())
+
+
+def score(tcfg, params, table, cluster, jobs, seeds, planner: bool) -> list[dict]:
+    from dl2d.policy import lp_plan as LP
+
+    rows = []
+    for seed in seeds:
+        pol = PN.PlanNetPolicy(tcfg, params, table)
+        t0 = time.perf_counter()
+        row = {"seed": seed, "network": round(run_policy(pol, cluster, jobs, seed), 3),
+               "departures": round(pol.departures / max(pol.jobs, 1), 4), "seconds": round(time.perf_counter() - t0, 1)}
+        if planner:
+            row["planner"] = round(run_policy(LP.on_table(table, in_bucket=PN.IN_BUCKET), cluster, jobs, seed), 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", default="testbed")
+    ap.add_argument("--jobs", type=int, default=30)
+    ap.add_argument("--train-seeds", default="2000-2023", help="training traces' seeds, LO-HI[,LO-HI...]")
+    ap.add_argument("--validation", default="500-504", help="validation seeds, LO-HI")
+    ap.add_argument("--held-out", default=None, help="held-out seeds, LO-HI, scored after training")
+    ap.add_argument("--table", default=None, help="the learned speed table (default: the package's)")
+    ap.add_argument("--init", default=INIT, help="the trained target network whose trunk it starts from")
+    ap.add_argument("--prior", type=float, default=3.0)
+    ap.add_argument("--departure-weight", type=float, default=3.0)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cache", default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    try:
+        seeds = [s for part in args.train_seeds.split(",") for s in seed_range(part)]
+    except ValueError:
+        raise SystemExit(f"--train-seeds: LO-HI[,LO-HI...], got {args.train_seeds!r}") from None
+    if not seeds or set(seeds) & (set(range(20)) | set(seed_range(args.validation))):
+        raise SystemExit("--train-seeds must be some seeds, none of them held out (0-19) or validation")
+    if args.iters < 1 or args.workers < 1 or args.batch < 1:
+        raise SystemExit("--iters, --workers and --batch must be at least 1")
+    if not 0 <= args.prior <= 50 or args.departure_weight <= 0:
+        raise SystemExit("--prior must be in [0, 50], --departure-weight above 0")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise SystemExit(f"--out: folder {out_dir} does not exist")
+    if args.cache:
+        os.makedirs(args.cache, exist_ok=True)
+    table_path = args.table or str(LS.SHIPPED)
+    try:
+        table, _, table_meta = LS.load(table_path)
+        init = load_target(args.init)
+    except Exception as e:  # noqa: BLE001 - a bad file stops the run, named
+        raise SystemExit(str(e)) from None
+    tcfg, params = PN.start_from(init.config, init.params, args.prior)
+
+    work = [(s, args.cluster, args.jobs, tcfg.to_dict(), table_path, args.cache) for s in seeds]
+    parts, t0 = {}, time.perf_counter()
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        for seed, data, jct, secs in pool.map(collect_one, work):
+            parts[seed] = data
+            print(json.dumps({"collected": seed, "slots": len(data), "lookahead": round(jct, 3),
+                              "seconds": round(secs, 1)}), flush=True)
+    data = D.Samples.concat([parts[s] for s in seeds])
+    print(json.dumps({"slots": len(data), "collect_s": round(time.perf_counter() - t0, 1)}), flush=True)
+
+    params, loss = D.fit(tcfg, params, data, args.iters, lr=args.lr, batch=args.batch,
+                         departure_weight=args.departure_weight)
+    validation = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.validation), True)
+    mean = lambda rows, k: round(float(np.mean([r[k] for r in rows])), 3)
+    meta = {"world": "dl2", "cluster": args.cluster, "jobs": args.jobs, "teacher": "lp-lookahead",
+            "method": "distilled: the lookahead's pairs on its own runs, departures from the planner weighted",
+            "command": "python " + " ".join("CACHE" if args.cache and a == args.cache else a for a in sys.argv), "table_sha256": table_meta["sha256"],
+            "init": args.init, "train_seeds": seeds, "slots": len(data), "loss": round(loss, 4),
+            "validation_seeds": [r["seed"] for r in validation],
+            "validation_jct": [r["network"] for r in validation], "validation_jct_mean": mean(validation, "network"),
+            "planner_validation_jct_mean": mean(validation, "planner")}
+    save_target(args.out, TargetCheckpoint(tcfg, params, meta))
+    summary = {k: meta[k] for k in ("validation_jct_mean", "planner_validation_jct_mean")}
+    if args.held_out:  # the network alone (the planner's held-out JCTs: bench_plan_lookahead.py --table)
+        held = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.held_out), False)
+        summary["held_out_mean"] = mean(held, "network")
+    print(json.dumps({"out": args.out, **summary}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

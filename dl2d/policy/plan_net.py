@@ -1,0 +1,216 @@
+"""The target-size network that reads the planner's plan (teacher ``lp-plan``): registered as ``dl2-plan``.
+
+Why: on `testbed` the network distilled from the planner came within 0.5 % of it, and the planner is 3.7 % above
+the LP bound; the lookahead over the planner's rounding (dl2d.policy.lp_lookahead) is 2.8 %, but every network
+distilled from it lost its gain, because departing from the planner had to be learned together with the planner
+itself, whose 12-14 % of disagreements swamped the departures (docs/BENCHMARKS.md, stops 39, 42-44). Once the
+speed table is learned from observation (dl2d.policy.learned_speeds) the planner on it is something a scheduler
+can run, so the network may read its plan: each job's planned pair as its teacher's (one-hot, raised by
+``prior``: where the network learned nothing it does what the planner does), the plan's columns
+(dl2d.policy.target.PLAN_COLUMNS) and a relative head, whose logits are moves of the planner's pair ("one PS
+more", "start it at one worker": dl2d.policy.target.RELATIVE_MOVES). It learns only when to depart, from the
+lookahead's choices on training traces (:func:`collect`, :func:`start_from`; plan_distill.fit with a weight on
+the departures), and decides with one program solve a slot (30 ms at the median `testbed` slot; the planner's
+cost, not the network's, grows with the jobs: dl2d.policy.lp_plan).
+
+The network's speed curves are the learned table's too (lp_plan.measured_view), as the planner's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dl2d.core.contract import SlotView
+from dl2d.policy import learned_speeds as LS
+from dl2d.policy import lp_plan as LP
+from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
+
+log = logging.getLogger("dl2d")
+
+#: The planner's program as the lookahead's: the bound's in-bucket term, 8 tangent lines (dl2d.policy.lp_plan).
+IN_BUCKET = 8
+#: The shipped checkpoint (docs/BENCHMARKS.md says how it was made and how it scores).
+PRETRAINED = Path(__file__).with_name("pretrained") / "plan-dl2.msgpack"
+
+
+def plan_obs(cfg, view: SlotView, table: np.ndarray, in_bucket: int = IN_BUCKET) -> tuple[dict, object]:
+    """(the network's observation of ``view``, the planner's allocation): dl2d.policy.target.view_obs on the view
+    with the learned ``table``'s speeds (lp_plan.measured_view), and the plan of the program solved once: each
+    job's pair in the planner's allocation (``plan_pair``, on ``cfg``'s levels) and the PLAN_COLUMNS' keys."""
+    from dl2d.policy import target as T
+    from dl2d.policy.plan_distill import pair_labels
+
+    mv = LP.measured_view(view, table)
+    obs = T.view_obs(cfg, mv)
+    if not len(view):
+        return obs, LP.lp_plan(mv)
+    p = LP.plan(mv, in_bucket=in_bucket)
+    alloc = LP.first_slot(mv, p)
+    order, _ = LP.own_rounding(p)
+    pos = np.zeros(len(view), np.float32)
+    pos[order] = np.arange(len(view))
+    obs.update(plan_pair=pair_labels(cfg, alloc.workers, alloc.ps, view.allreduce), plan_pos=pos,
+               plan_now=(p.now >= 0).astype(np.float32),
+               plan_share=np.array([float(np.sum(s)) for s in p.first_share], np.float32),
+               plan_alpha=np.minimum(p.alpha / view.slot_seconds, 1e4).astype(np.float32))
+    return obs, alloc
+
+
+def _check(cfg) -> None:
+    if not cfg.reads_plan:
+        raise ValueError(f"a network that reads the plan has teacher lp-plan, this one {cfg.teacher!r}")
+
+
+class PlanNetPolicy:
+    """The network on a view (dl2d.policy.target.TargetPolicy's decision and fill) with its observation from
+    :func:`plan_obs`. ``departures``/``jobs``: how many job-slots it gave a pair other than the planner's."""
+
+    def __init__(self, cfg, params, table: np.ndarray, name: str = "dl2-plan", kinds=("ps", "allreduce")):
+        from dl2d.policy.target import TargetPolicy
+
+        _check(cfg)
+        self.table, self.name = table, name
+        self.net = TargetPolicy(cfg, params, name, kinds)
+        self.departures = self.jobs = 0
+
+    def __call__(self, view: SlotView):
+        from dl2d.policy import target as T
+
+        obs, _ = plan_obs(self.net.cfg, view, self.table)
+        if not len(view):
+            return self.net.place(view, np.zeros(0, int), obs)
+        action = np.asarray(self.net._decide(self.net.params, T.padded(obs, len(view))))[:len(view)]
+        self.departures += int(np.sum(action != obs["plan_pair"]))
+        self.jobs += len(view)
+        return self.net.place(view, action, obs)
+
+    def applied(self, view, allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------ training
+
+def start_from(tcfg, params, prior: float):
+    """(config, params) of a network that reads the plan, from a trained target network ``params`` of ``tcfg``
+    (its trunk: each feature column's weights where the new network has that column, 0 for the plan's columns),
+    with the pair logits and the relative head at 0: with ``prior`` > 0 it starts as the planner exactly."""
+    import jax
+    import jax.numpy as jnp
+
+    from dl2d.policy import target as T
+
+    new = dataclasses.replace(tcfg, teacher="lp-plan", prior=float(prior))
+    old_at = {c: i for i, c in enumerate(T.feature_columns(tcfg))}
+    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])
+    fresh = T.init_params(new, jax.random.PRNGKey(0))
+    out = jax.tree_util.tree_map(np.asarray, fresh)
+    for net in ("actor", "critic"):
+        for layer in params[net]:
+            out[net][layer] = {k: np.asarray(v) for k, v in params[net][layer].items()}
+        k = np.asarray(params[net]["embed"]["kernel"])
+        out[net]["embed"]["kernel"] = np.where(rows[:, None] >= 0, k[np.maximum(rows, 0)], 0.0).astype(k.dtype)
+    out["value"] = {k: np.asarray(v) for k, v in params["value"].items()}
+    for head in ("logits", "relative"):
+        out[head] = {k: np.zeros_like(v) for k, v in out[head].items()}
+    return new, jax.tree_util.tree_map(jnp.asarray, out)
+
+
+class Recorder:
+    """A Policy for one simulator run: carries out the ``teacher``'s allocation (the lookahead) and records every
+    slot's features (the network's, ``tcfg``) and the teacher's pairs."""
+
+    name = "plan-net-recorder"
+
+    def __init__(self, tcfg, teacher: Callable, table: np.ndarray):
+        import jax
+
+        from dl2d.policy import target as T
+
+        _check(tcfg)
+        self.tcfg, self.teacher, self.table = tcfg, teacher, table
+        self.features = jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
+        self.parts: list[tuple] = []
+
+    def __call__(self, view: SlotView):
+        from dl2d.policy import target as T
+        from dl2d.policy.plan_distill import pair_labels
+
+        alloc = self.teacher(view)
+        if not len(view):
+            return alloc
+        obs, _ = plan_obs(self.tcfg, view, self.table)
+        padded = T.padded(obs, len(view))
+        label = np.zeros(len(padded["active"]), np.int32)
+        label[:len(view)] = pair_labels(self.tcfg, alloc.workers, alloc.ps, view.allreduce)
+        self.parts.append((np.asarray(self.features(padded), np.float32), padded["active"].copy(),
+                           np.asarray(padded["allreduce"], bool), label))
+        return alloc
+
+    def applied(self, view, allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+
+def collect(tcfg, cfg, trace, seed: int, table: np.ndarray):
+    """(Samples of one simulator run of ``trace`` driven and labelled by the lookahead on ``table``
+    (lp_lookahead.REGISTERED), its average JCT in slots, seconds taken)."""
+    from dl2d.policy.lp_lookahead import REGISTERED, Lookahead
+    from dl2d.policy.plan_distill import Samples
+    from dl2d.sim import engine as E
+
+    t0 = time.perf_counter()
+    rec = Recorder(tcfg, Lookahead(table, seed=seed, **REGISTERED), table)
+    res = E.run(trace, rec, cfg, seed=seed)
+    rows = max(p[0].shape[0] for p in rec.parts)
+    pad = lambda a: np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
+    data = Samples(*(np.stack([pad(p[i]) for p in rec.parts]) for i in range(4)))
+    return data, float(res.jct_slots.mean()), time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------ the registry
+
+def load(path=None, table_path=None) -> PlanNetPolicy:
+    """The shipped network (or the checkpoint at ``path``) on the package's learned table (or ``table_path``'s),
+    refused (ValueError naming both) where the checkpoint was trained on another table than the one given."""
+    from dl2d.policy.checkpoint import load_target
+    from dl2d.policy.dl2_target import trained_kinds
+
+    path = Path(path or PRETRAINED)
+    ckpt = load_target(path)
+    table, _, meta = LS.load(LS.SHIPPED if table_path is None else table_path)
+    want = ckpt.meta.get("table_sha256")
+    if want and want != meta["sha256"]:
+        raise ValueError(f"{path} was trained on the speed table {want[:12]}, {table_path or LS.SHIPPED} is "
+                         f"{meta['sha256'][:12]}: give the table it was trained on")
+    return PlanNetPolicy(ckpt.config, ckpt.params, table, kinds=trained_kinds(ckpt.meta))
+
+
+def _build(options: PolicyOptions):
+    from dl2d.policy.optimus import FittedOptimus
+
+    path = options.checkpoint or str(PRETRAINED)
+    log.info("policy: dl2-plan from %s", path)
+    return FittedOptimus(rule=load(path), name="dl2-plan")
+
+
+def _check_options(options: PolicyOptions) -> list[tuple[str, str]]:
+    if not options.checkpoint and not PRETRAINED.exists():
+        return [("checkpoint", "policy dl2-plan ships no pretrained network: give one "
+                 "(python bench/bench_plan_net.py --out FILE)")]
+    return []
+
+
+register(PolicyEntry("dl2-plan", "DL2 world: the target-size network reading the planner's plan on the learned speed "
+                     "table (its pair, order, shares) and learning where to depart from it, from the lookahead; one "
+                     "program solve a slot", _build, _check_options, learned=True,
+                     trained_by="python bench/bench_plan_net.py", options=("checkpoint",)))
