@@ -519,8 +519,9 @@ class TargetPolicy:
         self.kinds = tuple(kinds)
         self._decide = jax.jit(lambda p, o: decide(cfg, p, o, self.kinds)["action"])
 
-    def actions(self, view):
-        obs = view_obs(self.cfg, view)
+    def actions(self, view, obs: dict | None = None):
+        """(each job's greedy pair, the observation it was chosen on): ``obs``, or :func:`view_obs` of the view."""
+        obs = view_obs(self.cfg, view) if obs is None else obs
         return np.asarray(self._decide(self.params, padded(obs, len(view))))[:len(view)], obs
 
     def __call__(self, view):
