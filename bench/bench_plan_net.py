@@ -138,7 +138,8 @@ def main() -> None:
     mean = lambda rows, k: round(float(np.mean([r[k] for r in rows])), 3)
     meta = {"world": "dl2", "cluster": args.cluster, "jobs": args.jobs, "teacher": "lp-lookahead",
             "method": "distilled: the lookahead's pairs on its own runs, departures from the planner weighted",
-            "command": "python " + " ".join("CACHE" if args.cache and a == args.cache else a for a in sys.argv), "table_sha256": table_meta["sha256"],
+            "command": "python " + " ".join("CACHE" if args.cache and a == args.cache else a for a in sys.argv),
+            "table_sha256": table_meta["sha256"],
             "init": args.init, "train_seeds": seeds, "slots": len(data), "loss": round(loss, 4),
             "validation_seeds": [r["seed"] for r in validation],
             "validation_jct": [r["network"] for r in validation], "validation_jct_mean": mean(validation, "network"),

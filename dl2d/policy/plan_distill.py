@@ -47,6 +47,14 @@ class Samples:
         return len(self.x)
 
     @staticmethod
+    def stack(slots: list[tuple]) -> "Samples":
+        """Slots recorded one by one, each (x [J, F], active, allreduce, label [J]), padded to the most rows any
+        has (inactive rows)."""
+        rows = max(p[0].shape[0] for p in slots)
+        pad = lambda a: np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
+        return Samples(*(np.stack([pad(p[i]) for p in slots]) for i in range(4)))
+
+    @staticmethod
     def concat(parts: list["Samples"]) -> "Samples":
         """The slots of ``parts`` together, each part's rows widened to the most any has (inactive rows)."""
         rows = max(p.x.shape[1] for p in parts)
@@ -93,9 +101,7 @@ class Recorder:
         pass
 
     def samples(self) -> Samples:
-        rows = max(p[0].shape[0] for p in self.parts)
-        pad = lambda a: np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
-        return Samples(*(np.stack([pad(p[i]) for p in self.parts]) for i in range(4)))
+        return Samples.stack(self.parts)
 
 
 def collect(tcfg: T.TargetConfig, cfg: E.SimConfig, traces: list, seeds: list[int], params=None,
@@ -128,22 +134,24 @@ def widen(tcfg: T.TargetConfig, params, **changes) -> tuple[T.TargetConfig, dict
         if name not in ("every_count", "speed_factor") or value is not True:
             raise ValueError(f"widen only turns on every_count or speed_factor, got {name}={value!r}")
     new = dataclasses.replace(tcfg, **changes)
-    old_at = {c: i for i, c in enumerate(T.feature_columns(tcfg))}
-    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])  # -1: a new column
-
-    def embed(k):
-        k = np.asarray(k)
-        return np.where(rows[:, None] >= 0, k[np.maximum(rows, 0)], 0.0).astype(k.dtype)
-
     new_l, new_p = np.asarray(new.levels), np.asarray(new.ps_levels)
     pair = (np.asarray(T.level_index(tcfg.levels, new_l))[:, None] * len(tcfg.ps_levels)
             + np.asarray(T.level_index(tcfg.ps_levels, new_p))[None, :]).ravel()
     out = jax.tree_util.tree_map(np.asarray, params)
     for net in ("actor", "critic"):
-        out[net]["embed"]["kernel"] = embed(out[net]["embed"]["kernel"])
+        out[net]["embed"]["kernel"] = embed_columns(tcfg, new, out[net]["embed"]["kernel"])
     out["logits"]["kernel"] = out["logits"]["kernel"][:, pair]
     out["logits"]["bias"] = out["logits"]["bias"][pair]
     return new, out
+
+
+def embed_columns(old: T.TargetConfig, new: T.TargetConfig, kernel) -> np.ndarray:
+    """The embedding ``kernel`` [old features, hidden] of a network of ``old`` on ``new``'s feature columns: each
+    column's row where ``old`` has that column (dl2d.policy.target.feature_columns), 0 for a new one."""
+    old_at = {c: i for i, c in enumerate(T.feature_columns(old))}
+    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])  # -1: a new column
+    k = np.asarray(kernel)
+    return np.where(rows[:, None] >= 0, k[np.maximum(rows, 0)], 0.0).astype(k.dtype)
 
 
 def loss_fn(tcfg: T.TargetConfig, params, x, active, allreduce, label, departure_weight: float = 1.0):

@@ -105,17 +105,14 @@ def start_from(tcfg, params, prior: float):
     import jax.numpy as jnp
 
     from dl2d.policy import target as T
+    from dl2d.policy.plan_distill import embed_columns
 
     new = dataclasses.replace(tcfg, teacher="lp-plan", prior=float(prior))
-    old_at = {c: i for i, c in enumerate(T.feature_columns(tcfg))}
-    rows = np.array([old_at.get(c, -1) for c in T.feature_columns(new)])
-    fresh = T.init_params(new, jax.random.PRNGKey(0))
-    out = jax.tree_util.tree_map(np.asarray, fresh)
+    out = jax.tree_util.tree_map(np.asarray, T.init_params(new, jax.random.PRNGKey(0)))
     for net in ("actor", "critic"):
         for layer in params[net]:
             out[net][layer] = {k: np.asarray(v) for k, v in params[net][layer].items()}
-        k = np.asarray(params[net]["embed"]["kernel"])
-        out[net]["embed"]["kernel"] = np.where(rows[:, None] >= 0, k[np.maximum(rows, 0)], 0.0).astype(k.dtype)
+        out[net]["embed"]["kernel"] = embed_columns(tcfg, new, params[net]["embed"]["kernel"])
     out["value"] = {k: np.asarray(v) for k, v in params["value"].items()}
     for head in ("logits", "relative"):
         out[head] = {k: np.zeros_like(v) for k, v in out[head].items()}
@@ -123,8 +120,9 @@ def start_from(tcfg, params, prior: float):
 
 
 class Recorder:
-    """A Policy for one simulator run: carries out the ``teacher``'s allocation (the lookahead) and records every
-    slot's features (the network's, ``tcfg``) and the teacher's pairs."""
+    """A Policy for one simulator run, as plan_distill's Recorder with the plan: carries out the ``teacher``'s
+    allocation (the lookahead) and records every slot's features (the network's, ``tcfg``, from
+    :func:`plan_obs`) and the teacher's pairs."""
 
     name = "plan-net-recorder"
 
@@ -170,10 +168,7 @@ def collect(tcfg, cfg, trace, seed: int, table: np.ndarray):
     t0 = time.perf_counter()
     rec = Recorder(tcfg, Lookahead(table, seed=seed, **REGISTERED), table)
     res = E.run(trace, rec, cfg, seed=seed)
-    rows = max(p[0].shape[0] for p in rec.parts)
-    pad = lambda a: np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
-    data = Samples(*(np.stack([pad(p[i]) for p in rec.parts]) for i in range(4)))
-    return data, float(res.jct_slots.mean()), time.perf_counter() - t0
+    return Samples.stack(rec.parts), float(res.jct_slots.mean()), time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------------------------------ the registry
