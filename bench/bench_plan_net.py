@@ -6,6 +6,10 @@ run on the validation traces (500-504), the planner beside it, and, with ``--hel
 
     python bench/bench_plan_net.py --train-seeds 2000-2023 --cache DIR --out FILE.msgpack
 
+DAgger: ``--dagger NET.msgpack=SEEDS`` (repeatable) adds the slots of the traces of SEEDS driven by that
+network (a checkpoint of this bench), labelled by the lookahead as before: the states the network itself reaches,
+which the lookahead's own runs do not show it.
+
 Collecting is the long part (the lookahead: 4-15 minutes a `testbed` trace on the 2-core development CPU, in
 ``--workers`` processes); ``--cache DIR`` keeps each trace's slots (npz, by seed and the table's digest) and reads
 them back, so a run that stops picks up where it was. Prints a JSON line per trace and one at the end.
@@ -13,6 +17,7 @@ them back, so a run that stops picks up where it was. Prints a JSON line per tra
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -38,24 +43,43 @@ def setup(cluster: str, jobs: int):
     return s, TT.sim_config(s)
 
 
-def collect_one(args) -> tuple[int, D.Samples, float, float]:
-    """One worker: (seed, its Samples, the lookahead's JCT, seconds), from the cache where it holds them."""
-    seed, cluster, jobs, tcfg_dict, table_path, cache = args
+def file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def collect_one(args) -> tuple[int, str | None, D.Samples, float, float]:
+    """One worker: (seed, driver, its Samples, the run's JCT, seconds), from the cache where it holds them; the
+    run is driven by the lookahead or, with ``driver`` (a checkpoint's path), by that network."""
+    seed, cluster, jobs, tcfg_dict, table_path, cache, driver = args
     from dl2d.policy import target as T
 
     tcfg = T.TargetConfig.from_dict(tcfg_dict)
     table, _, meta = LS.load(table_path)
-    path = os.path.join(cache, f"{cluster}-{jobs}-lookahead-{meta['sha256'][:12]}-s{seed}.npz") if cache else None
+    kind = "lookahead" if driver is None else f"dagger-{file_digest(driver)[:12]}"
+    path = os.path.join(cache, f"{cluster}-{jobs}-{kind}-{meta['sha256'][:12]}-s{seed}.npz") if cache else None
     if path and os.path.exists(path):
         z = np.load(path)
-        return seed, D.Samples(z["x"], z["active"], z["allreduce"], z["label"]), float(z["jct"]), 0.0
+        return seed, driver, D.Samples(z["x"], z["active"], z["allreduce"], z["label"]), float(z["jct"]), 0.0
     s, cfg = setup(cluster, jobs)
-    data, jct, secs = PN.collect(tcfg, cfg, TT.make_trace(s, cfg, seed), seed, table)
+    drive = None if driver is None else PN.load(driver, table_path)
+    data, jct, secs = PN.collect(tcfg, cfg, TT.make_trace(s, cfg, seed), seed, table, drive)
     if path:
         tmp = path + ".tmp.npz"
         np.savez_compressed(tmp, x=data.x, active=data.active, allreduce=data.allreduce, label=data.label, jct=jct)
         os.replace(tmp, path)
-    return seed, data, jct, secs
+    return seed, driver, data, jct, secs
+
+
+def command_arg(arg: str, args) -> str:
+    """``arg`` as the checkpoint's meta records the command: the cache folder as CACHE, a DAgger driver by its
+    file's name (its digest is in the meta), so that no path of the machine it ran on is kept."""
+    if args.cache and arg == args.cache:
+        return "CACHE"
+    if arg in args.dagger:
+        net, _, part = arg.rpartition("=")
+        return f"{os.path.basename(net)}={part}"
+    return arg
 
 
 def run_policy(policy, cluster: str, jobs: int, seed: int) -> float:
@@ -86,6 +110,8 @@ def main() -> None:
     ap.add_argument("--cluster", default="testbed")
     ap.add_argument("--jobs", type=int, default=30)
     ap.add_argument("--train-seeds", default="2000-2023", help="training traces' seeds, LO-HI[,LO-HI...]")
+    ap.add_argument("--dagger", action="append", default=[], metavar="NET=SEEDS",
+                    help="also the traces of SEEDS (LO-HI[,LO-HI...]) driven by the network NET; repeatable")
     ap.add_argument("--validation", default="500-504", help="validation seeds, LO-HI")
     ap.add_argument("--held-out", default=None, help="held-out seeds, LO-HI, scored after training")
     ap.add_argument("--table", default=None, help="the learned speed table (default: the package's)")
@@ -103,8 +129,18 @@ def main() -> None:
         seeds = [s for part in args.train_seeds.split(",") for s in seed_range(part)]
     except ValueError:
         raise SystemExit(f"--train-seeds: LO-HI[,LO-HI...], got {args.train_seeds!r}") from None
-    if not seeds or set(seeds) & (set(range(20)) | set(seed_range(args.validation))):
-        raise SystemExit("--train-seeds must be some seeds, none of them held out (0-19) or validation")
+    dagger = []
+    for spec in args.dagger:
+        net, _, part = spec.rpartition("=")
+        try:
+            dagger.append((net, [s for p in part.split(",") for s in seed_range(p)]))
+        except ValueError:
+            raise SystemExit(f"--dagger: NET=LO-HI[,LO-HI...], got {spec!r}") from None
+        if not net or not os.path.isfile(net):
+            raise SystemExit(f"--dagger {spec!r}: no network file {net!r}")
+    used = set(seeds).union(*(set(d[1]) for d in dagger))
+    if not seeds or used & (set(range(20)) | set(seed_range(args.validation))):
+        raise SystemExit("--train-seeds and --dagger must be some seeds, none of them held out (0-19) or validation")
     if args.iters < 1 or args.workers < 1 or args.batch < 1:
         raise SystemExit("--iters, --workers and --batch must be at least 1")
     if not 0 <= args.prior <= 50 or args.departure_weight <= 0:
@@ -122,14 +158,20 @@ def main() -> None:
         raise SystemExit(str(e)) from None
     tcfg, params = PN.start_from(init.config, init.params, args.prior)
 
-    work = [(s, args.cluster, args.jobs, tcfg.to_dict(), table_path, args.cache) for s in seeds]
+    for net, _ in dagger:
+        try:
+            PN.load(net, table_path)
+        except Exception as e:  # noqa: BLE001 - a bad driver stops the run before hours of collecting
+            raise SystemExit(f"--dagger: {e}") from None
+    runs = [(s, None) for s in seeds] + [(s, net) for net, ss in dagger for s in ss]
+    work = [(s, args.cluster, args.jobs, tcfg.to_dict(), table_path, args.cache, net) for s, net in runs]
     parts, t0 = {}, time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-        for seed, data, jct, secs in pool.map(collect_one, work):
-            parts[seed] = data
-            print(json.dumps({"collected": seed, "slots": len(data), "lookahead": round(jct, 3),
-                              "seconds": round(secs, 1)}), flush=True)
-    data = D.Samples.concat([parts[s] for s in seeds])
+        for seed, net, data, jct, secs in pool.map(collect_one, work):
+            parts[seed, net] = data
+            print(json.dumps({"collected": seed, "driver": net and os.path.basename(net), "slots": len(data),
+                              "jct": round(jct, 3), "seconds": round(secs, 1)}), flush=True)
+    data = D.Samples.concat([parts[r] for r in runs])
     print(json.dumps({"slots": len(data), "collect_s": round(time.perf_counter() - t0, 1)}), flush=True)
 
     params, loss = D.fit(tcfg, params, data, args.iters, lr=args.lr, batch=args.batch,
@@ -138,9 +180,10 @@ def main() -> None:
     mean = lambda rows, k: round(float(np.mean([r[k] for r in rows])), 3)
     meta = {"world": "dl2", "cluster": args.cluster, "jobs": args.jobs, "teacher": "lp-lookahead",
             "method": "distilled: the lookahead's pairs on its own runs, departures from the planner weighted",
-            "command": "python " + " ".join("CACHE" if args.cache and a == args.cache else a for a in sys.argv),
+            "command": "python " + " ".join(command_arg(a, args) for a in sys.argv),
             "table_sha256": table_meta["sha256"],
             "init": args.init, "train_seeds": seeds, "slots": len(data), "loss": round(loss, 4),
+            "dagger": [{"driver_sha256": file_digest(net), "seeds": ss} for net, ss in dagger],
             "validation_seeds": [r["seed"] for r in validation],
             "validation_jct": [r["network"] for r in validation], "validation_jct_mean": mean(validation, "network"),
             "planner_validation_jct_mean": mean(validation, "planner")}

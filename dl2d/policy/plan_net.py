@@ -120,19 +120,20 @@ def start_from(tcfg, params, prior: float):
 
 
 class Recorder:
-    """A Policy for one simulator run, as plan_distill's Recorder with the plan: carries out the ``teacher``'s
-    allocation (the lookahead) and records every slot's features (the network's, ``tcfg``, from
-    :func:`plan_obs`) and the teacher's pairs."""
+    """A Policy for one simulator run, as plan_distill's Recorder with the plan: records every slot's features
+    (the network's, ``tcfg``, from :func:`plan_obs`) and the ``teacher``'s pairs (the lookahead), and carries out
+    the teacher's allocation or, given a ``driver`` (a PlanNetPolicy: DAgger), the driver's, so that the labels
+    cover the states the network itself reaches."""
 
     name = "plan-net-recorder"
 
-    def __init__(self, tcfg, teacher: Callable, table: np.ndarray):
+    def __init__(self, tcfg, teacher: Callable, table: np.ndarray, driver: Callable | None = None):
         import jax
 
         from dl2d.policy import target as T
 
         _check(tcfg)
-        self.tcfg, self.teacher, self.table = tcfg, teacher, table
+        self.tcfg, self.teacher, self.table, self.driver = tcfg, teacher, table, driver
         self.features = jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
         self.parts: list[tuple] = []
 
@@ -149,7 +150,7 @@ class Recorder:
         label[:len(view)] = pair_labels(self.tcfg, alloc.workers, alloc.ps, view.allreduce)
         self.parts.append((np.asarray(self.features(padded), np.float32), padded["active"].copy(),
                            np.asarray(padded["allreduce"], bool), label))
-        return alloc
+        return alloc if self.driver is None else self.driver(view)
 
     def applied(self, view, allocation, overridden: bool) -> None:
         pass
@@ -158,15 +159,16 @@ class Recorder:
         pass
 
 
-def collect(tcfg, cfg, trace, seed: int, table: np.ndarray):
-    """(Samples of one simulator run of ``trace`` driven and labelled by the lookahead on ``table``
-    (lp_lookahead.REGISTERED), its average JCT in slots, seconds taken)."""
+def collect(tcfg, cfg, trace, seed: int, table: np.ndarray, driver: Callable | None = None):
+    """(Samples of one simulator run of ``trace`` labelled by the lookahead on ``table``
+    (lp_lookahead.REGISTERED) and driven by it or by ``driver`` (see Recorder), the run's average JCT in slots,
+    seconds taken)."""
     from dl2d.policy.lp_lookahead import REGISTERED, Lookahead
     from dl2d.policy.plan_distill import Samples
     from dl2d.sim import engine as E
 
     t0 = time.perf_counter()
-    rec = Recorder(tcfg, Lookahead(table, seed=seed, **REGISTERED), table)
+    rec = Recorder(tcfg, Lookahead(table, seed=seed, **REGISTERED), table, driver)
     res = E.run(trace, rec, cfg, seed=seed)
     return Samples.stack(rec.parts), float(res.jct_slots.mean()), time.perf_counter() - t0
 

@@ -136,6 +136,27 @@ def test_the_recorder_labels_the_lookaheads_pairs_on_the_networks_features(start
     assert 0.5 < same <= 1.0
 
 
+def test_dagger_carries_out_the_drivers_allocation_and_records_the_lookaheads_pairs(start, table):
+    tcfg, _ = start
+    tr = generate(TraceConfig(num_jobs=5, max_arrivals_per_slot=2), seed=6)
+    cfg = E.SimConfig(cluster=preset("tiny"), max_workers=4, max_ps=4)
+    planner = LP.on_table(table, in_bucket=PN.IN_BUCKET)
+    calls = []
+
+    def driver(view):  # the planner, counting the slots it is asked
+        calls.append(len(view))
+        return planner(view)
+
+    data, jct, _ = PN.collect(tcfg, cfg, tr, 6, table, driver)
+    alone = float(E.run(tr, LP.on_table(table, in_bucket=PN.IN_BUCKET), cfg, seed=6).jct_slots.mean())
+    assert jct == pytest.approx(alone)  # the run is the driver's
+    assert len(calls) == len(data) and all(calls)  # asked on every slot recorded
+    looked, _, _ = PN.collect(tcfg, cfg, tr, 6, table)
+    assert jct != pytest.approx(looked)  # ... not the lookahead's, whose pairs are the labels
+    teacher = np.asarray(T.features_teacher(tcfg, data.x))
+    assert 0.5 < np.mean((data.label == teacher)[data.active]) < 1.0
+
+
 def test_the_shipped_network_loads_on_its_table_and_gives_its_recorded_validation_jct(table):
     from dl2d.policy import target_train as TT
 
