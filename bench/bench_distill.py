@@ -34,6 +34,7 @@ import numpy as np
 from dl2d.policy import plan_distill as D
 from dl2d.policy import registry
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy import target_train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
 from dl2d.policy.lp_lookahead import Lookahead
@@ -219,7 +220,7 @@ def main() -> None:
         params = T.init_params(tcfg, jax.random.PRNGKey(0))
     t_start = time.perf_counter()
     curve = []
-    net = lambda p: (lambda cfg: T.TargetPolicy(tcfg, p))
+    net = lambda p: (lambda cfg: TV.TargetPolicy(tcfg, p))
     heur = {h: score(scored, val_seeds, lambda cfg, h=h: registry.build(h)) for h in HEURISTICS}
     if not args.no_teacher_score:
         heur[teacher_name(spec)] = score(scored, val_seeds, lambda cfg: make_teacher(spec, cfg)(0))

@@ -8,7 +8,7 @@ lowest validation JCT among the evaluations. Held-out test traces: seeds 0.. (--
 nor used to choose: they are what is reported. Every --eval-every iterations the greedy policy (argmax) runs
 each validation and test trace to its end in the same environment; the teacher (Optimus's allocation through
 the same fill) runs there too. For reference the NumPy simulator's heuristics run the test traces (their own
-placement and allocation), and so does the chosen learned policy (dl2d.policy.target.TargetPolicy: the same
+placement and allocation), and so does the chosen learned policy (dl2d.policy.target_view.TargetPolicy: the same
 parameters, its tasks placed on the servers). One JSON line per evaluation, then a summary line.
 
     python bench/bench_ppo.py                              # RL only, DL2 world, small preset, J = 40
@@ -31,6 +31,7 @@ import numpy as np
 from dl2d.policy import ppo as P
 from dl2d.policy import registry
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy import target_train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, save_target
 from dl2d.sim import engine as E
@@ -95,7 +96,7 @@ def main():
 
     result = TT.train(setup, on_eval=lambda row: print(json.dumps(row), flush=True), extra_eval=extra_eval)
     chosen = result.chosen
-    policy = T.TargetPolicy(tc, result.params)  # the chosen parameters, in the NumPy simulator
+    policy = TV.TargetPolicy(tc, result.params)  # the chosen parameters, in the NumPy simulator
     runs = [E.run(t, policy, cfg, seed=s) for s, t in enumerate(held)]
     learned_numpy = [round(float(r.jct_slots.mean()), 3) for r in runs]
     command = "python bench/bench_ppo.py " + " ".join(sys.argv[1:])

@@ -25,7 +25,7 @@ from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
 from dl2d.policy import target_train as TT
 from dl2d.policy.checkpoint import load_target
-from dl2d.policy.target import TargetPolicy
+from dl2d.policy.target_view import TargetPolicy
 from dl2d.sim import engine as E
 
 

@@ -29,7 +29,7 @@ def main() -> None:
 
     from dl2d.core.contract import SlotView
     from dl2d.policy import registry
-    from dl2d.policy import target as T
+    from dl2d.policy import target_view as TV
     from dl2d.sim.cluster import preset
     from dl2d.workload.catalog import view_fields
 
@@ -54,7 +54,7 @@ def main() -> None:
                 out.append((time.perf_counter() - t0) * 1e3)
             return round(float(np.median(out)), 1)
 
-        obs_ms = timed(lambda: T.view_obs(policy.cfg, view))
+        obs_ms = timed(lambda: TV.view_obs(policy.cfg, view))
         decide_ms = timed(lambda: policy.actions(view))
         total_ms = timed(lambda: policy(view))
         alloc = policy(view)

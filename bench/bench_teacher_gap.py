@@ -30,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy import target_train as TT
 from dl2d.policy.checkpoint import CheckpointError, load_target
 from dl2d.policy.lp_plan import on_measured_speeds
@@ -59,7 +60,7 @@ class Mixed:
     """The network's choices with one kind of disagreement (``variant``) taken from the planner's."""
 
     def __init__(self, tcfg: T.TargetConfig, params, planner, variant: str):
-        self.net, self.planner, self.tcfg, self.variant = T.TargetPolicy(tcfg, params), planner, tcfg, variant
+        self.net, self.planner, self.tcfg, self.variant = TV.TargetPolicy(tcfg, params), planner, tcfg, variant
         self.counts = np.zeros(len(KINDS), int)
         self.name = f"target-{variant}"
 

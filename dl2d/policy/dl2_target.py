@@ -1,6 +1,6 @@
 """The target-size policy in the registry (``dl2-target``): a trained checkpoint (`dl2ctl train --policy
 dl2-target`, or a pretrained one shipped in dl2d/policy/pretrained/) decides every job's workers and PS,
-greedily; tasks are placed on the servers in shortest-remaining-work order (dl2d.policy.target.TargetPolicy).
+greedily; tasks are placed on the servers in shortest-remaining-work order (dl2d.policy.target_view.TargetPolicy).
 JAX is imported only when one is built."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
 log = logging.getLogger("dl2d")
 
 #: The job kinds a checkpoint trained in a world has seen (its meta's ``world``); jobs of other kinds get the
-#: teacher's sizes (dl2d.policy.target.TargetPolicy)
+#: teacher's sizes (dl2d.policy.target_view.TargetPolicy)
 TRAINED_KINDS = {"today": ("allreduce",), "dl2": ("ps",)}
 #: The pretrained checkpoints inside the package (docs/BENCHMARKS.md says how each was made and how it scores).
 PRETRAINED_DIR = Path(__file__).with_name("pretrained")
@@ -34,7 +34,7 @@ def build(options: PolicyOptions):
     """The shipped or given checkpoint, greedy; with ``online_rl`` an OnlineTargetLearner (from the online
     checkpoint ``resume`` when it exists), measured against the fallback heuristic ``options.fallback``."""
     from dl2d.policy.checkpoint import load_target
-    from dl2d.policy.target import TargetPolicy
+    from dl2d.policy.target_view import TargetPolicy
 
     path = options.checkpoint or (str(pretrained(options.world)) if pretrained(options.world).exists() else "")
     if options.online_rl:

@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy.lp_plan import on_measured_speeds
 from dl2d.sim import engine as E
 
@@ -77,7 +78,7 @@ class Recorder:
     def __init__(self, tcfg: T.TargetConfig, planner: Callable, params=None):
         self.tcfg, self.planner, self.params = tcfg, planner, params
         self.features = jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
-        self.net = T.TargetPolicy(tcfg, params) if params is not None else None
+        self.net = TV.TargetPolicy(tcfg, params) if params is not None else None
         self.parts: list[tuple] = []
         self.name = "plan-recorder"
 
@@ -85,8 +86,8 @@ class Recorder:
         plan = self.planner(view)
         if not len(view):
             return plan
-        obs = T.view_obs(self.tcfg, view)
-        padded = T.padded(obs, len(view))
+        obs = TV.view_obs(self.tcfg, view)
+        padded = TV.padded(obs, len(view))
         rows = len(padded["active"])
         label = np.zeros(rows, np.int32)
         label[:len(view)] = pair_labels(self.tcfg, plan.workers, plan.ps, view.allreduce)

@@ -40,14 +40,14 @@ PRETRAINED = Path(__file__).with_name("pretrained") / "plan-dl2.msgpack"
 
 
 def plan_obs(cfg, view: SlotView, table: np.ndarray, in_bucket: int = IN_BUCKET) -> tuple[dict, object]:
-    """(the network's observation of ``view``, the planner's allocation): dl2d.policy.target.view_obs on the view
-    with the learned ``table``'s speeds (lp_plan.measured_view), and the plan of the program solved once: each
+    """(the network's observation of ``view``, the planner's allocation): dl2d.policy.target_view.view_obs on the
+    view with the learned ``table``'s speeds (lp_plan.measured_view), and the plan of the program solved once: each
     job's pair in the planner's allocation (``plan_pair``, on ``cfg``'s levels) and the PLAN_COLUMNS' keys."""
-    from dl2d.policy import target as T
+    from dl2d.policy import target_view as TV
     from dl2d.policy.plan_distill import pair_labels
 
     mv = LP.measured_view(view, table)
-    obs = T.view_obs(cfg, mv)
+    obs = TV.view_obs(cfg, mv)
     if not len(view):
         return obs, LP.lp_plan(mv)
     p = LP.plan(mv, in_bucket=in_bucket)
@@ -68,11 +68,11 @@ def _check(cfg) -> None:
 
 
 class PlanNetPolicy:
-    """The network on a view (dl2d.policy.target.TargetPolicy's decision and fill) with its observation from
+    """The network on a view (dl2d.policy.target_view.TargetPolicy's decision and fill) with its observation from
     :func:`plan_obs`. ``departures``/``jobs``: how many job-slots it gave a pair other than the planner's."""
 
     def __init__(self, cfg, params, table: np.ndarray, name: str = "dl2-plan", kinds=("ps", "allreduce")):
-        from dl2d.policy.target import TargetPolicy
+        from dl2d.policy.target_view import TargetPolicy
 
         _check(cfg)
         self.table, self.name = table, name
@@ -138,14 +138,14 @@ class Recorder:
         self.parts: list[tuple] = []
 
     def __call__(self, view: SlotView):
-        from dl2d.policy import target as T
+        from dl2d.policy import target_view as TV
         from dl2d.policy.plan_distill import pair_labels
 
         alloc = self.teacher(view)
         if not len(view):
             return alloc
         obs, _ = plan_obs(self.tcfg, view, self.table)
-        padded = T.padded(obs, len(view))
+        padded = TV.padded(obs, len(view))
         label = np.zeros(len(padded["active"]), np.int32)
         label[:len(view)] = pair_labels(self.tcfg, alloc.workers, alloc.ps, view.allreduce)
         self.parts.append((np.asarray(self.features(padded), np.float32), padded["active"].copy(),

@@ -1,7 +1,7 @@
 """Online learning for the target-size policy (``dl2-target`` with ``policy.online_rl``), with a revert rule.
 
 The daemon's live slots are learned from with training's own update (dl2d.policy.ppo): every job's
-(workers, PS) pair is sampled from the policy, the fill places it (dl2d.policy.target.TargetPolicy.place), and
+(workers, PS) pair is sampled from the policy, the fill places it (dl2d.policy.target_view.TargetPolicy.place), and
 each job present in a slot is charged the slot, over ``reward_jobs`` (the job count the checkpoint trained
 with, so the value head keeps its scale): summed, minus the average JCT, as in the JAX environment. A job that
 is gone at the next slot (finished, or cancelled) ends its episode there. Every ``window`` slots (8 by default,
@@ -39,6 +39,7 @@ import numpy as np
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.policy import ppo as PPO
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
 from dl2d.policy.online import OnlineStats
 from dl2d.policy.registry import ONLINE_EXPLORE
@@ -116,7 +117,7 @@ def _update(tcfg: T.TargetConfig, pcfg: PPO.PPOConfig, net, opt_state, batch, la
     return PPO.update(tcfg, pcfg, net, opt_state, {**data, "adv": adv, "ret": ret}, key)
 
 
-class OnlineTargetLearner(T.TargetPolicy):
+class OnlineTargetLearner(TV.TargetPolicy):
     """The target-size policy learning from the daemon's slots (module docstring). A Policy and a Learner."""
 
     def __init__(self, cfg: T.TargetConfig, params, *, fallback, window: int = 8, margin: float = 0.2,
@@ -154,8 +155,8 @@ class OnlineTargetLearner(T.TargetPolicy):
 
     def __call__(self, view: SlotView) -> Allocation:
         n = len(view)
-        obs = T.view_obs(self.cfg, view)
-        padded = T.padded(obs, n)
+        obs = TV.view_obs(self.cfg, view)
+        padded = TV.padded(obs, n)
         if len(self._closed) >= self.window:
             values = np.asarray(self._values(self.params, padded))[:n]
             self._end_window(dict(zip(map(int, view.job_ids), values)))
@@ -252,9 +253,10 @@ class OnlineTargetLearner(T.TargetPolicy):
 
 def window_batch(slots: list[_Slot], next_values: dict[int, float], reward_jobs: int, features: int):
     """A window's slots as the update's arrays [K, rows], one column per job seen in it (padded as a view is,
-    :func:`dl2d.policy.target.padded_rows`), and the bootstrap values [rows] of the jobs still present at the next slot."""
+    :func:`dl2d.policy.target_view.padded_rows`), and the bootstrap values [rows] of the jobs still present at the
+    next slot."""
     ids = sorted({int(j) for s in slots for j in s.job_ids})
-    rows = T.padded_rows(len(ids))
+    rows = TV.padded_rows(len(ids))
     col = {j: c for c, j in enumerate(ids)}
     k = len(slots)
     f32 = np.float32

@@ -1,5 +1,5 @@
 """The heuristics the target-size policy (dl2d.policy.target) learns from in its supervised warm-up, as pure JAX
-functions of its observation (dl2d.policy.ppo.env_obs; dl2d.policy.target.view_obs on a SlotView): each gives
+functions of its observation (dl2d.policy.ppo.env_obs; dl2d.policy.target_view.view_obs on a SlotView): each gives
 every job's action, a (workers, PS) pair index on the policy's levels, which the fill then grants in shortest-
 remaining-work order as it grants the policy's own.
 

@@ -7,6 +7,7 @@ import pytest
 
 from dl2d.policy import plan_distill as D
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy.lp_plan import on_measured_speeds
 from dl2d.sim import engine as E
 from dl2d.sim import trace as TR
@@ -126,7 +127,7 @@ def test_the_measured_speed_column_and_a_network_widened_to_it():
     cfg = world("dl2").sim_config("testbed")
     view = E.view_of(trace, E.replace(E.SimState.initial(3), slot=int(trace.arrival_slot.max())), cfg)
     view = E.replace(view, job_speed_factor=np.array([0.5, np.nan, 2.0]))
-    x = np.asarray(T.job_features(new, T.with_optimus(T.view_obs(new, view))))
+    x = np.asarray(T.job_features(new, T.with_optimus(TV.view_obs(new, view))))
     np.testing.assert_allclose(x[:, col], np.log([0.5, 1.0, 2.0]), atol=1e-6)
 
 

@@ -14,6 +14,7 @@ from dl2d.policy import lp_plan as LP
 from dl2d.policy import plan_distill as D
 from dl2d.policy import plan_net as PN
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy.checkpoint import CheckpointError, TargetCheckpoint, load_target, save_target
 from dl2d.sim import engine as E
 from dl2d.sim.cluster import preset
@@ -99,7 +100,7 @@ def test_a_network_that_reads_the_plan_refuses_an_observation_without_one(start)
     tr = generate(TraceConfig(num_jobs=3), seed=2)
     cfg = E.SimConfig(cluster=preset("tiny"), max_workers=4, max_ps=4)
     view = E.view_of(tr, E.SimState.initial(len(tr)), cfg)
-    obs = T.view_obs(tcfg, view)  # what the JAX environment and TargetPolicy give: no plan
+    obs = TV.view_obs(tcfg, view)  # what the JAX environment and TargetPolicy give: no plan
     with pytest.raises(ValueError, match="teacher lp-plan's pair is the planner's, solved outside JAX"):
         T.job_features(tcfg, T.with_optimus(obs))
     with pytest.raises(ValueError, match="teacher lp-plan"):

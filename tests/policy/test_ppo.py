@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dl2d.policy import ppo as P
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy.elastic import efficient_sizes
 from dl2d.sim import jaxenv as X
 from dl2d.sim import trace as TR
@@ -238,7 +239,7 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
     tc = T.TargetConfig(max_workers=min(cfg.max_workers, 16), max_ps=min(cfg.max_ps, 16), hidden=32,
                         speed_factor=True)
     net = T.init_params(tc, jax.random.PRNGKey(7))
-    policy = T.TargetPolicy(tc, net)
+    policy = TV.TargetPolicy(tc, net)
     env, state = X.from_trace(trace, cfg, len(trace), placement=False)
     checked = 0
     factor_col = T.feature_columns(tc).index(("speed_factor", 0))
@@ -253,7 +254,7 @@ def test_a_view_and_the_environment_give_the_policy_the_same_features(world_name
             act = np.asarray(obs["active"])
             rows = np.flatnonzero(act)
             np.testing.assert_array_equal(np.asarray(view.job_ids), rows)
-            mine = np.asarray(view_features(T.padded(T.view_obs(tc, view), len(view))))[:len(view)]
+            mine = np.asarray(view_features(TV.padded(TV.view_obs(tc, view), len(view))))[:len(view)]
             theirs = np.asarray(env_features(obs))[rows]
             np.testing.assert_allclose(mine, theirs, rtol=2e-3, atol=2e-3)
             measured.append(np.count_nonzero(mine[:, factor_col]))

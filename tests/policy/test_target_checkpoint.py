@@ -9,6 +9,7 @@ from flax import serialization
 
 from dl2d.policy import registry
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy.checkpoint import CheckpointError, TargetCheckpoint, load_target, save_target
 from tests.testkit.sim import make_view
 
@@ -33,7 +34,7 @@ def test_a_saved_policy_loads_and_decides_as_the_one_saved(saved):
     ckpt = load_target(path)
     assert ckpt.config == CFG and ckpt.meta == {"world": "dl2"}
     view = _view()
-    want = T.TargetPolicy(CFG, params)(view)
+    want = TV.TargetPolicy(CFG, params)(view)
     got = registry.build("dl2-target", registry.PolicyOptions(checkpoint=str(path)))(view)
     np.testing.assert_array_equal(got.workers, want.workers)
     np.testing.assert_array_equal(got.ps, want.ps)
@@ -132,13 +133,13 @@ def test_jobs_of_a_kind_the_policy_never_trained_on_get_the_teachers_sizes():
     pair for them; the jobs of its own kind keep the network's choice."""
     params = T.init_params(CFG, jax.random.PRNGKey(5))
     view = _view()  # four PS jobs
-    learned, obs = T.TargetPolicy(CFG, params).actions(view)
+    learned, obs = TV.TargetPolicy(CFG, params).actions(view)
     padded = {k: np.asarray(v) for k, v in obs.items()}
     teacher = np.asarray(jax.jit(lambda o: T.teacher_actions(CFG, T.with_optimus(o)))(padded))
-    got, _ = T.TargetPolicy(CFG, params, kinds=("allreduce",)).actions(view)
+    got, _ = TV.TargetPolicy(CFG, params, kinds=("allreduce",)).actions(view)
     np.testing.assert_array_equal(got, teacher)
     assert not np.array_equal(learned, teacher)  # the untrained network's own choice differs
-    same, _ = T.TargetPolicy(CFG, params, kinds=("ps",)).actions(view)
+    same, _ = TV.TargetPolicy(CFG, params, kinds=("ps",)).actions(view)
     np.testing.assert_array_equal(same, learned)
 
 
@@ -154,7 +155,7 @@ def test_a_world_without_a_shipped_policy_needs_a_checkpoint_and_the_daemon_conf
 def test_a_policy_decides_on_a_cluster_whose_limits_are_below_its_levels():
     """Trained for up to 8 workers and 8 PS, run where a job may have 2 and 3: the levels above read the speed
     at the limit and the fill never passes it."""
-    policy = T.TargetPolicy(CFG, T.init_params(CFG, jax.random.PRNGKey(4)))
+    policy = TV.TargetPolicy(CFG, T.init_params(CFG, jax.random.PRNGKey(4)))
     view = make_view(["resnet-50", "vgg-16", "seq2seq"], servers=6, est=[20.0, 5.0, 50.0], max_workers=2, max_ps=3)
     alloc = policy(view)
     assert np.all(alloc.workers <= 2) and np.all(alloc.ps <= 3) and alloc.workers.sum() > 0
@@ -182,8 +183,8 @@ def test_the_fill_places_a_ps_jobs_bundles_before_its_other_tasks():
     cfg = T.TargetConfig(max_workers=8, max_ps=8, hidden=16)
     view = make_view(["resnet-50", "resnet-50"], spec=ClusterSpec(2, gpus=2.0, cpus=8.0, mem_gb=48.0),
                      arrival=[0, 0], est=[10.0, 100.0], max_workers=8, max_ps=8)
-    policy = T.TargetPolicy(cfg, T.init_params(cfg, jax.random.PRNGKey(0)))
-    obs = T.view_obs(cfg, view)
+    policy = TV.TargetPolicy(cfg, T.init_params(cfg, jax.random.PRNGKey(0)))
+    obs = TV.view_obs(cfg, view)
     pair = lambda w, p: cfg.levels.index(w) * len(cfg.ps_levels) + cfg.ps_levels.index(p)  # noqa: E731
     got = policy.place(view, np.array([pair(2, 4), pair(2, 2)]), obs)
     assert list(got.workers) == [2, 1] and list(got.ps) == [4, 1]

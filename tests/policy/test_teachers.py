@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dl2d.policy import target as T
+from dl2d.policy import target_view as TV
 from dl2d.policy import target_train as TT
 from dl2d.policy import teachers as TE
 from dl2d.policy.elastic import EFFICIENCY, efficient_sizes, elastic_srtf, size_curves
@@ -31,7 +32,7 @@ def test_the_jax_elastic_gives_elastics_sizes_on_a_simulated_run():
         redrawn = dataclasses.replace(view, prev_workers=rng.integers(0, 9, len(view)))
         for v in (view, redrawn):
             want = np.asarray(elastic_srtf(v).workers)
-            pairs = np.asarray(rule(T.padded(T.view_obs(tc, v), len(v))))[:len(v)]  # one compilation, every view
+            pairs = np.asarray(rule(TV.padded(TV.view_obs(tc, v), len(v))))[:len(v)]  # one compilation, every view
             sizes = lv[pairs // len(tc.ps_levels)]
             assert np.array_equal(sizes, want), f"slot {v.slot}"
             eff = efficient_sizes(size_curves(v), EFFICIENCY)
@@ -85,7 +86,7 @@ def test_the_teacher_is_part_of_the_policy_config_and_old_checkpoints_read_as_op
     for view, _ in steps[::6]:
         pairs = {}
         for c in configs:
-            x, pair = jitted[c.teacher](T.padded(T.view_obs(c, view), len(view)))
+            x, pair = jitted[c.teacher](TV.padded(TV.view_obs(c, view), len(view)))
             x, pairs[c.teacher] = np.asarray(x)[:len(view)], np.asarray(pair)[:len(view)]
             assert np.array_equal(x[:, -nl - np_:-np_].argmax(1), pairs[c.teacher] // np_)
             assert np.array_equal(np.asarray(T.features_teacher(c, x)), pairs[c.teacher])  # read back whole
@@ -112,7 +113,7 @@ def test_the_jax_relative_optimus_gives_relative_optimus_pairs_where_one_server_
         if not len(view):
             continue
         want, other = RelativeOptimus()(view), Optimus()(view)
-        got = np.asarray(rule(T.padded(T.view_obs(tc, view), len(view))))[: len(view)]
+        got = np.asarray(rule(TV.padded(TV.view_obs(tc, view), len(view))))[: len(view)]
         round_w = lambda w: lv[np.maximum(np.searchsorted(lv, w, side="right") - 1, 0)]  # noqa: E731
         round_p = lambda p: plv[np.maximum(np.searchsorted(plv, p, side="right") - 1, 0)]  # noqa: E731
         assert np.array_equal(lv[got // np_], round_w(want.workers)), f"slot {view.slot}"
@@ -135,7 +136,7 @@ def test_a_prior_on_the_teachers_pair_makes_an_untrained_policy_its_teacher():
         params = T.init_params(cfg, jax.random.PRNGKey(3))
         run = jax.jit(lambda p, o, cfg=cfg: (T.decide(cfg, p, o, ("ps", "allreduce"))["action"],
                                              TE.elastic(cfg, T.with_optimus(o))))  # compiled whole, not op by op
-        action, pair = run(params, T.padded(T.view_obs(cfg, view), len(view)))
+        action, pair = run(params, TV.padded(TV.view_obs(cfg, view), len(view)))
         picks[prior], teacher = np.asarray(action)[:len(view)], np.asarray(pair)[:len(view)]
     assert np.array_equal(picks[20.0], teacher)
     assert not np.array_equal(picks[0.0], teacher)
