@@ -98,6 +98,16 @@ class AllocationBuilder:
         held[j].extend(servers)
         return len(servers)
 
+    def add_sizes(self, j: int, workers: int, ps: int) -> None:
+        """Job j up to ``workers`` workers and ``ps`` PS in all, as far as the servers hold them: an all-reduce job
+        its workers (``ps`` unused); a PS job its first bundle (a worker and a PS together, or nothing: its PS do
+        not wait with no worker), then its further workers, then its further PS."""
+        if self.allreduce[j]:
+            self.add_up_to(j, "worker", workers - self.workers(j))
+        elif self.add(j, "bundle"):
+            self.add_up_to(j, "worker", workers - self.workers(j))
+            self.add_up_to(j, "ps", ps - self.ps(j))
+
     def add_gang(self, j: int, workers: int, ps: int, stay: bool = False) -> bool:
         """Add ``workers`` workers and ``ps`` PS to job j all together, or nothing (a job that starts whole). A
         packed all-reduce job's workers are placed knowing how many are still to come (`add`'s ``want``);

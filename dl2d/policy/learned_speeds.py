@@ -109,13 +109,8 @@ class Explorer(IgnoresFeedback):
         for j in self.rng.permutation(len(view)):
             j = int(j)
             workers = int(self.rng.integers(1, view.max_workers + 1))
-            if view.allreduce[j]:
-                b.add_up_to(j, "worker", workers)
-                continue
-            ps = int(self.rng.integers(1, view.max_ps + 1))
-            if b.add(j, "bundle"):
-                b.add_up_to(j, "worker", workers - 1)
-                b.add_up_to(j, "ps", ps - 1)
+            ps = 0 if view.allreduce[j] else int(self.rng.integers(1, view.max_ps + 1))  # drawn as before
+            b.add_sizes(j, workers, ps)
         return b.allocation()
 
 

@@ -124,19 +124,10 @@ def carry_out(view: SlotView, order: list[int], sizes: np.ndarray, options: list
     servers, as far as they hold it: an all-reduce job its workers; a PS job its first bundle, then its workers
     and PS."""
     b = AllocationBuilder(view)
-    allreduce = view.allreduce  # built from the jobs' kinds on every access
     for j in order:
         k = sizes[j]
-        if k < 0:
-            continue
-        ps, workers = int(options[j][0][k]), int(options[j][1][k])
-        if allreduce[j]:
-            b.add_up_to(j, "worker", workers)
-            continue
-        if not b.add(j, "bundle"):
-            continue
-        b.add_up_to(j, "worker", workers - b.workers(j))
-        b.add_up_to(j, "ps", ps - b.ps(j))
+        if k >= 0:
+            b.add_sizes(j, int(options[j][1][k]), int(options[j][0][k]))
     return b.allocation()
 
 

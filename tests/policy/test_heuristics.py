@@ -29,6 +29,15 @@ def counts(alloc):
     return alloc.workers.tolist(), alloc.ps.tolist()
 
 
+def test_add_sizes_gives_a_ps_job_its_bundle_first_then_workers_then_ps_as_far_as_they_fit():
+    view = make_view(["resnet-50"] * 3, spec=BIG8)
+    b = B.AllocationBuilder(view)
+    b.add_sizes(0, 3, 5)  # 3 GPUs, 16 of the 32 cores
+    b.add_sizes(1, 6, 1)  # a bundle, then 4 of the 5 further workers: the GPUs run out
+    b.add_sizes(2, 2, 2)  # no GPU left: no bundle, so no PS waits without a worker
+    assert counts(b.allocation()) == ([3, 5, 0], [5, 1, 0])
+
+
 # ---------------------------------------------------------------- FIFO / SRTF
 
 def test_fifo_gives_the_first_arrival_everything_it_may_have():
