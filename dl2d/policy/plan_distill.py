@@ -71,13 +71,28 @@ def pair_labels(tcfg: T.TargetConfig, workers, ps, allreduce) -> np.ndarray:
     return (w * len(tcfg.ps_levels) + np.where(allreduce, 0, p)).astype(np.int32)
 
 
+@functools.lru_cache(maxsize=8)
+def _jitted_features(tcfg: T.TargetConfig) -> Callable:
+    return jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
+
+
+def slot_sample(tcfg: T.TargetConfig, obs: dict, view, alloc) -> tuple:
+    """One slot of :class:`Samples` (x, active, allreduce, label), for :meth:`Samples.stack`: the features of
+    ``obs`` (``view``'s observation, padded here as the network's decision pads it) and ``alloc``'s pairs as the
+    labels (0 on the padding). The recorders' one step (this module's and dl2d.policy.plan_net's)."""
+    padded = TV.padded(obs, len(view))
+    label = np.zeros(len(padded["active"]), np.int32)
+    label[:len(view)] = pair_labels(tcfg, alloc.workers, alloc.ps, view.allreduce)
+    return (np.asarray(_jitted_features(tcfg)(padded), np.float32), padded["active"].copy(),
+            np.asarray(padded["allreduce"], bool), label)
+
+
 class Recorder:
     """A Policy for one simulator run: records every slot's features and the planner's pairs, and carries out
     the network's choice (``params``) or, without params, the planner's own."""
 
     def __init__(self, tcfg: T.TargetConfig, planner: Callable, params=None):
         self.tcfg, self.planner, self.params = tcfg, planner, params
-        self.features = jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
         self.net = TV.TargetPolicy(tcfg, params) if params is not None else None
         self.parts: list[tuple] = []
         self.name = "plan-recorder"
@@ -86,13 +101,7 @@ class Recorder:
         plan = self.planner(view)
         if not len(view):
             return plan
-        obs = TV.view_obs(self.tcfg, view)
-        padded = TV.padded(obs, len(view))
-        rows = len(padded["active"])
-        label = np.zeros(rows, np.int32)
-        label[:len(view)] = pair_labels(self.tcfg, plan.workers, plan.ps, view.allreduce)
-        self.parts.append((np.asarray(self.features(padded), np.float32), padded["active"].copy(),
-                           np.asarray(padded["allreduce"], bool), label))
+        self.parts.append(slot_sample(self.tcfg, TV.view_obs(self.tcfg, view), view, plan))
         return plan if self.net is None else self.net(view)
 
     def applied(self, view, allocation, overridden: bool) -> None:

@@ -128,28 +128,17 @@ class Recorder:
     name = "plan-net-recorder"
 
     def __init__(self, tcfg, teacher: Callable, table: np.ndarray, driver: Callable | None = None):
-        import jax
-
-        from dl2d.policy import target as T
-
         _check(tcfg)
         self.tcfg, self.teacher, self.table, self.driver = tcfg, teacher, table, driver
-        self.features = jax.jit(lambda o: T.job_features(tcfg, T.with_optimus(o)))
         self.parts: list[tuple] = []
 
     def __call__(self, view: SlotView):
-        from dl2d.policy import target_view as TV
-        from dl2d.policy.plan_distill import pair_labels
+        from dl2d.policy.plan_distill import slot_sample
 
         alloc = self.teacher(view)
         if not len(view):
             return alloc
-        obs, _ = plan_obs(self.tcfg, view, self.table)
-        padded = TV.padded(obs, len(view))
-        label = np.zeros(len(padded["active"]), np.int32)
-        label[:len(view)] = pair_labels(self.tcfg, alloc.workers, alloc.ps, view.allreduce)
-        self.parts.append((np.asarray(self.features(padded), np.float32), padded["active"].copy(),
-                           np.asarray(padded["allreduce"], bool), label))
+        self.parts.append(slot_sample(self.tcfg, plan_obs(self.tcfg, view, self.table)[0], view, alloc))
         return alloc if self.driver is None else self.driver(view)
 
     def applied(self, view, allocation, overridden: bool) -> None:
