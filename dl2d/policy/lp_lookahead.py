@@ -188,17 +188,24 @@ class Lookahead(IgnoresFeedback):
         return best[3]
 
     def value(self, view: SlotView, alloc: Allocation) -> float:
-        """The sum over the view's jobs of their completion times (seconds from now): ``alloc``, then the
-        planner for ``horizon`` - 1 slots, simulated; then the program's lower bound for the jobs left."""
-        total, v = 0.0, view
-        for h in range(self.horizon):
-            v, finished = after_slot(v, alloc)
-            total += float(np.sum(finished + h * view.slot_seconds))
-            if v is None:
-                return total
-            if h + 1 < self.horizon:
-                alloc = LP.lp_plan(v, in_bucket=self.in_bucket)
-        return total + len(v) * self.horizon * view.slot_seconds + LP.plan(v, in_bucket=self.in_bucket).value
+        """:func:`horizon_value` at this lookahead's horizon and program."""
+        return horizon_value(view, alloc, self.horizon, self.in_bucket)
+
+
+def horizon_value(view: SlotView, alloc: Allocation, horizon: int, in_bucket: int) -> float:
+    """The sum over the view's jobs of their completion times (seconds from now) at the speeds the view believes:
+    ``alloc``, then the planner (its program with ``in_bucket`` tangent lines) for ``horizon`` - 1 slots,
+    simulated; then the program's lower bound for the jobs left. Lower is better: the lookahead's score of a
+    candidate, and what keeps a departure of ``dl2-plan-checked`` (dl2d.policy.plan_net)."""
+    total, v = 0.0, view
+    for h in range(horizon):
+        v, finished = after_slot(v, alloc)
+        total += float(np.sum(finished + h * view.slot_seconds))
+        if v is None:
+            return total
+        if h + 1 < horizon:
+            alloc = LP.lp_plan(v, in_bucket=in_bucket)
+    return total + len(v) * horizon * view.slot_seconds + LP.plan(v, in_bucket=in_bucket).value
 
 
 #: The registered policy's settings: the wider local moves alone (no random rounding: the same slot gets the
