@@ -6,6 +6,10 @@ run on the validation traces (500-504), the planner beside it, and, with ``--hel
 
     python bench/bench_plan_net.py --train-seeds 2000-2023 --cache DIR --out FILE.msgpack
 
+A saved network without training: ``--evaluate NET.msgpack`` (``--check 3``: as ``dl2-plan-checked``, each
+departure kept only where 3 slots simulated on the learned table say it helps), on ``--validation`` and
+``--held-out``.
+
 DAgger: ``--dagger NET.msgpack=SEEDS`` (repeatable) adds the slots of the traces of SEEDS driven by that
 network (a checkpoint of this bench), labelled by the lookahead as before: the states the network itself reaches,
 which the lookahead's own runs do not show it.
@@ -89,20 +93,54 @@ def run_policy(policy, cluster: str, jobs: int, seed: int) -> float:
     return float(E.run(TT.make_trace(s, cfg, seed), policy, cfg, seed=seed).jct_slots.mean())
 
 
-def score(tcfg, params, table, cluster, jobs, seeds, planner: bool) -> list[dict]:
+def score_row(pol, table, cluster: str, jobs: int, seed: int, planner: bool) -> dict:
+    """One trace's JSON row: the network's JCT and how often it departed (with its check: how many departures
+    the model kept and turned down), and the planner's beside it where ``planner``."""
     from dl2d.policy import lp_plan as LP
 
-    rows = []
-    for seed in seeds:
-        pol = PN.PlanNetPolicy(tcfg, params, table)
-        t0 = time.perf_counter()
-        row = {"seed": seed, "network": round(run_policy(pol, cluster, jobs, seed), 3),
-               "departures": round(pol.departures / max(pol.jobs, 1), 4), "seconds": round(time.perf_counter() - t0, 1)}
-        if planner:
-            row["planner"] = round(run_policy(LP.on_table(table, in_bucket=PN.IN_BUCKET), cluster, jobs, seed), 3)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    return rows
+    t0 = time.perf_counter()
+    row = {"seed": seed, "network": round(run_policy(pol, cluster, jobs, seed), 3),
+           "departures": round(pol.departures / max(pol.jobs, 1), 4), "seconds": round(time.perf_counter() - t0, 1)}
+    if pol.check:
+        row.update(check=pol.check, kept=pol.kept, rejected=pol.rejected)
+    if planner:
+        row["planner"] = round(run_policy(LP.on_table(table, in_bucket=PN.IN_BUCKET), cluster, jobs, seed), 3)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def score(tcfg, params, table, cluster, jobs, seeds, planner: bool, check: int = 0) -> list[dict]:
+    return [score_row(PN.PlanNetPolicy(tcfg, params, table, check=check), table, cluster, jobs, seed, planner)
+            for seed in seeds]
+
+
+def score_saved(job) -> dict:
+    """score_row of a saved network (a process of the pool: ``job`` is (network, table, check, cluster, jobs,
+    seed, planner))."""
+    net, table_path, check, cluster, jobs, seed, planner = job
+    pol = PN.load(net, table_path, check=check)
+    return score_row(pol, pol.table, cluster, jobs, seed, planner)
+
+
+def evaluate(args, table_path: str) -> None:
+    """``--evaluate``: a saved network (with ``--check``) on the validation traces, the planner beside it, and on
+    the held-out ones, in ``--workers`` processes; a JSON line per trace and one at the end, nothing written."""
+    try:
+        PN.load(args.evaluate, table_path)
+    except Exception as e:  # noqa: BLE001 - a bad file stops the run, named
+        raise SystemExit(f"--evaluate: {e}") from None
+    sets = {"validation": (seed_range(args.validation), True)}
+    if args.held_out:
+        sets["held_out"] = (seed_range(args.held_out), False)
+    summary = {"evaluate": os.path.basename(args.evaluate), "check": args.check}
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        for name, (seeds, planner) in sets.items():
+            rows = list(pool.map(score_saved, [(args.evaluate, table_path, args.check, args.cluster, args.jobs, s,
+                                                planner) for s in seeds]))
+            summary[f"{name}_mean"] = round(float(np.mean([r["network"] for r in rows])), 3)
+            if planner:
+                summary[f"planner_{name}_mean"] = round(float(np.mean([r["planner"] for r in rows])), 3)
+    print(json.dumps(summary), flush=True)
 
 
 def main() -> None:
@@ -123,8 +161,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cache", default=None)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--check", type=int, default=0,
+                    help="score with each departure checked by this many slots simulated (dl2-plan-checked: 3)")
+    ap.add_argument("--evaluate", default=None, metavar="NET",
+                    help="train nothing: score the saved network NET on the validation and held-out traces")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.check < 0 or args.workers < 1:
+        raise SystemExit("--check must be at least 0 and --workers at least 1")
+    if args.evaluate:
+        if not os.path.isfile(args.evaluate):
+            raise SystemExit(f"--evaluate: no network file {args.evaluate!r}")
+        return evaluate(args, args.table or str(LS.SHIPPED))
+    if not args.out:
+        raise SystemExit("--out FILE is needed to train (or --evaluate NET to score a saved network)")
     try:
         seeds = [s for part in args.train_seeds.split(",") for s in seed_range(part)]
     except ValueError:
@@ -176,7 +226,7 @@ def main() -> None:
 
     params, loss = D.fit(tcfg, params, data, args.iters, lr=args.lr, batch=args.batch,
                          departure_weight=args.departure_weight)
-    validation = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.validation), True)
+    validation = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.validation), True, args.check)
     mean = lambda rows, k: round(float(np.mean([r[k] for r in rows])), 3)
     meta = {"world": "dl2", "cluster": args.cluster, "jobs": args.jobs, "teacher": "lp-lookahead",
             "method": "distilled: the lookahead's pairs on its own runs, departures from the planner weighted",
@@ -190,7 +240,7 @@ def main() -> None:
     save_target(args.out, TargetCheckpoint(tcfg, params, meta))
     summary = {k: meta[k] for k in ("validation_jct_mean", "planner_validation_jct_mean")}
     if args.held_out:  # the network alone (the planner's held-out JCTs: bench_plan_lookahead.py --table)
-        held = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.held_out), False)
+        held = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.held_out), False, args.check)
         summary["held_out_mean"] = mean(held, "network")
     print(json.dumps({"out": args.out, **summary}), flush=True)
 

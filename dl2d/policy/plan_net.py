@@ -14,6 +14,12 @@ the departures), and decides with one program solve a slot (30 ms at the median 
 cost, not the network's, grows with the jobs: dl2d.policy.lp_plan). On `testbed`'s held-out traces it is 3.10 %
 above the LP bound, the planner 3.73 %, the lookahead 2.78 % (docs/BENCHMARKS.md, stop 46).
 
+Registered as ``dl2-plan-checked``, each departure the network proposes is kept only where 3 slots simulated on
+the learned table (lp_lookahead.horizon_value) say it helps (PlanNetPolicy's ``check``): what the lookahead's
+departures depend on, the next few slots, is what the plan's columns do not show, and more labels or a DAgger
+round did not teach it (stop 47). On `testbed`'s held-out traces 2.85 % above the bound, inside issue 16's bar
+(docs/BENCHMARKS.md, stop 48), at a program solve a slot plus three per departure tried.
+
 The network's speed curves are the learned table's too (lp_plan.measured_view), as the planner's.
 """
 from __future__ import annotations
@@ -69,24 +75,62 @@ def _check(cfg) -> None:
 
 class PlanNetPolicy:
     """The network on a view (dl2d.policy.target_view.TargetPolicy's decision and fill) with its observation from
-    :func:`plan_obs`. ``departures``/``jobs``: how many job-slots it gave a pair other than the planner's."""
+    :func:`plan_obs`. ``departures``/``jobs``: how many job-slots it gave a pair other than the planner's.
 
-    def __init__(self, cfg, params, table: np.ndarray, name: str = "dl2-plan", kinds=("ps", "allreduce")):
+    With ``check`` > 0 (``dl2-plan-checked``) a departure is kept only where the model agrees: starting from the
+    planner's pairs, each job the network departs on takes the network's pair in turn, kept where the fill's
+    :func:`dl2d.policy.lp_lookahead.horizon_value` (``check`` slots simulated on the learned table, then the
+    program's bound) is lower than without it (``kept``/``rejected`` count them). Why: the network departs on
+    6-7 % of the job-slots, and some of those departures cost more than they gain; the lookahead's own search
+    scores tens of candidates a slot, this scores one per departure (3 program solves each at ``check`` 3)."""
+
+    def __init__(self, cfg, params, table: np.ndarray, name: str = "dl2-plan", kinds=("ps", "allreduce"),
+                 check: int = 0):
         from dl2d.policy.target_view import TargetPolicy
 
         _check(cfg)
-        self.table, self.name = table, name
+        if check < 0:
+            raise ValueError(f"check must be at least 0 slots, got {check}")
+        self.table, self.name, self.check = table, name, int(check)
         self.net = TargetPolicy(cfg, params, name, kinds)
-        self.departures = self.jobs = 0
+        self.departures = self.jobs = self.kept = self.rejected = 0
 
     def __call__(self, view: SlotView):
         obs, _ = plan_obs(self.net.cfg, view, self.table)
         if not len(view):
             return self.net.place(view, np.zeros(0, int), obs)
         action, _ = self.net.actions(view, obs)
+        if self.check:
+            action = self.checked(view, obs, action)
         self.departures += int(np.sum(action != obs["plan_pair"]))
         self.jobs += len(view)
         return self.net.place(view, action, obs)
+
+    def checked(self, view: SlotView, obs: dict, action: np.ndarray) -> np.ndarray:
+        """The planner's pairs with those of ``action``'s departures that lower the horizon value, tried in job
+        order, each on top of those kept before it."""
+        from dl2d.policy.lp_lookahead import horizon_value
+
+        plan = np.asarray(obs["plan_pair"])
+        departs = np.flatnonzero(action != plan)
+        if not len(departs):
+            return action
+        mv = LP.measured_view(view, self.table)
+
+        def value(pairs):
+            return horizon_value(mv, self.net.place(view, pairs, obs), self.check, IN_BUCKET)
+
+        out, best = plan.copy(), value(plan)
+        for j in departs:
+            trial = out.copy()
+            trial[j] = action[j]
+            v = value(trial)
+            if v < best:
+                out, best = trial, v
+                self.kept += 1
+            else:
+                self.rejected += 1
+        return out
 
     def applied(self, view, allocation, overridden: bool) -> None:
         pass
@@ -164,9 +208,10 @@ def collect(tcfg, cfg, trace, seed: int, table: np.ndarray, driver: Callable | N
 
 # ------------------------------------------------------------------------------------------ the registry
 
-def load(path=None, table_path=None) -> PlanNetPolicy:
+def load(path=None, table_path=None, check: int = 0) -> PlanNetPolicy:
     """The shipped network (or the checkpoint at ``path``) on the package's learned table (or ``table_path``'s),
-    refused (ValueError naming both) where the checkpoint was trained on another table than the one given."""
+    refused (ValueError naming both) where the checkpoint was trained on another table than the one given;
+    ``check``: PlanNetPolicy's."""
     from dl2d.policy.checkpoint import load_target
     from dl2d.policy.dl2_target import trained_kinds
 
@@ -177,15 +222,25 @@ def load(path=None, table_path=None) -> PlanNetPolicy:
     if want and want != meta["sha256"]:
         raise ValueError(f"{path} was trained on the speed table {want[:12]}, {table_path or LS.SHIPPED} is "
                          f"{meta['sha256'][:12]}: give the table it was trained on")
-    return PlanNetPolicy(ckpt.config, ckpt.params, table, kinds=trained_kinds(ckpt.meta))
+    return PlanNetPolicy(ckpt.config, ckpt.params, table, name="dl2-plan-checked" if check else "dl2-plan",
+                         kinds=trained_kinds(ckpt.meta), check=check)
 
 
-def _build(options: PolicyOptions):
-    from dl2d.policy.optimus import FittedOptimus
+#: The check's horizon of ``dl2-plan-checked``: the lookahead's (lp_lookahead.REGISTERED).
+CHECK_SLOTS = 3
 
-    path = options.checkpoint or str(PRETRAINED)
-    log.info("policy: dl2-plan from %s", path)
-    return FittedOptimus(rule=load(path), name="dl2-plan")
+
+def _builder(check: int):
+    name = "dl2-plan-checked" if check else "dl2-plan"
+
+    def build(options: PolicyOptions):
+        from dl2d.policy.optimus import FittedOptimus
+
+        path = options.checkpoint or str(PRETRAINED)
+        log.info("policy: %s from %s", name, path)
+        return FittedOptimus(rule=load(path, check=check), name=name)
+
+    return build
 
 
 def _check_options(options: PolicyOptions) -> list[tuple[str, str]]:
@@ -197,5 +252,9 @@ def _check_options(options: PolicyOptions) -> list[tuple[str, str]]:
 
 register(PolicyEntry("dl2-plan", "DL2 world: the target-size network reading the planner's plan on the learned speed "
                      "table (its pair, order, shares) and learning where to depart from it, from the lookahead; one "
-                     "program solve a slot", _build, _check_options, learned=True,
+                     "program solve a slot", _builder(0), _check_options, learned=True,
+                     trained_by="python bench/bench_plan_net.py", options=("checkpoint",)))
+register(PolicyEntry("dl2-plan-checked", "DL2 world: dl2-plan, each of its departures from the plan kept only where "
+                     "3 slots simulated on the learned table say it helps; a few program solves a slot",
+                     _builder(CHECK_SLOTS), _check_options, learned=True,
                      trained_by="python bench/bench_plan_net.py", options=("checkpoint",)))

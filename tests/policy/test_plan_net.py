@@ -2,7 +2,9 @@
 planner, its relative head moves the planner's pair, its loss weighs departures, and the JAX side refuses it."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -177,11 +179,95 @@ def test_the_shipped_network_loads_on_its_table_and_gives_its_recorded_validatio
     assert meta["validation_jct_mean"] < meta["planner_validation_jct_mean"]
 
 
-def test_dl2_plan_is_registered_and_schedules_a_dl2_trace():
+#: The record of dl2-plan-checked's validation and held-out runs (docs/BENCHMARKS.md, stop 48).
+CHECKED_RECORD = Path(__file__).resolve().parents[2] / "docs" / "bench" / "dl2_plan_checked_stop48.jsonl"
+
+
+def test_the_checked_network_gives_its_recorded_validation_jct():
+    from dl2d.policy import registry
+    from dl2d.policy import target_train as TT
+
+    rows = [json.loads(line) for line in CHECKED_RECORD.read_text().splitlines() if line.strip()]
+    bench = [r for r in rows if r.get("source") == "bench" and r.get("cluster") == "testbed"
+             and r.get("check") == PN.CHECK_SLOTS and r.get("set") == "validation"]
+    assert sorted(r["seed"] for r in bench) == load_target(PN.PRETRAINED).meta["validation_seeds"]
+    row = next(r for r in bench if r["seed"] == 501)
+    setup = TT.TrainSetup(world="dl2", cluster="testbed", jobs=30)
+    cfg = TT.sim_config(setup)
+    policy = registry.build("dl2-plan-checked")
+    res = E.run(TT.make_trace(setup, cfg, 501), policy, cfg, seed=501)
+    assert float(res.jct_slots.mean()) == pytest.approx(row["network"], abs=1e-2)
+    assert (policy.rule.kept, policy.rule.rejected) == (row["kept"], row["rejected"])
+    # on the validation traces together, better than the unchecked network's record
+    assert np.mean([r["network"] for r in bench]) < load_target(PN.PRETRAINED).meta["validation_jct_mean"]
+
+
+@pytest.mark.parametrize("name, check", [("dl2-plan", 0), ("dl2-plan-checked", PN.CHECK_SLOTS)])
+def test_dl2_plan_is_registered_and_schedules_a_dl2_trace(name, check):
     from dl2d.policy import registry
 
-    entry = registry.get("dl2-plan")
+    entry = registry.get(name)
     assert entry.learned and entry.daemon and not entry.heuristic
-    policy = registry.build("dl2-plan")
+    policy = registry.build(name)
+    assert policy.name == name and policy.rule.check == check
     res = tiny_run(policy, jobs=5)
     assert np.isfinite(res.jct_slots).all() and policy.rule.jobs > 0
+    assert policy.rule.departures == policy.rule.kept if check else policy.rule.kept == 0
+
+
+class CheckWatcher:
+    """A Policy for one run: the checked network decides each slot; beside it, its proposals (the network's
+    pairs) and what the check kept of them, with the horizon value of the plan and of the kept pairs."""
+
+    def __init__(self, policy: PN.PlanNetPolicy):
+        self.policy, self.rows = policy, []
+
+    def __call__(self, view):
+        from dl2d.policy.lp_lookahead import horizon_value
+
+        pol = self.policy
+        if len(view):
+            obs, _ = PN.plan_obs(pol.net.cfg, view, pol.table)
+            action, _ = pol.net.actions(view, obs)
+            kept = pol.checked(view, obs, action.copy())
+            plan = np.asarray(obs["plan_pair"])
+            mv = LP.measured_view(view, pol.table)
+            value = lambda pairs: horizon_value(mv, pol.net.place(view, pairs, obs), pol.check,  # noqa: E731
+                                                PN.IN_BUCKET)
+            self.rows.append((action, kept, plan, value(plan), value(kept)))
+        return pol(view)
+
+    def applied(self, view, allocation, overridden: bool) -> None:
+        pass
+
+    def observe(self, reward: float) -> None:
+        pass
+
+
+def test_the_check_keeps_only_the_networks_departures_that_lower_the_simulated_value(start, table):
+    tcfg, params = start
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    move = T.RELATIVE_MOVES.index((0, 1))  # one PS level more than the planner, wherever there is one
+    params["relative"]["bias"] = params["relative"]["bias"].at[move].set(10.0)
+    free = PN.PlanNetPolicy(tcfg, params, table)
+    tiny_run(free)
+    assert free.departures > 0.2 * free.jobs  # unchecked, it departs wherever there is a PS level more
+    with pytest.raises(ValueError, match="check"):
+        PN.PlanNetPolicy(tcfg, params, table, check=-1)
+    watch = CheckWatcher(PN.PlanNetPolicy(tcfg, params, table, check=2))
+    res = tiny_run(watch)
+    assert np.isfinite(res.jct_slots).all()
+    proposed = kept = 0
+    for action, out, plan, plan_value, kept_value in watch.rows:
+        moved = out != plan
+        np.testing.assert_array_equal(out[moved], action[moved])  # a departure kept is the network's own
+        if moved.any():
+            assert kept_value < plan_value  # ... and, all kept together, better than the plan by the model
+        else:
+            assert kept_value == plan_value
+        proposed += int(np.sum(action != plan))
+        kept += int(moved.sum())
+    pol = watch.policy
+    # the watcher asked the check once more a slot than the policy's own decision: its counts are doubled
+    assert pol.kept + pol.rejected == 2 * proposed and pol.departures == kept
+    assert 0 < kept < proposed  # some of the network's departures pass the check, not all
