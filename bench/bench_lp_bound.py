@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -112,8 +114,8 @@ def main() -> None:
                                seed=args.philly_seed, max_gpus=today.max_workers)
         add(PHILLY, "philly 2x on 512 GPUs", from_workload(jobs, cfg.slot_seconds, seed=args.philly_seed), cfg,
             args.philly_buckets)
-    out = {"command": "python bench/bench_lp_bound.py " + " ".join(
-               f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False)),
+    # the command as typed (quoted so that it runs again as it stands: an empty --results stays '')
+    out = {"command": "python bench/bench_lp_bound.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
            "rows": rows, "summary": {g: summary(r) for g, r in rows.items()}, "wall_s": round(time.time() - t0)}
     print(json.dumps(out["summary"], indent=1))
     if args.out:
