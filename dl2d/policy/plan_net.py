@@ -231,14 +231,13 @@ CHECK_SLOTS = 3
 
 
 def _builder(check: int):
-    name = "dl2-plan-checked" if check else "dl2-plan"
-
     def build(options: PolicyOptions):
         from dl2d.policy.optimus import FittedOptimus
 
         path = options.checkpoint or str(PRETRAINED)
-        log.info("policy: %s from %s", name, path)
-        return FittedOptimus(rule=load(path, check=check), name=name)
+        rule = load(path, check=check)  # named by load: dl2-plan, or dl2-plan-checked with a check
+        log.info("policy: %s from %s", rule.name, path)
+        return FittedOptimus(rule=rule, name=rule.name)
 
     return build
 
