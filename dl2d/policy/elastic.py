@@ -47,19 +47,32 @@ def efficient_sizes(curves: np.ndarray, efficiency: float) -> np.ndarray:
     return np.where(good.any(axis=1), np.where(good, k[None, :], 0).max(axis=1), 1)
 
 
-def elastic_srtf(view: SlotView, efficiency: float = EFFICIENCY, keep_gain: float = KEEP_GAIN) -> Allocation:
+def elastic_srtf(view: SlotView, efficiency: float = EFFICIENCY, keep_gain: float = KEEP_GAIN,
+                 priority: np.ndarray | None = None, cap: np.ndarray | None = None) -> Allocation:
+    """The policy (module docstring). ``priority`` [jobs], if given, multiplies each job's remaining work in the
+    order by exp(priority) (0: as is; higher: later), and ``cap`` [jobs] bounds each job's workers: neither is
+    set by the registered policy; bench/bench_oracle_search.py searches them per trace to see how much better a
+    schedule of this shape can be."""
     b = AllocationBuilder(view)
     curves = size_curves(view)
     rem = view.remaining_epochs
     want = efficient_sizes(curves, efficiency)
     fastest = curves.argmax(axis=1)
     prev = view.prev_workers
+    if cap is not None:
+        cap = np.maximum(np.asarray(cap, int), 1)
+        want, fastest = np.minimum(want, cap), np.minimum(fastest, cap)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_prev = np.where(curves[np.arange(len(view)), prev] > 0, rem / curves[np.arange(len(view)), prev], np.inf)
         t_want = rem / curves[np.arange(len(view)), want]
     keep = (prev > 0) & (t_prev <= t_want * (1 + keep_gain))
+    if cap is not None:
+        keep &= prev <= cap
     want = np.where(keep, prev, want)
-    order = np.lexsort((view.arrival_slot, remaining_time_estimate(view)))
+    work = remaining_time_estimate(view)
+    if priority is not None:
+        work = work * np.exp(np.asarray(priority, float))
+    order = np.lexsort((view.arrival_slot, work))
     for j in (int(j) for j in order):
         while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):
             pass

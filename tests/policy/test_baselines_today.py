@@ -132,6 +132,25 @@ def test_elastic_keeps_a_running_size_when_a_resize_would_gain_little():
     assert moved.workers[0] == size
 
 
+def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_policy():
+    """The knobs bench/bench_oracle_search.py searches: zeros and caps at the limit are the registered policy; a
+    cap bounds a job's workers; a priority moves a job in the order (here: the long job served before the short
+    one it would wait for)."""
+    from dl2d.policy.elastic import elastic_srtf
+    tr = trace_of((0, "imagenet", 8, 3200), (0, "ncf", 1, 256), (0, "cifar10", 4, 512))
+    _, views = run_slots(tr, elastic_srtf, 1)
+    view, plain = views[0]
+    n = len(view)
+    same = elastic_srtf(view, priority=np.zeros(n), cap=np.full(n, view.max_workers))
+    assert np.array_equal(same.workers, plain.workers) and same.worker_servers == plain.worker_servers
+    assert plain.workers.sum() == 8 and plain.workers[0] < 8  # contended: the long imagenet job gets what is left
+    capped = elastic_srtf(view, cap=np.array([2, 1, 1]))
+    assert list(capped.workers) == [2, 1, 1]
+    first = elastic_srtf(view, priority=np.array([-50.0, 0.0, 0.0]))
+    from dl2d.policy.elastic import efficient_sizes, size_curves
+    assert first.workers[0] == min(8, int(efficient_sizes(size_curves(view), 0.6)[0])) > plain.workers[0]
+
+
 @pytest.mark.parametrize("name", registry.names())
 def test_every_policy_schedules_a_model_never_seen(name):
     """The daemon gives an all-reduce job of a model outside the catalog the class catalog.UNSEEN and a prior
