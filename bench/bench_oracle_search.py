@@ -7,12 +7,15 @@ the planner built on it is no better than elastic there. This searches, for one 
 rule with a priority per job (its remaining work in the order times exp(priority)) and a cap on its workers
 (``dl2d.policy.elastic.elastic_srtf``'s ``priority`` and ``cap``), scored by the true simulator on that very
 workload and seed: a hill climb from elastic itself (priority 0, no cap), each step changing 1-3 jobs' priority
-(+ N(0, 1)) or cap (one of a few sizes), kept when the workload's average JCT is lower. It reads what no scheduler
+(+ N(0, 1)) or cap (one of a few sizes), kept when the workload's average JCT is lower. With ``--knobs`` each
+job's efficiency and keep thresholds (elastic's two settings) may be searched too: the cap can only make a job
+smaller, and on a lightly contended workload what elastic loses is jobs held below their fastest size. It reads what no scheduler
 can (the whole trace, its hidden speeds, the noise draws of its seed), so what it finds is not a policy; it is a
 schedule that exists, so the optimum is at most that. Seeded: the same arguments give the same figures.
 
     python bench/bench_oracle_search.py [--folder workloads] [--workloads 1,2] [--runs 500] [--frictionless]
-        [--workers 2] [--seed 0] [--bounds docs/bench/lp_bound_today_stop48.json] [--out FILE.jsonl]
+        [--workers 2] [--seed 0] [--knobs priority,cap[,efficiency,keep]]
+        [--bounds docs/bench/lp_bound_today_stop48.json] [--out FILE.jsonl]
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.policy.elastic import elastic_srtf
+from dl2d.policy.elastic import EFFICIENCY, KEEP_GAIN, elastic_srtf
 from dl2d.sim import engine as E
 from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world
@@ -35,32 +38,49 @@ from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
 MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
 CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the sizes a step may cap a job at
+EFFICIENCIES = (0.2, 0.4, 0.6, 0.8, 0.95)  # a job's efficiency threshold (elastic's is 0.6)
+KEEP_GAINS = (0.0, 0.1, 0.3, 1.0, 10.0)  # a job's keep threshold (elastic's is 0.3)
+KNOBS = ("priority", "cap", "efficiency", "keep")
 FRICTIONLESS = {"resize_overhead_s": 0.0, "slot_noise": 0.0, "shared_node_slowdown": 0.0}
 
 
 class Searched:
-    """elastic with per-trace-job priority and cap, as a scheduler (the view's jobs are trace indices)."""
+    """elastic with a priority, cap, efficiency and keep threshold per trace job, as a scheduler (the view's jobs
+    are trace indices)."""
 
-    def __init__(self, priority: np.ndarray, cap: np.ndarray):
-        self.priority, self.cap, self.name = priority, cap, "elastic-searched"
+    def __init__(self, knobs: dict[str, np.ndarray]):
+        self.knobs, self.name = knobs, "elastic-searched"
 
     def __call__(self, view):
-        return elastic_srtf(view, priority=self.priority[view.job_ids], cap=self.cap[view.job_ids])
+        k = {name: v[view.job_ids] for name, v in self.knobs.items()}
+        return elastic_srtf(view, efficiency=k["efficiency"], keep_gain=k["keep"], priority=k["priority"],
+                            cap=k["cap"])
 
 
-def step(rng: np.random.Generator, priority: np.ndarray, cap: np.ndarray, max_workers: int):
-    """A neighbour: 1-3 jobs' priority moved by N(0, 1) (60 %) or cap set to one of CAPS (40 %)."""
-    priority, cap = priority.copy(), cap.copy()
+def start(jobs: int, max_workers: int) -> dict[str, np.ndarray]:
+    """elastic's own knobs: priority 0, no cap, its two thresholds."""
+    return {"priority": np.zeros(jobs), "cap": np.full(jobs, max_workers), "efficiency": np.full(jobs, EFFICIENCY),
+            "keep": np.full(jobs, KEEP_GAIN)}
+
+
+def step(rng: np.random.Generator, knobs: dict[str, np.ndarray], searched: tuple[str, ...], max_workers: int):
+    """A neighbour: 1-3 jobs each get one knob changed: the priority moved by N(0, 1) (60 %), else another of
+    ``searched`` set to one of its values (CAPS, EFFICIENCIES, KEEP_GAINS), each as likely."""
+    knobs = {name: v.copy() for name, v in knobs.items()}
     caps = [c for c in CAPS if c <= max_workers]
-    for j in rng.choice(len(priority), size=int(rng.integers(1, 4)), replace=False):
-        if rng.random() < 0.6:
-            priority[j] += rng.normal()
+    others = [k for k in searched if k != "priority"]
+    for j in rng.choice(len(knobs["priority"]), size=int(rng.integers(1, 4)), replace=False):
+        if "priority" in searched and (not others or rng.random() < 0.6):
+            knobs["priority"][j] += rng.normal()
         else:
-            cap[j] = int(rng.choice(caps))
-    return priority, cap
+            name = others[0] if len(others) == 1 else others[int(rng.integers(len(others)))]
+            values = {"cap": caps, "efficiency": EFFICIENCIES, "keep": KEEP_GAINS}[name]
+            knobs[name][j] = values[int(rng.integers(len(values)))] if name != "cap" else int(rng.choice(values))
+    return knobs
 
 
-def search(folder: str, k: int, runs: int, frictionless: bool, seed: int) -> dict:
+def search(folder: str, k: int, runs: int, frictionless: bool, seed: int,
+           searched: tuple[str, ...] = ("priority", "cap")) -> dict:
     cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
     if frictionless:
         cfg = dataclasses.replace(cfg, **FRICTIONLESS)
@@ -70,31 +90,34 @@ def search(folder: str, k: int, runs: int, frictionless: bool, seed: int) -> dic
     # a candidate that starves a job is cut off at 4x elastic's makespan and scored as unfinished
     short = dataclasses.replace(cfg, max_slots=int(4 * base.makespan_slots) + 100)
 
-    def score(priority, cap) -> float:
+    def score(knobs) -> float:
         try:
-            return E.run(trace, Searched(priority, cap), short, seed=k).avg_jct_hours
+            return E.run(trace, Searched(knobs), short, seed=k).avg_jct_hours
         except RuntimeError:
             return float("inf")
 
     rng = np.random.default_rng(seed)
-    priority, cap = np.zeros(len(trace)), np.full(len(trace), cfg.max_workers)
-    best = score(priority, cap)
+    knobs = start(len(trace), cfg.max_workers)
+    best = score(knobs)
     if not np.isclose(best, base.avg_jct_hours):
         raise AssertionError(f"the search's starting point {best} is not elastic's {base.avg_jct_hours}")
     curve, accepted = [], 0
     for i in range(1, runs + 1):
-        p2, c2 = step(rng, priority, cap, cfg.max_workers)
-        s = score(p2, c2)
+        moved = step(rng, knobs, searched, cfg.max_workers)
+        s = score(moved)
         if s < best:
-            best, priority, cap, accepted = s, p2, c2, accepted + 1
+            best, knobs, accepted = s, moved, accepted + 1
         if i % 50 == 0 or i == runs:
             curve.append([i, round(best, 4)])
             print(f"  {folder}/{k}: {i}/{runs} runs, best {best:.4f} h (elastic {base.avg_jct_hours:.4f})",
                   file=sys.stderr, flush=True)
+    changed = {name: int(np.sum(v != start(len(trace), cfg.max_workers)[name])) for name, v in knobs.items()}
     return {"folder": folder, "workload": k, "frictionless": frictionless, "runs": runs, "seed": seed,
+            "knobs": list(searched),
             "elastic_h": round(base.avg_jct_hours, 4), "searched_h": round(best, 4),
             "below_elastic_pct": round(100 * (1 - best / base.avg_jct_hours), 2), "accepted": accepted,
-            "jobs_reprioritised": int(np.sum(priority != 0)), "jobs_capped": int(np.sum(cap < cfg.max_workers)),
+            "jobs_reprioritised": changed["priority"], "jobs_capped": changed["cap"],
+            "jobs_other_efficiency": changed["efficiency"], "jobs_other_keep": changed["keep"],
             "curve": curve, "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -113,6 +136,7 @@ def main() -> None:
     ap.add_argument("--frictionless", action="store_true", help="no restart cost, noise or shared-node slowdown")
     ap.add_argument("--workers", type=int, default=2, help="processes (one workload each)")
     ap.add_argument("--seed", type=int, default=0, help="the search's moves")
+    ap.add_argument("--knobs", default="priority,cap", help=f"what the search may change per job, of {', '.join(KNOBS)}")
     ap.add_argument("--bounds", type=Path, default=Path("docs/bench/lp_bound_today_stop48.json"),
                     help="bench_lp_bound.py's JSON, for the nominal bound beside each row ('' for none)")
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
@@ -125,6 +149,9 @@ def main() -> None:
         ap.error(f"--workloads: {args.workloads!r} is not a comma-separated list of numbers")
     if not ks or any(k not in WORKLOADS for k in ks):
         ap.error(f"--workloads: each must be one of {WORKLOADS[0]}-{WORKLOADS[-1]}, got {args.workloads!r}")
+    searched = tuple(x.strip() for x in args.knobs.split(",") if x.strip())
+    if not searched or any(x not in KNOBS for x in searched) or len(set(searched)) < len(searched):
+        ap.error(f"--knobs: {args.knobs!r}: give each of {', '.join(KNOBS)} at most once, at least one")
     if args.runs < 1 or args.workers < 1:
         ap.error("--runs and --workers must be >= 1")
     bounds = {}
@@ -136,7 +163,7 @@ def main() -> None:
     print(json.dumps(head), flush=True)
     lines = [head]
     with ProcessPoolExecutor(max_workers=min(args.workers, len(ks))) as pool:
-        futures = [pool.submit(search, args.folder, k, args.runs, args.frictionless, args.seed) for k in ks]
+        futures = [pool.submit(search, args.folder, k, args.runs, args.frictionless, args.seed, searched) for k in ks]
         for fut in futures:
             row = fut.result()
             b = bound_of(bounds, args.folder, row["workload"])

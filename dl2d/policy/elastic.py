@@ -38,21 +38,23 @@ def size_curves(view: SlotView) -> np.ndarray:
     return np.where(view.allreduce[:, None], view.est_speed[:, 0, :], view.est_speed[rows, ps[None, :], k[None, :]])
 
 
-def efficient_sizes(curves: np.ndarray, efficiency: float) -> np.ndarray:
-    """[jobs] the largest k with c(k) >= efficiency * k * c(1) that is faster than every smaller k (>= 1)."""
+def efficient_sizes(curves: np.ndarray, efficiency) -> np.ndarray:
+    """[jobs] the largest k with c(k) >= efficiency * k * c(1) that is faster than every smaller k (>= 1);
+    ``efficiency``: a number, or one per job [jobs]."""
     k = np.arange(curves.shape[1])
     best_before = np.maximum.accumulate(curves, axis=1)
     faster = np.concatenate([np.ones((len(curves), 1), bool), curves[:, 1:] > best_before[:, :-1]], axis=1)
-    good = (curves >= efficiency * k[None, :] * curves[:, 1:2]) & faster & (k[None, :] >= 1)
+    eff = np.asarray(efficiency, float).reshape(-1, 1)
+    good = (curves >= eff * k[None, :] * curves[:, 1:2]) & faster & (k[None, :] >= 1)
     return np.where(good.any(axis=1), np.where(good, k[None, :], 0).max(axis=1), 1)
 
 
-def elastic_srtf(view: SlotView, efficiency: float = EFFICIENCY, keep_gain: float = KEEP_GAIN,
+def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
                  priority: np.ndarray | None = None, cap: np.ndarray | None = None) -> Allocation:
     """The policy (module docstring). ``priority`` [jobs], if given, multiplies each job's remaining work in the
-    order by exp(priority) (0: as is; higher: later), and ``cap`` [jobs] bounds each job's workers: neither is
-    set by the registered policy; bench/bench_oracle_search.py searches them per trace to see how much better a
-    schedule of this shape can be."""
+    order by exp(priority) (0: as is; higher: later), and ``cap`` [jobs] bounds each job's workers; the two
+    thresholds may be given one per job [jobs] too. The registered policy sets none of this:
+    bench/bench_oracle_search.py searches them per trace to see how much better a schedule of this shape can be."""
     b = AllocationBuilder(view)
     curves = size_curves(view)
     rem = view.remaining_epochs
