@@ -36,12 +36,13 @@ from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world
 from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
+from bench_frictions import VARIANTS
+
 MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
 CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the sizes a step may cap a job at
 EFFICIENCIES = (0.2, 0.4, 0.6, 0.8, 0.95)  # a job's efficiency threshold (elastic's is 0.6)
 KEEP_GAINS = (0.0, 0.1, 0.3, 1.0, 10.0)  # a job's keep threshold (elastic's is 0.3)
 KNOBS = ("priority", "cap", "efficiency", "keep")
-FRICTIONLESS = {"resize_overhead_s": 0.0, "slot_noise": 0.0, "shared_node_slowdown": 0.0}
 
 
 class Searched:
@@ -73,9 +74,8 @@ def step(rng: np.random.Generator, knobs: dict[str, np.ndarray], searched: tuple
         if "priority" in searched and (not others or rng.random() < 0.6):
             knobs["priority"][j] += rng.normal()
         else:
-            name = others[0] if len(others) == 1 else others[int(rng.integers(len(others)))]
-            values = {"cap": caps, "efficiency": EFFICIENCIES, "keep": KEEP_GAINS}[name]
-            knobs[name][j] = values[int(rng.integers(len(values)))] if name != "cap" else int(rng.choice(values))
+            name = others[int(rng.integers(len(others)))]
+            knobs[name][j] = rng.choice({"cap": caps, "efficiency": EFFICIENCIES, "keep": KEEP_GAINS}[name])
     return knobs
 
 
@@ -83,7 +83,7 @@ def search(folder: str, k: int, runs: int, frictionless: bool, seed: int,
            searched: tuple[str, ...] = ("priority", "cap")) -> dict:
     cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
     if frictionless:
-        cfg = dataclasses.replace(cfg, **FRICTIONLESS)
+        cfg = dataclasses.replace(cfg, **VARIANTS["none of the three"])
     trace = from_workload(packaged_workload(k, folder), cfg.slot_seconds, seed=k)
     t0 = time.perf_counter()
     base = E.run(trace, elastic_srtf, cfg, seed=k)
@@ -97,7 +97,7 @@ def search(folder: str, k: int, runs: int, frictionless: bool, seed: int,
             return float("inf")
 
     rng = np.random.default_rng(seed)
-    knobs = start(len(trace), cfg.max_workers)
+    knobs = elastic_knobs = start(len(trace), cfg.max_workers)
     best = score(knobs)
     if not np.isclose(best, base.avg_jct_hours):
         raise AssertionError(f"the search's starting point {best} is not elastic's {base.avg_jct_hours}")
@@ -111,7 +111,7 @@ def search(folder: str, k: int, runs: int, frictionless: bool, seed: int,
             curve.append([i, round(best, 4)])
             print(f"  {folder}/{k}: {i}/{runs} runs, best {best:.4f} h (elastic {base.avg_jct_hours:.4f})",
                   file=sys.stderr, flush=True)
-    changed = {name: int(np.sum(v != start(len(trace), cfg.max_workers)[name])) for name, v in knobs.items()}
+    changed = {name: int(np.sum(v != elastic_knobs[name])) for name, v in knobs.items()}
     return {"folder": folder, "workload": k, "frictionless": frictionless, "runs": runs, "seed": seed,
             "knobs": list(searched),
             "elastic_h": round(base.avg_jct_hours, 4), "searched_h": round(best, 4),

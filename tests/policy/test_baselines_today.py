@@ -136,7 +136,7 @@ def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_poli
     """The knobs bench/bench_oracle_search.py searches: zeros, caps at the limit and the thresholds given per job
     are the registered policy; a cap bounds a job's workers; a priority moves a job in the order (here: the long
     job served before the short one it would wait for); a threshold per job is each job's own."""
-    from dl2d.policy.elastic import elastic_srtf
+    from dl2d.policy.elastic import efficient_sizes, elastic_srtf, size_curves
     tr = trace_of((0, "imagenet", 8, 3200), (0, "ncf", 1, 256), (0, "cifar10", 4, 512))
     _, views = run_slots(tr, elastic_srtf, 1)
     view, plain = views[0]
@@ -148,7 +148,6 @@ def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_poli
     capped = elastic_srtf(view, cap=np.array([2, 1, 1]))
     assert list(capped.workers) == [2, 1, 1]
     first = elastic_srtf(view, priority=np.array([-50.0, 0.0, 0.0]))
-    from dl2d.policy.elastic import efficient_sizes, size_curves
     assert first.workers[0] == min(8, int(efficient_sizes(size_curves(view), 0.6)[0])) > plain.workers[0]
     curves = size_curves(view)  # a threshold per job is each row's own
     per_job = efficient_sizes(curves, np.array([0.95, 0.6, 0.2]))
