@@ -28,10 +28,10 @@ LEARNED = registry.names(learned=True)
 CLUSTERS = tuple(PRESETS)
 #: Options that only shape a generated trace: rejected together with --trace.
 GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estimate_error", "interference",
-                      "workload", "load")
+                      "workload", "load", "style")
 #: Options of one world's generated traces only.
 DL2_ONLY = ("arrivals", "max_arrivals", "epochs_model")
-TODAY_ONLY = ("workload", "load")
+TODAY_ONLY = ("workload", "load", "style")
 DEFAULT_JOBS = {"today": 160, "dl2": 200}
 #: A slot, or the training a resize costs, is at most a day (slots are 60 s today, 20 minutes in DL2's world;
 #: the daemon's sim.resize_overhead_s has the same bound); `inf` used to end in a traceback.
@@ -170,6 +170,9 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--load", type=click.FloatRange(min=0, min_open=True), callback=finite_number,
               default=1.0, show_default=True,
               help="today, philly: arrival rate, 1 = 20 jobs an hour per 64 GPUs (the Pollux workloads' rate).")
+@click.option("--style", type=click.Choice(["realistic", "tuned"]), default="realistic", show_default=True,
+              help="today, philly: the jobs as their users submitted them, or each given a configuration (GPUs, "
+                   "batch) as Pollux's evaluation tuned its jobs (the style of pollux:K; realistic: pollux-realistic:K).")
 @click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), default=None,
               help=f"Number of jobs to generate (at most {MAX_TRACE_JOBS}, as in a trace file) "
                    "[default: 160 today, 200 dl2].")
@@ -220,7 +223,7 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the results as JSON on stdout (no table, no progress bar).")
 @click.pass_context
-def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jobs, seed, arrivals, max_arrivals,
+def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals, max_arrivals,
         epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
         allreduce_placement, speed_model, slot_noise, tetris_threshold, save_trace, per_type, lp_bound,
         as_json) -> None:
@@ -258,8 +261,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
         raise click.UsageError(f"{flags(wrong)} only shape the {'dl2' if world == 'today' else 'today'} world's "
                                f"traces (--world {'dl2' if world == 'today' else 'today'})")
     workload_folder, workload_k = parse_workload(workload)
-    if workload_k is not None and given(("jobs", "load")):
-        raise click.UsageError(f"{flags(given(('jobs', 'load')))} shape a generated Philly workload, not the "
+    if workload_k is not None and given(("jobs", "load", "style")):
+        raise click.UsageError(f"{flags(given(('jobs', 'load', 'style')))} shape a generated Philly workload, not the "
                                f"packaged {workload}")
 
     import numpy as np
@@ -298,11 +301,12 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
         try:
             if workload_k is None:
                 wl = philly.generate(jobs, load=load, cluster_gpus=int(spec.capacity[0]), seed=seed,
-                                     max_gpus=the_world.max_workers)
+                                     max_gpus=the_world.max_workers, style=style)
             else:
                 wl = workloads.packaged_workload(workload_k, workload_folder)
             trace = T.from_workload(wl, slot_seconds, seed=seed, interference_sigma=interference,
-                                    epoch_estimate_error=estimate_error, config={"workload": workload, "load": load})
+                                    epoch_estimate_error=estimate_error, config={"workload": workload, "load": load,
+                                            **({"style": style} if workload_k is None else {})})
         except (T.TraceError, ValueError) as e:
             raise click.UsageError(str(e)) from None
     else:
@@ -370,7 +374,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
         trace_setting = {"file": str(trace_path)}
     elif world == "today":
         trace_setting = {"workload": workload, "jobs": len(trace), "seed": seed, "estimate_error": estimate_error,
-                         "interference": interference, **({"load": load} if workload_k is None else {})}
+                         "interference": interference,
+                         **({"load": load, "style": style} if workload_k is None else {})}
     else:
         trace_setting = {"jobs": jobs, "seed": seed, "arrivals": arrivals, "max_arrivals": max_arrivals,
                          "epochs_model": epochs_model, "estimate_error": estimate_error, "interference": interference}
@@ -402,7 +407,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, jo
     if trace_path is not None:
         src = f"trace {trace_path}"
     elif world == "today":
-        src = f"{workload}" + (f" at load {load:g}" if workload_k is None else "") + f", seed {seed}"
+        src = f"{workload}" + (f" ({style}) at load {load:g}" if workload_k is None else "") + f", seed {seed}"
     else:
         src = f"{arrivals} trace, seed {seed}"
     gpus = int(spec.capacity[0])

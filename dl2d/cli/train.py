@@ -31,7 +31,7 @@ TRAINABLE = ("dl2", "dl2-target")
 #: Options that only one of the policies reads: given with the other, they are an error, not silently ignored.
 DL2_ONLY = ("sl_epochs", "sl_traces", "rl_steps", "max_jobs", "hidden", "n_step", "entropy_weight",
             "epsilon", "updates_per_slot", "rl_lr", "advantage", "val_every")
-TARGET_ONLY = ("world", "speed_model", "load", "clusters", "slots", "sl_iters", "rl_iters", "lr", "sl_lr",
+TARGET_ONLY = ("world", "speed_model", "load", "style", "clusters", "slots", "sl_iters", "rl_iters", "lr", "sl_lr",
                "val_traces", "eval_every", "credit", "prior", "plan_rounds", "plan_traces", "plan_iters")
 
 
@@ -99,6 +99,10 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
                    "truth and the scheduler's belief for the models it holds (train on a twin of that cluster).")
 @click.option("--load", type=click.FloatRange(0, 100, min_open=True), callback=finite_number, default=1.0,
               show_default=True, help="dl2-target, --world today: the generated Philly workloads' load.")
+@click.option("--style", type=click.Choice(["realistic", "tuned", "both"]), default="realistic", show_default=True,
+              help="dl2-target, --world today: the generated jobs as their users submitted them (realistic), each "
+                   "given a configuration (GPUs, batch) as Pollux's evaluation tuned its jobs (tuned), or both "
+                   "(even trace seeds realistic, odd ones tuned).")
 @click.option("--clusters", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="dl2-target: parallel simulated clusters, one training trace each.")
 @click.option("--slots", type=click.IntRange(1, 10_000), default=32, show_default=True,
@@ -178,7 +182,7 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
                    "simulated slot [default: config's, critic].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.pass_context
-def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_iters, lr, sl_lr, prior, plan_rounds,
+def train(ctx, policy, world, speed_model, load, style, clusters, slots, sl_iters, rl_iters, lr, sl_lr, prior, plan_rounds,
           plan_traces, plan_iters, credit,
           val_traces, eval_every, teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed,
           val_every, out_path, init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr,
@@ -212,6 +216,7 @@ def train(ctx, policy, world, speed_model, load, clusters, slots, sl_iters, rl_i
         from dl2d.cli import train_target
 
         train_target.run(world=world, teacher=teacher, cluster=cluster, servers=servers, jobs=jobs, load=load,
+                         style=style,
                          clusters=clusters, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
                          prior=prior, plan_rounds=WORLDS[world].plan_rounds if plan_rounds is None else plan_rounds,
                          plan_traces=min(8, clusters) if plan_traces is None else plan_traces,

@@ -65,7 +65,7 @@ def validation_bound(setup, cfg) -> dict | None:
     return TT.lower_bound([TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()], cfg)
 
 
-def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, jobs: int, load: float,
+def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, jobs: int, load: float, style: str,
         clusters: int, slots: int, sl_iters: int, rl_iters: int, sl_lr: float, lr: float, prior: float,
         plan_rounds: int, plan_traces: int, plan_iters: int, credit: str,
         seed: int, val_seed: int, val_traces: int, eval_every: int, speed_model: str | None, init_path: Path | None,
@@ -73,8 +73,8 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
     from dl2d.policy import target_train as TT
 
     try:
-        setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, clusters=clusters,
-                              teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
+        setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, style=style,
+                              clusters=clusters, teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
                               prior=prior, credit=credit, eval_every=eval_every, seed=seed, rng=seed,
                               val_seed=val_seed, val_traces=val_traces, plan_rounds=plan_rounds,
                               plan_traces=plan_traces, plan_iters=plan_iters,

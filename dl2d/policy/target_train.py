@@ -39,6 +39,15 @@ from dl2d.sim.engine import SimConfig
 from dl2d.sim.worlds import world as world_named
 
 
+#: today's workload styles (dl2d.workload.philly.STYLES), and "both": even seeds as submitted, odd ones tuned
+STYLES = ("realistic", "tuned", "both")
+
+
+def style_of(style: str, seed: int) -> str:
+    """The Philly generator's style for trace ``seed`` of a setup's ``style``."""
+    return ("realistic", "tuned")[seed % 2] if style == "both" else style
+
+
 @dataclass(frozen=True)
 class TrainSetup:
     """Everything that decides a training run (recorded in the checkpoint's meta)."""
@@ -48,6 +57,7 @@ class TrainSetup:
     servers: int | None = None  # overrides the preset's count
     jobs: int = 40  # jobs per trace (the environment's J)
     load: float = 1.0  # today: the Philly workload's load on the cluster's GPUs
+    style: str = "realistic"  # today: the jobs as submitted, "tuned" as Pollux tuned them, or "both" (by seed parity)
     clusters: int = 64  # parallel training clusters, one training trace each
     slots: int = 32  # slots per rollout
     teacher: str = "optimus"  # the heuristic the warm-up imitates (dl2d.policy.teachers)
@@ -83,6 +93,10 @@ class TrainSetup:
         if self.plan_rounds and self.plan_traces > self.clusters:
             raise ValueError(f"plan_traces ({self.plan_traces}) is more than the training traces ({self.clusters})")
         world_named(self.world)  # a ValueError naming the worlds
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.style != "realistic" and self.world != "today":
+            raise ValueError(f"style {self.style!r} is a style of today's Philly workloads: --world today only")
         T.TargetConfig(teacher=self.teacher, prior=self.prior)  # a ValueError naming a bad teacher or prior
         from dl2d.policy.teachers import teacher
 
@@ -132,11 +146,12 @@ def make_trace(setup: TrainSetup, cfg: SimConfig, seed: int) -> TR.Trace:
         return TR.generate(TR.TraceConfig(num_jobs=setup.jobs), seed=seed)
     from dl2d.workload import philly
 
+    style = style_of(setup.style, seed)
     wl = philly.generate(setup.jobs, load=setup.load, cluster_gpus=int(cfg.cluster.capacity[0]), seed=seed,
-                         max_gpus=cfg.max_workers)
+                         max_gpus=cfg.max_workers, style=style)
     mix = cfg.site_speeds.mix if cfg.site_speeds is not None else ()
-    return TR.from_workload(wl, cfg.slot_seconds, seed=seed, config={"workload": "philly", "load": setup.load},
-                            site_mix=mix)
+    return TR.from_workload(wl, cfg.slot_seconds, seed=seed,
+                            config={"workload": "philly", "load": setup.load, "style": style}, site_mix=mix)
 
 
 def lower_bound(traces, cfg: SimConfig, bucket_s: float | None = None) -> dict | None:

@@ -12,6 +12,11 @@
 4. lets the jobs arrive as a Poisson process of ``load x 20`` jobs an hour per 64 GPUs of the cluster: the
    Pollux workloads bring 160 jobs in 8 hours to 64 GPUs, so ``load = 1`` is their rate on any cluster size and
    ``load = 2`` twice it.
+
+That is the "realistic" style, the jobs as their users submitted them (most ask for one GPU). The "tuned" style
+keeps the same jobs (models, arrivals) and gives each one of its model's configurations in the Pollux artifact's
+tuned workloads (:data:`TUNED_CONFIGS`: several GPUs and a larger batch each), so a scheduler can be trained and
+tuned on workloads of the tuned Pollux workloads' kind without ever seeing those workloads.
 """
 from __future__ import annotations
 
@@ -30,6 +35,17 @@ MODEL_MIX = (("ncf", 503), ("cifar10", 495), ("bert", 86), ("deepspeech2", 111),
 #: total batch per GPU asked for, as in those workloads (cifar10: 128 on 1 GPU, 512 on 4, ...)
 BATCH_PER_GPU = {"bert": 12, "cifar10": 128, "deepspeech2": 20, "imagenet": 200, "ncf": 256, "yolov3": 8}
 JOBS_PER_HOUR_PER_64_GPUS = 20.0
+#: each model's configurations (GPUs, total batch) in the Pollux artifact's tuned workloads (``workloads/``, 1,280
+#: jobs), with how many of its jobs use each: a ``style="tuned"`` job draws one in these proportions
+TUNED_CONFIGS = {
+    "bert": ((6, 384, 23), (8, 384, 18), (12, 384, 20), (16, 384, 25)),
+    "cifar10": ((6, 2048, 134), (8, 2048, 119), (12, 4096, 133), (16, 4096, 109)),
+    "deepspeech2": ((6, 320, 34), (8, 320, 34), (12, 640, 43)),
+    "imagenet": ((24, 3200, 9), (32, 6400, 9), (48, 6400, 8)),
+    "ncf": ((1, 32768, 503),),
+    "yolov3": ((4, 64, 59),),
+}
+STYLES = ("realistic", "tuned")
 
 
 @functools.cache
@@ -47,8 +63,13 @@ def philly_jobs() -> tuple[np.ndarray, np.ndarray]:
 
 
 def generate(num_jobs: int, load: float = 1.0, cluster_gpus: int = 64, seed: int = 0,
-             max_gpus: int = 64) -> tuple[WorkloadJob, ...]:
-    """A seeded workload (module docstring); the same arguments always give the same jobs."""
+             max_gpus: int = 64, style: str = "realistic") -> tuple[WorkloadJob, ...]:
+    """A seeded workload (module docstring); the same arguments always give the same jobs. ``style``: "realistic",
+    each job as its Philly user submitted it (steps 1-3), or "tuned", the same jobs (the same models and arrivals)
+    each given one of its model's configurations in the Pollux artifact's tuned workloads (:data:`TUNED_CONFIGS`,
+    in their proportions; GPUs at most ``max_gpus``), as Pollux's evaluation tuned its jobs."""
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     if num_jobs < 1:
         raise ValueError("a workload needs at least one job (num_jobs >= 1)")
     if not load > 0 or not np.isfinite(load):
@@ -68,9 +89,15 @@ def generate(num_jobs: int, load: float = 1.0, cluster_gpus: int = 64, seed: int
     rate = load * JOBS_PER_HOUR_PER_64_GPUS * cluster_gpus / 64 / 3600  # jobs per second
     arrival = np.cumsum(rng.exponential(1 / rate, num_jobs))
     arrival -= arrival[0]
+    tuned_pick = rng.random(num_jobs) if style == "tuned" else None  # drawn last: "realistic" draws as before
     jobs = []
     for i in range(num_jobs):
         model = MODEL_MIX[min(int(model_of[i]), len(MODEL_MIX) - 1)][0]
-        g = int(gpus[i])
-        jobs.append(WorkloadJob(f"philly-{seed}-{i}", float(round(arrival[i])), model, g, BATCH_PER_GPU[model] * g))
+        g, batch = int(gpus[i]), BATCH_PER_GPU[model] * int(gpus[i])
+        if tuned_pick is not None:
+            menu = TUNED_CONFIGS[model]
+            weights = np.cumsum([n for *_, n in menu], dtype=float)
+            g, batch, _ = menu[int(np.searchsorted(weights / weights[-1], tuned_pick[i], side="right"))]
+            g = min(g, max_gpus)
+        jobs.append(WorkloadJob(f"philly-{seed}-{i}", float(round(arrival[i])), model, g, batch))
     return tuple(jobs)

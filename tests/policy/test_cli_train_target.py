@@ -85,6 +85,20 @@ def test_the_site_curves_are_the_training_environments_truth(tmp_path):
     np.testing.assert_allclose(rates[0], 2 * rates[1], rtol=1e-5)
 
 
+def test_style_both_trains_on_jobs_as_submitted_and_as_tuned():
+    """--style both: even trace seeds are the Philly jobs as submitted, odd ones the same kind of jobs with the
+    configurations Pollux tuned (several GPUs and a larger batch each), recorded in the trace's config."""
+    setup = TT.TrainSetup(jobs=40, style="both")
+    cfg = TT.sim_config(setup)
+    even, odd = TT.make_trace(setup, cfg, 4), TT.make_trace(setup, cfg, 5)
+    assert even.config["style"] == "realistic" and odd.config["style"] == "tuned"
+    tuned_alone = TT.make_trace(TT.TrainSetup(jobs=40, style="tuned"), cfg, 5)
+    np.testing.assert_array_equal(odd.batch_size, tuned_alone.batch_size)
+    assert np.median(odd.batch_size / np.maximum(odd.requested, 1)) > 2 * np.median(
+        even.batch_size / np.maximum(even.requested, 1))
+    assert np.mean(odd.requested > 1) > 0.5 > np.mean(even.requested > 1)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--speed-model", "SITE", "--world", "dl2"], "--world today only"),
     (["--speed-model", "ONLY_LABELS"], "none of its classes"),
@@ -93,6 +107,7 @@ def test_the_site_curves_are_the_training_environments_truth(tmp_path):
     (["--sl-iters", "0", "--rl-iters", "0"], "nothing to train"),
     (["--plan-rounds", "1", "--plan-traces", "3"], "plan_traces (3) is more than the training traces (2)"),
     (["--val-seed", "1"], "validation must be held out"),
+    (["--style", "tuned", "--world", "dl2"], "--world today only"),
     (["--clusters", "0"], "--clusters"),
     (["--init", "NOT_A_CHECKPOINT"], "--init"),
 ])

@@ -119,6 +119,8 @@ def test_bad_options_fail_with_a_clear_message(args, message):
     (["--workload", "pollux:9"], "give philly, pollux:K or pollux-realistic:K"),
     (["--workload", "pollux:2", "--jobs", "5"], "--jobs shape a generated Philly workload, not the packaged pollux:2"),
     (["--load", "0"], "--load"),
+    (["--workload", "pollux:2", "--style", "tuned"], "--style shape a generated Philly workload"),
+    (["--world", "dl2", "--style", "tuned"], "--style only shape the today world's traces"),
     (["--world", "mars"], "'mars' is not one of"),
 ])
 def test_options_of_the_other_world_fail_with_a_clear_message(args, message):
@@ -188,6 +190,19 @@ def test_a_packaged_pollux_workload_runs_and_slurm_never_resizes():
     assert res["jobs"] == 160 and out["sim"]["restart_seconds"] == 0.0
     assert res["resizes"] == 160  # each job started once, never changed
     assert 0 < res["gpu_util"] <= 1
+
+
+def test_generated_jobs_as_tuned_ask_for_more_gpus_than_as_submitted():
+    """--style tuned: the same Philly jobs, each with a configuration Pollux tuned; Slurm as it is runs every job at
+    the GPUs it asks for, so the tuned jobs keep more of the cluster busy."""
+    util = {}
+    for style in ("realistic", "tuned"):
+        r = invoke("sim", "--jobs", "30", "--style", style, "--policy", "slurm", "--json")
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["trace"]["style"] == style
+        util[style] = out["results"][0]["gpu_util"]
+    assert util["tuned"] > 1.5 * util["realistic"]
 
 
 def test_the_dl2_world_is_one_flag_away():

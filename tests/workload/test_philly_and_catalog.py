@@ -32,6 +32,28 @@ def test_longer_philly_jobs_get_the_models_that_need_longer():
     assert list(one_gpu) == sorted(one_gpu, key=one_gpu.get)  # the mix is listed by one-GPU time
 
 
+def test_tuned_style_gives_the_same_jobs_the_pollux_tuned_configurations():
+    from dl2d.workload.workloads import WORKLOADS, packaged_workload
+
+    # the table is the artifact's tuned workloads' configurations, counted
+    counted = collections.Counter((j.model, j.gpus, j.batch_size) for k in WORKLOADS
+                                  for j in packaged_workload(k, "workloads"))
+    assert counted == {(m, g, b): n for m, menu in philly.TUNED_CONFIGS.items() for g, b, n in menu}
+    submitted = philly.generate(4000, seed=3)
+    tuned = philly.generate(4000, seed=3, style="tuned")
+    assert submitted == philly.generate(4000, seed=3, style="realistic")  # the default draws as before
+    assert [(j.name, j.arrival_s, j.model) for j in tuned] == [(j.name, j.arrival_s, j.model) for j in submitted]
+    assert tuned == philly.generate(4000, seed=3, style="tuned") != philly.generate(4000, seed=4, style="tuned")
+    got = collections.Counter((j.model, j.gpus, j.batch_size) for j in tuned)
+    for model, menu in philly.TUNED_CONFIGS.items():
+        jobs = sum(got[(model, g, b)] for g, b, _ in menu)
+        assert jobs == sum(j.model == model for j in tuned)  # every job has one of its model's configurations
+        for g, b, n in menu:  # in the artifact's proportions
+            assert got[(model, g, b)] == pytest.approx(jobs * n / sum(c for *_, c in menu), abs=4 * jobs ** 0.5 + 1)
+    assert sum(j.gpus > 1 for j in tuned) > 0.5 * len(tuned) > sum(j.gpus > 1 for j in submitted)
+    assert max(j.gpus for j in philly.generate(400, seed=3, style="tuned", max_gpus=8)) == 8
+
+
 @pytest.mark.parametrize("load", [1.0, 2.0])
 def test_load_sets_the_arrival_rate_per_gpu(load):
     for gpus in (64, 512):
@@ -44,6 +66,7 @@ def test_load_sets_the_arrival_rate_per_gpu(load):
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_jobs": 0}, "num_jobs"), ({"num_jobs": 5, "load": 0}, "load"),
     ({"num_jobs": 5, "load": float("nan")}, "load"), ({"num_jobs": 5, "cluster_gpus": 0}, "cluster_gpus"),
+    ({"num_jobs": 5, "style": "tunned"}, "style must be one of realistic, tuned, got 'tunned'"),
 ])
 def test_bad_generator_settings_say_which(kwargs, message):
     with pytest.raises(ValueError, match=message):
