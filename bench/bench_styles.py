@@ -1,0 +1,94 @@
+"""Does elastic's best efficiency threshold depend on how the jobs are configured? Elastic at several thresholds on
+generated Philly workloads of both styles (as submitted, and as Pollux tuned its jobs) and on the Pollux workloads.
+
+Why: elastic's settings were chosen on generated workloads as submitted (most jobs one GPU, small batches), and
+the issue's Pollux target has tuned workloads too (several GPUs and large batches each), where the same rule may
+want other sizes. `philly.generate(style="tuned")` makes workloads of the tuned kind that are not the Pollux ones,
+so a setting (or a policy) can be chosen on them and then read on the Pollux workloads, never chosen there. The
+generated sets are elastic's own tuning set: 160 jobs on `t4-16`, loads 1 and 2, seeds 100-103; the Pollux
+workloads' trace seed is the workload's number, as bench/bench_today.py. Average JCT in hours, as is.
+
+    python bench/bench_styles.py [--efficiencies 0.5,0.6,0.7,0.8,0.85] [--seeds 100-103] [--loads 1,2]
+        [--out FILE.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import shlex
+import sys
+import time
+
+import numpy as np
+
+from dl2d.policy.elastic import EFFICIENCY, elastic_srtf
+from dl2d.sim import engine as E
+from dl2d.sim.trace import from_workload
+from dl2d.sim.worlds import world
+from dl2d.workload import philly
+from dl2d.workload.workloads import WORKLOADS, packaged_workload
+
+MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
+SETS = ("generated realistic", "generated tuned", "pollux tuned", "pollux as submitted")
+
+
+def traces(name: str, seeds, loads, slot_seconds: float) -> list:
+    """(trace, seed) of one of SETS."""
+    if name.startswith("generated"):
+        style = name.split()[1]
+        return [(from_workload(philly.generate(160, load=load, cluster_gpus=64, seed=s, style=style), slot_seconds,
+                               seed=s), s) for load in loads for s in seeds]
+    folder = "workloads" if name == "pollux tuned" else "workloads-realistic"
+    return [(from_workload(packaged_workload(k, folder), slot_seconds, seed=k), k) for k in WORKLOADS]
+
+
+def numbers(text: str, kind, what: str, ap) -> list:
+    try:
+        if kind is int and "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            return list(range(lo, hi + 1))
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--{what}: {text!r} is not a comma-separated list (or FIRST-LAST) of numbers")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--efficiencies", default="0.5,0.6,0.7,0.8,0.85", help="elastic's efficiency thresholds to run")
+    ap.add_argument("--seeds", default="100-103", help="the generated workloads' seeds")
+    ap.add_argument("--loads", default="1,2", help="the generated workloads' loads")
+    ap.add_argument("--out", default=None, help="also write the JSON lines here")
+    args = ap.parse_args()
+    effs = numbers(args.efficiencies, float, "efficiencies", ap)
+    seeds, loads = numbers(args.seeds, int, "seeds", ap), numbers(args.loads, float, "loads", ap)
+    if not effs or any(not 0 < e <= 1 for e in effs):
+        ap.error(f"--efficiencies: each must be in (0, 1], got {args.efficiencies!r}")
+    if not seeds or not loads or any(x <= 0 for x in loads):
+        ap.error("--seeds and --loads need at least one value each, loads > 0")
+    cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
+    head = {"command": "python " + shlex.join(["bench/bench_styles.py", *sys.argv[1:]]), "elastic_default": EFFICIENCY}
+    lines = [head]
+    print(json.dumps(head), flush=True)
+    for name in SETS:
+        runs = traces(name, seeds, loads, cfg.slot_seconds)
+        row = {"set": name, "traces": len(runs)}
+        t0 = time.perf_counter()
+        for e in effs:
+            jct = [E.run(tr, functools.partial(elastic_srtf, efficiency=e), cfg, seed=s).avg_jct_hours
+                   for tr, s in runs]
+            row[f"efficiency {e:g}"] = round(float(np.mean(jct)), 4)
+        best = min(effs, key=lambda e: row[f"efficiency {e:g}"])
+        row["best"] = best
+        row["best_below_default_pct"] = round(100 * (1 - row[f"efficiency {best:g}"] / row[f"efficiency {EFFICIENCY:g}"]),
+                                              2) if EFFICIENCY in effs else None
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(row), flush=True)
+        lines.append(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in lines)
+
+
+if __name__ == "__main__":
+    main()
