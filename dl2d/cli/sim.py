@@ -20,6 +20,7 @@ from dl2d.policy import registry
 from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 from dl2d.sim.trace import MAX_TRACE_JOBS
 from dl2d.sim.worlds import DEFAULT_WORLD, WORLDS
+from dl2d.workload.philly import STYLES as WORKLOAD_STYLES
 
 #: Every registered policy (dl2d.policy.registry); learned ones need --checkpoint.
 POLICIES = registry.names()
@@ -170,7 +171,7 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--load", type=click.FloatRange(min=0, min_open=True), callback=finite_number,
               default=1.0, show_default=True,
               help="today, philly: arrival rate, 1 = 20 jobs an hour per 64 GPUs (the Pollux workloads' rate).")
-@click.option("--style", type=click.Choice(["realistic", "tuned"]), default="realistic", show_default=True,
+@click.option("--style", type=click.Choice(WORKLOAD_STYLES), default="realistic", show_default=True,
               help="today, philly: the jobs as their users submitted them, or each given a configuration (GPUs, "
                    "batch) as Pollux's evaluation tuned its jobs (the style of pollux:K; realistic: pollux-realistic:K).")
 @click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), default=None,
@@ -223,8 +224,8 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the results as JSON on stdout (no table, no progress bar).")
 @click.pass_context
-def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals, max_arrivals,
-        epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
+def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals,
+        max_arrivals, epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
         allreduce_placement, speed_model, slot_noise, tetris_threshold, save_trace, per_type, lp_bound,
         as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
@@ -262,8 +263,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                                f"traces (--world {'dl2' if world == 'today' else 'today'})")
     workload_folder, workload_k = parse_workload(workload)
     if workload_k is not None and given(("jobs", "load", "style")):
-        raise click.UsageError(f"{flags(given(('jobs', 'load', 'style')))} shape a generated Philly workload, not the "
-                               f"packaged {workload}")
+        raise click.UsageError(f"{flags(given(('jobs', 'load', 'style')))} shape a generated Philly workload, not "
+                               f"the packaged {workload}")
 
     import numpy as np
     from rich import box
@@ -305,7 +306,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
             else:
                 wl = workloads.packaged_workload(workload_k, workload_folder)
             trace = T.from_workload(wl, slot_seconds, seed=seed, interference_sigma=interference,
-                                    epoch_estimate_error=estimate_error, config={"workload": workload, "load": load,
+                                    epoch_estimate_error=estimate_error,
+                                    config={"workload": workload, "load": load,
                                             **({"style": style} if workload_k is None else {})})
         except (T.TraceError, ValueError) as e:
             raise click.UsageError(str(e)) from None

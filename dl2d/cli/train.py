@@ -24,6 +24,7 @@ from dl2d.policy import registry
 from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 from dl2d.sim.trace import MAX_TRACE_JOBS
 from dl2d.sim.worlds import DEFAULT_WORLD, WORLDS
+from dl2d.workload.philly import STYLES as WORKLOAD_STYLES
 
 TEACHERS = registry.names(heuristic=True)
 CLUSTERS = tuple(PRESETS)
@@ -99,7 +100,7 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
                    "truth and the scheduler's belief for the models it holds (train on a twin of that cluster).")
 @click.option("--load", type=click.FloatRange(0, 100, min_open=True), callback=finite_number, default=1.0,
               show_default=True, help="dl2-target, --world today: the generated Philly workloads' load.")
-@click.option("--style", type=click.Choice(["realistic", "tuned", "both"]), default="realistic", show_default=True,
+@click.option("--style", type=click.Choice([*WORKLOAD_STYLES, "both"]), default="realistic", show_default=True,
               help="dl2-target, --world today: the generated jobs as their users submitted them (realistic), each "
                    "given a configuration (GPUs, batch) as Pollux's evaluation tuned its jobs (tuned), or both "
                    "(even trace seeds realistic, odd ones tuned).")
@@ -182,8 +183,8 @@ def _rescue(save, out_path: Path, error: OSError) -> click.ClickException:
                    "simulated slot [default: config's, critic].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.pass_context
-def train(ctx, policy, world, speed_model, load, style, clusters, slots, sl_iters, rl_iters, lr, sl_lr, prior, plan_rounds,
-          plan_traces, plan_iters, credit,
+def train(ctx, policy, world, speed_model, load, style, clusters, slots, sl_iters, rl_iters, lr, sl_lr, prior,
+          plan_rounds, plan_traces, plan_iters, credit,
           val_traces, eval_every, teacher, sl_epochs, sl_traces, rl_steps, jobs, cluster, servers, seed, val_seed,
           val_every, out_path, init_path, max_jobs, hidden, n_step, entropy_weight, epsilon, updates_per_slot, rl_lr,
           advantage, as_json) -> None:

@@ -74,7 +74,8 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
 
     try:
         setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, style=style,
-                              clusters=clusters, teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters, sl_lr=sl_lr, lr=lr,
+                              clusters=clusters, teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters,
+                              sl_lr=sl_lr, lr=lr,
                               prior=prior, credit=credit, eval_every=eval_every, seed=seed, rng=seed,
                               val_seed=val_seed, val_traces=val_traces, plan_rounds=plan_rounds,
                               plan_traces=plan_traces, plan_iters=plan_iters,

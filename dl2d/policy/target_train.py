@@ -37,10 +37,11 @@ from dl2d.sim import jaxenv as X
 from dl2d.sim import trace as TR
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.worlds import world as world_named
+from dl2d.workload.philly import STYLES as PHILLY_STYLES
 
 
-#: today's workload styles (dl2d.workload.philly.STYLES), and "both": even seeds as submitted, odd ones tuned
-STYLES = ("realistic", "tuned", "both")
+#: today's workload styles (dl2d.workload.philly's), and "both": even trace seeds as submitted, odd ones tuned
+STYLES = (*PHILLY_STYLES, "both")
 
 
 def style_of(style: str, seed: int) -> str:
