@@ -80,8 +80,8 @@ def main() -> None:
             row[f"efficiency {e:g}"] = round(float(np.mean(jct)), 4)
         best = min(effs, key=lambda e: row[f"efficiency {e:g}"])
         row["best"] = best
-        row["best_below_default_pct"] = round(100 * (1 - row[f"efficiency {best:g}"] / row[f"efficiency {EFFICIENCY:g}"]),
-                                              2) if EFFICIENCY in effs else None
+        default = row.get(f"efficiency {EFFICIENCY:g}")
+        row["best_below_default_pct"] = round(100 * (1 - row[f"efficiency {best:g}"] / default), 2) if default else None
         row["seconds"] = round(time.perf_counter() - t0, 1)
         print(json.dumps(row), flush=True)
         lines.append(row)

@@ -172,8 +172,8 @@ def sparkline(values, width: int = 24) -> str:
               default=1.0, show_default=True,
               help="today, philly: arrival rate, 1 = 20 jobs an hour per 64 GPUs (the Pollux workloads' rate).")
 @click.option("--style", type=click.Choice(WORKLOAD_STYLES), default="realistic", show_default=True,
-              help="today, philly: the jobs as their users submitted them, or each given a configuration (GPUs, "
-                   "batch) as Pollux's evaluation tuned its jobs (the style of pollux:K; realistic: pollux-realistic:K).")
+              help="today, philly: the jobs as their users submitted them (as pollux-realistic:K), or each given a "
+                   "configuration (GPUs, batch) as Pollux's evaluation tuned its jobs (as pollux:K).")
 @click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), default=None,
               help=f"Number of jobs to generate (at most {MAX_TRACE_JOBS}, as in a trace file) "
                    "[default: 160 today, 200 dl2].")
