@@ -24,7 +24,8 @@ from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world
 from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
-MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
+from bench_today import MAX_SLOTS
+
 
 #: each variant's changes to today's SimConfig
 VARIANTS = {

@@ -37,7 +37,8 @@ from dl2d.sim import engine as E
 from dl2d.sim.trace import from_workload
 from dl2d.workload.workloads import WORKLOADS, packaged_workload
 
-MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
+from bench_today import MAX_SLOTS
+
 JOBS = 160  # the Pollux workloads' size
 
 

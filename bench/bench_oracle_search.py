@@ -37,8 +37,8 @@ from dl2d.sim.worlds import world
 from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
 from bench_frictions import VARIANTS
+from bench_today import MAX_SLOTS
 
-MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
 CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the sizes a step may cap a job at
 EFFICIENCIES = (0.2, 0.4, 0.6, 0.8, 0.95)  # a job's efficiency threshold (elastic's is 0.6)
 KEEP_GAINS = (0.0, 0.1, 0.3, 1.0, 10.0)  # a job's keep threshold (elastic's is 0.3)

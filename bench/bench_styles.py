@@ -29,7 +29,8 @@ from dl2d.sim.worlds import world
 from dl2d.workload import philly
 from dl2d.workload.workloads import WORKLOADS, packaged_workload
 
-MAX_SLOTS = 20_160  # bench_today.py's: 14 days of 60 s slots
+from bench_today import MAX_SLOTS
+
 SETS = ("generated realistic", "generated tuned", "pollux tuned", "pollux as submitted")
 
 

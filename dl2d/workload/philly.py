@@ -90,14 +90,16 @@ def generate(num_jobs: int, load: float = 1.0, cluster_gpus: int = 64, seed: int
     arrival = np.cumsum(rng.exponential(1 / rate, num_jobs))
     arrival -= arrival[0]
     tuned_pick = rng.random(num_jobs) if style == "tuned" else None  # drawn last: "realistic" draws as before
+    # each model's cumulative share of its tuned configurations, the draw's bins
+    tuned_bins = {m: np.cumsum([n for *_, n in menu], dtype=float) / sum(n for *_, n in menu)
+                  for m, menu in TUNED_CONFIGS.items()}
     jobs = []
     for i in range(num_jobs):
         model = MODEL_MIX[min(int(model_of[i]), len(MODEL_MIX) - 1)][0]
         g, batch = int(gpus[i]), BATCH_PER_GPU[model] * int(gpus[i])
         if tuned_pick is not None:
-            menu = TUNED_CONFIGS[model]
-            weights = np.cumsum([n for *_, n in menu], dtype=float)
-            g, batch, _ = menu[int(np.searchsorted(weights / weights[-1], tuned_pick[i], side="right"))]
+            pick = int(np.searchsorted(tuned_bins[model], tuned_pick[i], side="right"))
+            g, batch, _ = TUNED_CONFIGS[model][pick]
             g = min(g, max_gpus)
         jobs.append(WorkloadJob(f"philly-{seed}-{i}", float(round(arrival[i])), model, g, batch))
     return tuple(jobs)
