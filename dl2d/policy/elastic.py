@@ -15,6 +15,11 @@ workers; for a PS job k workers with k PS):
 
 Nothing here is learned: the efficiency and keep thresholds are settings with stated defaults, chosen on
 generated Philly workloads (seeds 100-103), never on the Pollux workloads the benchmark reports.
+
+``node_workers`` (off in the registered policy): a job of more workers than a node holds takes whole nodes'
+worth (a multiple of ``node_workers``), as a site that gives multi-node jobs whole nodes would. A multi-node
+all-reduce job sharing a node with another is slowed (dl2d.sim.allreduce), which whole nodes avoid where the
+placement finds them free. bench/bench_mpc.py chooses between the two rules slot by slot.
 """
 from __future__ import annotations
 
@@ -49,17 +54,39 @@ def efficient_sizes(curves: np.ndarray, efficiency) -> np.ndarray:
     return np.where(good.any(axis=1), np.where(good, k[None, :], 0).max(axis=1), 1)
 
 
+def allowed_sizes(max_workers: int, node_workers: int = 0) -> np.ndarray:
+    """[max_workers + 1] which worker counts a job may take: every one, or (``node_workers`` > 0) every count
+    up to a node's and multiples of it above."""
+    k = np.arange(max_workers + 1)
+    return (k <= node_workers) | (k % node_workers == 0) if node_workers > 0 else np.ones(max_workers + 1, bool)
+
+
+def next_sizes(allowed: np.ndarray) -> np.ndarray:
+    """[len(allowed)] the smallest allowed count above each count (len(allowed) where none is)."""
+    out, nxt = np.empty(len(allowed), int), len(allowed)
+    for k in range(len(allowed) - 1, -1, -1):
+        out[k] = nxt
+        if allowed[k]:
+            nxt = k
+    return out
+
+
 def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
-                 priority: np.ndarray | None = None, cap: np.ndarray | None = None) -> Allocation:
+                 priority: np.ndarray | None = None, cap: np.ndarray | None = None,
+                 node_workers: int = 0) -> Allocation:
     """The policy (module docstring). ``priority`` [jobs], if given, multiplies each job's remaining work in the
     order by exp(priority) (0: as is; higher: later), and ``cap`` [jobs] bounds each job's workers; the two
     thresholds may be given one per job [jobs] too. The registered policy sets none of this:
-    bench/bench_oracle_search.py searches them per trace to see how much better a schedule of this shape can be."""
+    bench/bench_oracle_search.py searches them per trace to see how much better a schedule of this shape can be.
+    ``node_workers``: whole nodes for multi-node jobs (module docstring); 0, the registered policy's: off."""
     b = AllocationBuilder(view)
     curves = size_curves(view)
+    allowed = allowed_sizes(curves.shape[1] - 1, node_workers)
+    step_to = next_sizes(allowed)
+    allowed_curves = np.where(allowed[None, :], curves, 0.0)  # a count not allowed is never wanted nor fastest
     rem = view.remaining_epochs
-    want = efficient_sizes(curves, efficiency)
-    fastest = curves.argmax(axis=1)
+    want = efficient_sizes(allowed_curves, efficiency)
+    fastest = allowed_curves.argmax(axis=1)
     prev = view.prev_workers
     if cap is not None:
         cap = np.maximum(np.asarray(cap, int), 1)
@@ -78,12 +105,16 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     for j in (int(j) for j in order):
         while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):
             pass
+        if not allowed[b.workers(j)]:  # what was left is not whole nodes: the whole nodes in it
+            k = int(np.flatnonzero(allowed[:b.workers(j)])[-1])
+            b.shrink_to(j, k, k)
     heap = []
 
     def push(j: int) -> None:
         k = b.workers(j)
         if 0 < k < fastest[j] and not keep[j]:
-            gain = rem[j] / curves[j, k] - rem[j] / curves[j, k + 1]
+            up = step_to[k]  # k + 1 unless whole nodes are asked for
+            gain = (rem[j] / curves[j, k] - rem[j] / curves[j, up]) / (up - k)
             if gain > 0:
                 heapq.heappush(heap, (-gain, j))
 
@@ -91,7 +122,8 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
         push(j)
     while heap:
         _, j = heapq.heappop(heap)
-        if b.add(j, "bundle"):
+        k = b.workers(j)
+        if b.add_gang(j, step_to[k] - k, step_to[k] - k) if node_workers else b.add(j, "bundle"):
             push(j)
     return b.allocation()
 

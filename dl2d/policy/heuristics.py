@@ -119,12 +119,16 @@ class AllocationBuilder:
             self._stay.add(j)
         for kind in plan:
             if not self.add(j, kind, None if stay else workers - (self.workers(j) - w0)):
-                while self.workers(j) > w0:
-                    self.placer.remove(self.worker_servers[j].pop(), self.view.worker_demand[j])
-                while self.ps(j) > p0:
-                    self.placer.remove(self.ps_servers[j].pop(), self.view.ps_demand[j])
+                self.shrink_to(j, w0, p0)
                 return False
         return True
+
+    def shrink_to(self, j: int, workers: int, ps: int) -> None:
+        """Take job j's last-added workers and PS off until it holds at most ``workers`` and ``ps``."""
+        while self.workers(j) > workers:
+            self.placer.remove(self.worker_servers[j].pop(), self.view.worker_demand[j])
+        while self.ps(j) > ps:
+            self.placer.remove(self.ps_servers[j].pop(), self.view.ps_demand[j])
 
     def _moves_to_pack(self, j: int, want: int) -> bool:
         """Whether all-reduce job j, about to be given ``want`` workers, is placed afresh instead of beside last

@@ -155,6 +155,30 @@ def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_poli
     assert per_job[0] < efficient_sizes(curves, 0.6)[0]
 
 
+def test_elastic_whole_nodes_give_multi_node_jobs_whole_nodes_and_default_to_the_policy():
+    """``node_workers``: a job of more workers than a node holds gets a multiple of it, on whole nodes; the GPUs
+    that frees are not handed out as partial nodes either; 0 is the registered policy. The same jobs without it
+    give the long job 11 GPUs over three nodes, so the rule is what changes them."""
+    from dl2d.policy.elastic import allowed_sizes, elastic_srtf, next_sizes
+    assert list(np.flatnonzero(allowed_sizes(16, 4))) == [0, 1, 2, 3, 4, 8, 12, 16]
+    assert allowed_sizes(6, 0).all() and list(next_sizes(allowed_sizes(9, 4))) == [1, 2, 3, 4, 8, 8, 8, 8, 10, 10]
+    four_nodes = cfg(ClusterSpec(4, gpus=4, cpus=48, mem_gb=192))
+    tr = trace_of((0, "imagenet", 8, 3200), (0, "cifar10", 4, 512), (0, "ncf", 1, 256))
+    _, views = run_slots(tr, elastic_srtf, 1, four_nodes)
+    view, plain = views[0]
+    assert int(plain.workers[0]) == 11 and len(set(plain.worker_servers[0])) == 3
+    off = elastic_srtf(view, node_workers=0)
+    assert np.array_equal(off.workers, plain.workers) and off.worker_servers == plain.worker_servers
+    whole = elastic_srtf(view, node_workers=4)
+    assert list(map(int, whole.workers)) == [8, 4, 1]
+    for servers in whole.worker_servers:
+        if len(set(servers)) > 1:  # a multi-node job holds each of its nodes whole
+            assert all(servers.count(s) == 4 for s in set(servers))
+    for w in (0.5, 0.8):  # whatever the threshold, no count above a node's is a partial node
+        counts = elastic_srtf(view, efficiency=w, node_workers=4).workers
+        assert all(k <= 4 or k % 4 == 0 for k in counts)
+
+
 @pytest.mark.parametrize("name", registry.names())
 def test_every_policy_schedules_a_model_never_seen(name):
     """The daemon gives an all-reduce job of a model outside the catalog the class catalog.UNSEEN and a prior
