@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 
 import numpy as np
@@ -25,6 +24,7 @@ from dl2d.sim.worlds import world
 from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
 from bench_today import MAX_SLOTS
+from jsonl_rows import Rows
 
 
 #: each variant's changes to today's SimConfig
@@ -50,10 +50,10 @@ def main() -> None:
     if not names or unknown:
         ap.error(f"--policies: unknown {unknown or 'none given'}; registered: {', '.join(registry.names())}")
     base = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
-    lines = [{"command": "python bench/bench_frictions.py --folder " + args.folder + " --policies " + ",".join(names),
+    out = Rows(args.out)
+    out.add({"command": "python bench/bench_frictions.py --folder " + args.folder + " --policies " + ",".join(names),
               "base": {k: getattr(base, k) for k in ("slot_seconds", "slot_noise", "resize_overhead_s",
-                                                     "shared_node_slowdown", "allreduce_placement")}}]
-    print(json.dumps(lines[0]), flush=True)
+                                                     "shared_node_slowdown", "allreduce_placement")}})
     for label, changes in VARIANTS.items():
         cfg = dataclasses.replace(base, **changes)
         row = {"folder": args.folder, "variant": label}
@@ -64,11 +64,8 @@ def main() -> None:
             row[name] = round(float(np.mean(jct)), 3)
             row[f"{name}_per_workload"] = [round(float(j), 3) for j in jct]
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        print(json.dumps(row), flush=True)
-        lines.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in lines)
+        out.add(row)
+    out.close()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import shlex
 import sys
 import time
@@ -38,6 +37,7 @@ from dl2d.sim.trace import from_workload
 from dl2d.workload.workloads import WORKLOADS, packaged_workload
 
 from bench_today import MAX_SLOTS
+from jsonl_rows import Rows
 
 JOBS = 160  # the Pollux workloads' size
 
@@ -72,12 +72,8 @@ def main() -> None:
     cfg = dataclasses.replace(TT.sim_config(setup), max_slots=MAX_SLOTS)
     tc = TT.target_config(cfg, "elastic")
     head = {"command": "python " + shlex.join(["bench/bench_hindsight.py", *sys.argv[1:]])}
-    lines = [head]
-
-    def emit(row: dict) -> None:
-        print(json.dumps(row), flush=True)
-        lines.append(row)
-
+    out = Rows(args.out)
+    emit = out.add
     emit(head)
     t0 = time.perf_counter()
     seeds = list(range(args.traces))
@@ -118,9 +114,7 @@ def main() -> None:
         emit(row)
         log(f"{name} done ({time.perf_counter() - t0:.0f} s)")
     emit({"seconds": round(time.perf_counter() - t0, 1)})
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in lines)
+    out.close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import shlex
 import sys
 import time
@@ -30,6 +29,7 @@ from dl2d.workload import philly
 from dl2d.workload.workloads import WORKLOADS, packaged_workload
 
 from bench_today import MAX_SLOTS
+from jsonl_rows import Rows
 
 SETS = ("generated realistic", "generated tuned", "pollux tuned", "pollux as submitted")
 
@@ -69,8 +69,8 @@ def main() -> None:
         ap.error("--seeds and --loads need at least one value each, loads > 0")
     cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
     head = {"command": "python " + shlex.join(["bench/bench_styles.py", *sys.argv[1:]]), "elastic_default": EFFICIENCY}
-    lines = [head]
-    print(json.dumps(head), flush=True)
+    out = Rows(args.out)
+    out.add(head)
     for name in SETS:
         runs = traces(name, seeds, loads, cfg.slot_seconds)
         row = {"set": name, "traces": len(runs)}
@@ -84,11 +84,8 @@ def main() -> None:
         default = row.get(f"efficiency {EFFICIENCY:g}")
         row["best_below_default_pct"] = round(100 * (1 - row[f"efficiency {best:g}"] / default), 2) if default else None
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        print(json.dumps(row), flush=True)
-        lines.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in lines)
+        out.add(row)
+    out.close()
 
 
 if __name__ == "__main__":
