@@ -10,6 +10,9 @@ workloads' trace seed is the workload's number, as bench/bench_today.py. Average
 
     python bench/bench_styles.py [--efficiencies 0.5,0.6,0.7,0.8,0.85] [--seeds 100-103] [--loads 1,2]
         [--out FILE.jsonl]
+
+An efficiency followed by ``n`` (``0.7n``) is elastic at it with whole nodes for multi-node jobs
+(``elastic_srtf``'s ``node_workers``, a node's GPUs).
 """
 from __future__ import annotations
 
@@ -44,6 +47,21 @@ def traces(name: str, seeds, loads, slot_seconds: float) -> list:
     return [(from_workload(packaged_workload(k, folder), slot_seconds, seed=k), k) for k in WORKLOADS]
 
 
+def variant(text: str, node_workers: int):
+    """elastic at the efficiency ``text`` names (``0.8``), with whole nodes when it ends in ``n`` (``0.8n``);
+    ValueError naming what is wrong otherwise."""
+    whole = text.endswith("n")
+    efficiency = float(text[:-1] if whole else text)
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency {efficiency} is not in (0, 1]")
+    return functools.partial(elastic_srtf, efficiency=efficiency, node_workers=node_workers if whole else 0)
+
+
+def label(text: str) -> str:
+    """A variant's name as the rows spell it: the efficiency as %g, then ``n`` for whole nodes."""
+    return f"{float(text.rstrip('n')):g}" + ("n" if text.endswith("n") else "")
+
+
 def numbers(text: str, kind, what: str, ap) -> list:
     try:
         if kind is int and "-" in text:
@@ -61,13 +79,18 @@ def main() -> None:
     ap.add_argument("--loads", default="1,2", help="the generated workloads' loads")
     ap.add_argument("--out", default=None, help="also write the JSON lines here")
     args = ap.parse_args()
-    effs = numbers(args.efficiencies, float, "efficiencies", ap)
+    effs = [e.strip() for e in args.efficiencies.split(",") if e.strip()]
     seeds, loads = numbers(args.seeds, int, "seeds", ap), numbers(args.loads, float, "loads", ap)
-    if not effs or any(not 0 < e <= 1 for e in effs):
-        ap.error(f"--efficiencies: each must be in (0, 1], got {args.efficiencies!r}")
+    cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
+    try:
+        policies = {e: variant(e, int(cfg.cluster.server_capacity[0])) for e in effs}
+    except ValueError as err:
+        ap.error(f"--efficiencies: {err} (each an efficiency in (0, 1], optionally followed by n), "
+                 f"got {args.efficiencies!r}")
+    if not effs:
+        ap.error("--efficiencies: at least one")
     if not seeds or not loads or any(x <= 0 for x in loads):
         ap.error("--seeds and --loads need at least one value each, loads > 0")
-    cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
     head = {"command": "python " + shlex.join(["bench/bench_styles.py", *sys.argv[1:]]), "elastic_default": EFFICIENCY}
     out = Rows(args.out)
     out.add(head)
@@ -76,13 +99,13 @@ def main() -> None:
         row = {"set": name, "traces": len(runs)}
         t0 = time.perf_counter()
         for e in effs:
-            jct = [E.run(tr, functools.partial(elastic_srtf, efficiency=e), cfg, seed=s).avg_jct_hours
-                   for tr, s in runs]
-            row[f"efficiency {e:g}"] = round(float(np.mean(jct)), 4)
-        best = min(effs, key=lambda e: row[f"efficiency {e:g}"])
-        row["best"] = best
+            jct = [E.run(tr, policies[e], cfg, seed=s).avg_jct_hours for tr, s in runs]
+            row[f"efficiency {label(e)}"] = round(float(np.mean(jct)), 4)
+        best = min(effs, key=lambda e: row[f"efficiency {label(e)}"])
+        row["best"] = label(best) if best.endswith("n") else float(best)
         default = row.get(f"efficiency {EFFICIENCY:g}")
-        row["best_below_default_pct"] = round(100 * (1 - row[f"efficiency {best:g}"] / default), 2) if default else None
+        row["best_below_default_pct"] = round(100 * (1 - row[f"efficiency {label(best)}"] / default), 2) if default \
+            else None
         row["seconds"] = round(time.perf_counter() - t0, 1)
         out.add(row)
     out.close()
