@@ -35,12 +35,14 @@ import numpy as np
 from dl2d.core.contract import SlotView
 from dl2d.policy import learned_speeds as LS
 from dl2d.policy import lp_plan as LP
+from dl2d.policy.lp_lookahead import REGISTERED as LOOKAHEAD, horizon_value
 from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
 
 log = logging.getLogger("dl2d")
 
-#: The planner's program as the lookahead's: the bound's in-bucket term, 8 tangent lines (dl2d.policy.lp_plan).
-IN_BUCKET = 8
+#: The planner's program as the registered lookahead's: the bound's in-bucket term, with its tangent lines
+#: (dl2d.policy.lp_plan).
+IN_BUCKET = LOOKAHEAD["in_bucket"]
 #: The shipped checkpoint (docs/BENCHMARKS.md says how it was made and how it scores).
 PRETRAINED = Path(__file__).with_name("pretrained") / "plan-dl2.msgpack"
 
@@ -109,8 +111,6 @@ class PlanNetPolicy:
     def checked(self, view: SlotView, obs: dict, action: np.ndarray) -> np.ndarray:
         """The planner's pairs with those of ``action``'s departures that lower the horizon value, tried in job
         order, each on top of those kept before it."""
-        from dl2d.policy.lp_lookahead import horizon_value
-
         plan = np.asarray(obs["plan_pair"])
         departs = np.flatnonzero(action != plan)
         if not len(departs):
@@ -226,8 +226,8 @@ def load(path=None, table_path=None, check: int = 0) -> PlanNetPolicy:
                          kinds=trained_kinds(ckpt.meta), check=check)
 
 
-#: The check's horizon of ``dl2-plan-checked``: the lookahead's (lp_lookahead.REGISTERED).
-CHECK_SLOTS = 3
+#: The check's horizon of ``dl2-plan-checked``: the registered lookahead's.
+CHECK_SLOTS = LOOKAHEAD["horizon"]
 
 
 def _builder(check: int):
@@ -254,6 +254,6 @@ register(PolicyEntry("dl2-plan", "DL2 world: the target-size network reading the
                      "program solve a slot", _builder(0), _check_options, learned=True,
                      trained_by="python bench/bench_plan_net.py", options=("checkpoint",)))
 register(PolicyEntry("dl2-plan-checked", "DL2 world: dl2-plan, each of its departures from the plan kept only where "
-                     "3 slots simulated on the learned table say it helps; a few program solves a slot",
+                     f"{CHECK_SLOTS} slots simulated on the learned table say it helps; a few program solves a slot",
                      _builder(CHECK_SLOTS), _check_options, learned=True,
                      trained_by="python bench/bench_plan_net.py", options=("checkpoint",)))
