@@ -129,9 +129,8 @@ def run_mpc(trace: Trace, schedulers: list, cfg, seed: int, mode: str, horizon: 
 def one(job) -> dict:
     folder, k, names, mode, horizon, every, lookback = job
     cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
-    node_workers = int(cfg.cluster.server_capacity[0])  # one GPU a worker in today's world
     trace = from_workload(packaged_workload(k, folder), cfg.slot_seconds, seed=k)
-    schedulers = [variant(n, node_workers) for n in names]
+    schedulers = [variant(n, cfg) for n in names]
     row = {"folder": folder, "workload": k}
     t0 = time.perf_counter()
     for n, s in zip(names, schedulers):
@@ -163,9 +162,10 @@ def main() -> None:
     if not workloads or any(k not in WORKLOADS for k in workloads):
         ap.error(f"--workloads: each must be one of {WORKLOADS[0]}-{WORKLOADS[-1]}, got {args.workloads!r}")
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)  # the one each worker process makes again
     try:
         for n in names:
-            variant(n, 4)
+            variant(n, cfg)
     except ValueError as e:
         ap.error(f"--variants: {e} (each an efficiency, optionally followed by n)")
     if len(names) < 2:

@@ -47,14 +47,15 @@ def traces(name: str, seeds, loads, slot_seconds: float) -> list:
     return [(from_workload(packaged_workload(k, folder), slot_seconds, seed=k), k) for k in WORKLOADS]
 
 
-def variant(text: str, node_workers: int):
-    """elastic at the efficiency ``text`` names (``0.8``), with whole nodes when it ends in ``n`` (``0.8n``);
-    ValueError naming what is wrong otherwise."""
+def variant(text: str, cfg):
+    """elastic at the efficiency ``text`` names (``0.8``), with whole nodes of ``cfg``'s servers when it ends in
+    ``n`` (``0.8n``; a node's GPUs, one a worker in today's world); ValueError naming what is wrong otherwise."""
     whole = text.endswith("n")
     efficiency = float(text[:-1] if whole else text)
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency {efficiency} is not in (0, 1]")
-    return functools.partial(elastic_srtf, efficiency=efficiency, node_workers=node_workers if whole else 0)
+    node_workers = int(cfg.cluster.server_capacity[0]) if whole else 0
+    return functools.partial(elastic_srtf, efficiency=efficiency, node_workers=node_workers)
 
 
 def label(text: str) -> str:
@@ -83,7 +84,7 @@ def main() -> None:
     seeds, loads = numbers(args.seeds, int, "seeds", ap), numbers(args.loads, float, "loads", ap)
     cfg = world("today").sim_config("t4-16", max_slots=MAX_SLOTS)
     try:
-        policies = {e: variant(e, int(cfg.cluster.server_capacity[0])) for e in effs}
+        policies = {e: variant(e, cfg) for e in effs}
     except ValueError as err:
         ap.error(f"--efficiencies: {err} (each an efficiency in (0, 1], optionally followed by n), "
                  f"got {args.efficiencies!r}")

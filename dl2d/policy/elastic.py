@@ -123,7 +123,7 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     while heap:
         _, j = heapq.heappop(heap)
         k = b.workers(j)
-        if b.add_gang(j, step_to[k] - k, step_to[k] - k) if node_workers else b.add(j, "bundle"):
+        if b.add_gang(j, step_to[k] - k, step_to[k] - k):  # one bundle, or the rest of a node
             push(j)
     return b.allocation()
 
