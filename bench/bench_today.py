@@ -9,7 +9,9 @@ preemptions), and the lower bound (dl2d.sim.bound). The trace seeds here (worklo
 workload seed 2000) are used by no training and by no tuning (elastic's settings were chosen on Philly
 seeds 100-103).
 
-    python bench/bench_today.py [--policies slurm,tiresias,...,dl2-target@online[:T[:EXPLORE]]] [--folders workloads,...]
+A policy named ``NAME+whole`` is NAME with the site's whole nodes for multi-node jobs (``policy.whole_nodes``).
+
+    python bench/bench_today.py [--policies slurm,tiresias,...,elastic+whole,dl2-target@online[:T[:EXPLORE]]] [--folders workloads,...]
         [--philly-jobs 1280] [--skip-philly] [--allreduce-placement spread|pack] [--out FILE.json]
 """
 from __future__ import annotations
@@ -54,16 +56,22 @@ def build(name: str, seed: int):
     """A registered policy; ``NAME@online`` (``NAME@online:T``, ``NAME@online:T:EXPLORE``): that learned policy
     learning online from the shipped checkpoint (sampling at temperature T, for the jobs EXPLORE says:
     ``policy.online_explore``), one learner per workload (dl2d.policy.target_online), as the daemon runs it with
-    ``policy.online_rl``."""
+    ``policy.online_rl``; ``NAME+whole``: with whole nodes for multi-node jobs (``policy.whole_nodes``)."""
+    name, whole, rest = name.partition("+whole")
+    if rest:
+        raise ValueError(f"+whole ends a policy's name, got {name + whole + rest!r}")
     base, _, online = name.partition("@")
+    if whole and "whole_nodes" not in registry.get(base).options:
+        raise ValueError(f"{base} cannot give whole nodes (+whole)")
     if not online:
-        return registry.build(name)
+        return registry.build(name, registry.PolicyOptions(whole_nodes=bool(whole)))
     from dl2d.policy.target_online import as_scheduler
 
     _, _, rest = online.partition(":")
     temperature, _, explore = rest.partition(":")
     options = registry.PolicyOptions(online_rl=True, seed=seed, online_temperature=float(temperature or 1.0),
-                                     online_explore=explore or registry.PolicyOptions.online_explore)
+                                     online_explore=explore or registry.PolicyOptions.online_explore,
+                                     whole_nodes=bool(whole))
     return as_scheduler(registry.build(base, options))
 
 
@@ -132,6 +140,13 @@ def main() -> None:
     args = ap.parse_args()
     placement = {} if args.allreduce_placement is None else {"allreduce_placement": args.allreduce_placement}
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:  # a bad name fails here, not after the first workload's runs
+        try:
+            registry.get(p.partition("+whole")[0].partition("@")[0])
+            if "+whole" in p:
+                build(p, 0)
+        except ValueError as e:
+            ap.error(f"--policies: {e}")
     today = world("today")
     console = Console(stderr=True)
     t0 = time.time()

@@ -117,10 +117,11 @@ def site_speed_model(value: str, trace) -> tuple:
 
 
 def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured",
-                world: str = "today"):
+                world: str = "today", whole_nodes: bool = False):
     """A policy by name from the registry; any problem (a missing or unreadable checkpoint) is a clear error."""
     options = registry.PolicyOptions(checkpoint=str(checkpoint) if checkpoint else "",
-                                     tetris_threshold=tetris_threshold, speed_model=speed_model, world=world)
+                                     tetris_threshold=tetris_threshold, speed_model=speed_model, world=world,
+                                     whole_nodes=whole_nodes)
     try:
         return registry.build(name, options)
     except registry.PolicyBuildError as e:
@@ -215,6 +216,9 @@ def sparkline(values, width: int = 24) -> str:
               help="Per job and slot speed noise: speed x (1 + N x U(-1, 1)).")
 @click.option("--tetris-threshold", type=click.IntRange(min=1), default=None,
               help="Bundles Tetris gives a job before moving to the next [default: the per-job maximum, 16].")
+@click.option("--whole-nodes", is_flag=True,
+              help="A job of more workers than a node holds gets whole nodes' worth (8, 12, ... on 4-GPU nodes), "
+                   "as sites give multi-node jobs whole nodes; elastic and dl2-target only.")
 @click.option("--save-trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the trace used to this file (.json or .csv).")
 @click.option("--per-type", is_flag=True, help="Also print the average JCT (hours) per job type.")
@@ -226,7 +230,7 @@ def sparkline(values, width: int = 24) -> str:
 @click.pass_context
 def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals,
         max_arrivals, epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
-        allreduce_placement, speed_model, slot_noise, tetris_threshold, save_trace, per_type, lp_bound,
+        allreduce_placement, speed_model, slot_noise, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound,
         as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
@@ -250,6 +254,12 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     if checkpoints and not any(n in LEARNED for n in names):
         raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
     checkpoint = parse_checkpoints(checkpoints, names)
+    if whole_nodes:  # before anything is written (--save-trace)
+        ignore = [n for n in names if "whole_nodes" not in registry.get(n).options]
+        if ignore:
+            users = [n for n, e in registry.entries().items() if "whole_nodes" in e.options]
+            raise click.UsageError(f"--whole-nodes: {' and '.join(ignore)} cannot give whole nodes (only "
+                                   f"{', '.join(users)} can)")
 
     def given(options):
         return given_options(ctx, options)
@@ -332,7 +342,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
         trace.check_site(site)
     except T.TraceError as e:
         raise click.BadParameter(str(e), param_hint="--trace") from None
-    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world) for n in names]
+    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world, whole_nodes) for n in names]
     limits = {}
     for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
         cfg = getattr(s, "cfg", None)
@@ -388,7 +398,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                 "slot_noise": slot_noise, "seed": seed,
                 "max_workers": sim_cfg.max_workers, "max_ps": sim_cfg.max_ps, "restart_seconds": overhead,
                 "allreduce_placement": allreduce_placement,
-                "shared_node_slowdown": sim_cfg.shared_node_slowdown},
+                "shared_node_slowdown": sim_cfg.shared_node_slowdown, "whole_nodes": whole_nodes},
         "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),
                         "avg_jct_hours": round(bound.avg_jct_slots * slot_seconds / 3600, 3),
                         "no_contention_slots": round(bound.no_contention_slots, 3),

@@ -78,6 +78,9 @@ class PolicySection:
     online_explore: str = "every"  # dl2-target online: which jobs sample: every | resizing (those that restart anyway)
     seed: int = 0
     world: str = "today"  # today (a GPU cluster of today) | dl2: the pretrained policy a learned one uses by default
+    # a job of more workers than a node holds gets whole nodes (8, 12, ... on 4-GPU nodes): no two multi-node jobs
+    # share a node (policies that read it: elastic, dl2-target)
+    whole_nodes: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,10 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
             users = [n for n, e in registry.entries().items() if "checkpoint" in e.options]
             bad.append(("policy.checkpoint", f"policy {p.name} reads no checkpoint (it would be ignored): remove "
                         f"policy.checkpoint, or set policy.name to one that uses it ({', '.join(users)})"))
+        if p.whole_nodes and "whole_nodes" not in registry.get(p.name).options:
+            users = [n for n, e in registry.entries().items() if "whole_nodes" in e.options]
+            bad.append(("policy.whole_nodes", f"policy {p.name} does not give whole nodes (it would be ignored): "
+                        f"set policy.whole_nodes = false, or policy.name to one that does ({', '.join(users)})"))
         if p.online_rl and not registry.get(p.name).online:
             online = [n for n, e in registry.entries().items() if e.online]
             bad.append(("policy.online_rl", f"online RL needs policy.name = one that learns online "
@@ -264,7 +271,7 @@ def policy_options(cfg: DaemonConfig) -> registry.PolicyOptions:
                                   allow_untrained=p.allow_untrained, resume=cfg.policy_save_path, world=p.world,
                                   fallback=cfg.guardrails.fallback, online_window=p.online_window,
                                   revert_margin=p.revert_margin, online_temperature=p.online_temperature,
-                                  online_explore=p.online_explore)
+                                  online_explore=p.online_explore, whole_nodes=p.whole_nodes)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

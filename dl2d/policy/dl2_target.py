@@ -42,9 +42,10 @@ def build(options: PolicyOptions):
     if path:
         ckpt = load_target(path)
         log.info("policy: dl2-target from %s", path)
-        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target", kinds=trained_kinds(ckpt.meta))
+        return TargetPolicy(ckpt.config, ckpt.params, name="dl2-target", kinds=trained_kinds(ckpt.meta),
+                            whole_nodes=options.whole_nodes)
     log.warning("policy: dl2-target with UNTRAINED parameters (allow_untrained)")
-    return TargetPolicy(*_untrained(options), name="dl2-target")
+    return TargetPolicy(*_untrained(options), name="dl2-target", whole_nodes=options.whole_nodes)
 
 
 def _untrained(options: PolicyOptions):
@@ -68,7 +69,8 @@ def _learner(options: PolicyOptions, path: str):
 
     fallback = registry.build(options.fallback)
     common = {"fallback": fallback, "window": options.online_window, "margin": options.revert_margin,
-              "temperature": options.online_temperature, "explore": options.online_explore, "seed": options.seed}
+              "temperature": options.online_temperature, "explore": options.online_explore, "seed": options.seed,
+              "whole_nodes": options.whole_nodes}
     if options.resume and Path(options.resume).exists():
         path = options.resume
         log.info("policy: dl2-target learning online, from its online checkpoint %s", path)
@@ -84,4 +86,5 @@ register(PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) fo
                      "first; slot-level PPO in the JAX simulator, and online", build, check, learned=True,
                      trained_by="dl2ctl train --policy dl2-target", online=True,
                      options=("checkpoint", "seed", "allow_untrained", "online_rl", "resume", "fallback",
-                              "online_window", "revert_margin", "online_temperature", "online_explore")))
+                              "online_window", "revert_margin", "online_temperature", "online_explore",
+                              "whole_nodes")))

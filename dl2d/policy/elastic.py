@@ -16,10 +16,12 @@ workers; for a PS job k workers with k PS):
 Nothing here is learned: the efficiency and keep thresholds are settings with stated defaults, chosen on
 generated Philly workloads (seeds 100-103), never on the Pollux workloads the benchmark reports.
 
-``node_workers`` (off in the registered policy): a job of more workers than a node holds takes whole nodes'
-worth (a multiple of ``node_workers``), as a site that gives multi-node jobs whole nodes would. A multi-node
-all-reduce job sharing a node with another is slowed (dl2d.sim.allreduce), which whole nodes avoid where the
-placement finds them free. bench/bench_mpc.py chooses between the two rules slot by slot.
+``node_workers``: a job of more workers than a node holds takes whole nodes' worth (a multiple of
+``node_workers``), as a site that gives multi-node jobs whole nodes would. A multi-node all-reduce job sharing a
+node with another is slowed (dl2d.sim.allreduce), which whole nodes avoid where the placement finds them free.
+The registered policy does this when the site asks for it (``PolicyOptions.whole_nodes``, the daemon's
+``policy.whole_nodes``; off by default), each job's node size read from the view (:func:`node_workers`).
+bench/bench_mpc.py chooses between the two rules slot by slot.
 """
 from __future__ import annotations
 
@@ -61,6 +63,17 @@ def allowed_sizes(max_workers: int, node_workers: int = 0) -> np.ndarray:
     return (k <= node_workers) | (k % node_workers == 0) if node_workers > 0 else np.ones(max_workers + 1, bool)
 
 
+def node_workers(view: SlotView) -> np.ndarray:
+    """[jobs] the workers of each job a node holds: the GPUs of the cluster's most common server over the job's
+    GPUs per worker (0 for a job whose workers need no GPU: no whole-node rule for it)."""
+    gpus = np.asarray(view.capacity, float)[:, 0] if len(view.capacity) else np.zeros(1)
+    values, counts = np.unique(gpus, return_counts=True)
+    node = float(values[np.argmax(counts)])  # the most common server (the largest among equally common)
+    per_worker = np.asarray(view.worker_demand, float)[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(per_worker > 0, np.floor(node / np.where(per_worker > 0, per_worker, 1.0)), 0).astype(int)
+
+
 def next_sizes(allowed: np.ndarray) -> np.ndarray:
     """[len(allowed)] the smallest allowed count above each count (len(allowed) where none is)."""
     out, nxt = np.empty(len(allowed), int), len(allowed)
@@ -73,17 +86,20 @@ def next_sizes(allowed: np.ndarray) -> np.ndarray:
 
 def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
                  priority: np.ndarray | None = None, cap: np.ndarray | None = None,
-                 node_workers: int = 0) -> Allocation:
+                 node_workers=0) -> Allocation:
     """The policy (module docstring). ``priority`` [jobs], if given, multiplies each job's remaining work in the
     order by exp(priority) (0: as is; higher: later), and ``cap`` [jobs] bounds each job's workers; the two
     thresholds may be given one per job [jobs] too. The registered policy sets none of this:
     bench/bench_oracle_search.py searches them per trace to see how much better a schedule of this shape can be.
-    ``node_workers``: whole nodes for multi-node jobs (module docstring); 0, the registered policy's: off."""
+    ``node_workers``: whole nodes for multi-node jobs (module docstring), a number or one per job [jobs]
+    (:func:`node_workers`); 0, the registered policy's default: off."""
     b = AllocationBuilder(view)
     curves = size_curves(view)
-    allowed = allowed_sizes(curves.shape[1] - 1, node_workers)
-    step_to = next_sizes(allowed)
-    allowed_curves = np.where(allowed[None, :], curves, 0.0)  # a count not allowed is never wanted nor fastest
+    per_job = np.broadcast_to(np.asarray(node_workers, int), (len(view),))
+    rows = {n: allowed_sizes(curves.shape[1] - 1, n) for n in set(per_job.tolist())}
+    allowed = np.array([rows[n] for n in per_job.tolist()], bool).reshape(len(view), curves.shape[1])
+    step_to = np.array([next_sizes(a) for a in allowed], int).reshape(allowed.shape)
+    allowed_curves = np.where(allowed, curves, 0.0)  # a count not allowed is never wanted nor fastest
     rem = view.remaining_epochs
     want = efficient_sizes(allowed_curves, efficiency)
     fastest = allowed_curves.argmax(axis=1)
@@ -105,15 +121,15 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     for j in (int(j) for j in order):
         while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):
             pass
-        if not allowed[b.workers(j)]:  # what was left is not whole nodes: the whole nodes in it
-            k = int(np.flatnonzero(allowed[:b.workers(j)])[-1])
+        if not allowed[j, b.workers(j)]:  # what was left is not whole nodes: the whole nodes in it
+            k = int(np.flatnonzero(allowed[j, :b.workers(j)])[-1])
             b.shrink_to(j, k, k)
     heap = []
 
     def push(j: int) -> None:
         k = b.workers(j)
         if 0 < k < fastest[j] and not keep[j]:
-            up = step_to[k]  # k + 1 unless whole nodes are asked for
+            up = step_to[j, k]  # k + 1 unless whole nodes are asked for
             gain = (rem[j] / curves[j, k] - rem[j] / curves[j, up]) / (up - k)
             if gain > 0:
                 heapq.heappush(heap, (-gain, j))
@@ -123,11 +139,17 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     while heap:
         _, j = heapq.heappop(heap)
         k = b.workers(j)
-        if b.add_gang(j, step_to[k] - k, step_to[k] - k):  # one bundle, or the rest of a node
+        if b.add_gang(j, step_to[j, k] - k, step_to[j, k] - k):  # one bundle, or the rest of a node
             push(j)
     return b.allocation()
 
 
+def elastic_whole_nodes(view: SlotView) -> Allocation:
+    """The registered rule with whole nodes for multi-node jobs, each job's node size read from the view."""
+    return elastic_srtf(view, node_workers=node_workers(view))
+
+
 register(PolicyEntry("elastic", "elastic shortest-remaining-work-first: efficient sizes in SRTF order, spare "
                      "GPUs by marginal gain, few restarts",
-                     lambda options: StatelessPolicy(elastic_srtf, "elastic"), heuristic=True))
+                     lambda options: StatelessPolicy(elastic_whole_nodes if options.whole_nodes else elastic_srtf,
+                                                     "elastic"), heuristic=True, options=("whole_nodes",)))

@@ -101,6 +101,9 @@ class PolicyOptions:
     revert_margin: float = 0.2  # revert when a window scores below 1 - margin of the fallback's (dl2-target)
     online_temperature: float = 0.5  # dl2-target online: samples from softmax(logits / this); < 1 explores less
     online_explore: str = "every"  # dl2-target online: which jobs sample ("every"; "resizing": those that restart anyway)
+    #: a job of more workers than a node holds gets whole nodes (8, 12, ... on nodes of 4 GPUs), as sites give
+    #: multi-node jobs: none then shares a node with another (policies with "whole_nodes" in their options)
+    whole_nodes: bool = False
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:

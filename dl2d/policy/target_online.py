@@ -124,7 +124,8 @@ class OnlineTargetLearner(TV.TargetPolicy):
                  reward_jobs: int = 40, seed: int = 0, version: int = 0, good_params=None,
                  good_version: int | None = None, meta: dict | None = None,
                  name: str = "dl2-target", kinds: tuple[str, ...] = ("ps", "allreduce"),
-                 temperature: float = 1.0, explore: str = "every", pcfg: PPO.PPOConfig = ONLINE_PPO):
+                 temperature: float = 1.0, explore: str = "every", pcfg: PPO.PPOConfig = ONLINE_PPO,
+                 whole_nodes: bool = False):
         if window < pcfg.minibatches:
             raise ValueError(f"online window must be at least {pcfg.minibatches} slots, got {window}")
         if explore not in ONLINE_EXPLORE:
@@ -134,7 +135,7 @@ class OnlineTargetLearner(TV.TargetPolicy):
         # Why: where every change of size is a restart, a running job sampled away from its greedy pair pays a
         # restart (and one more to come back); a job that restarts anyway explores for free.
         self.explore = explore
-        super().__init__(cfg, params, name=name, kinds=kinds)
+        super().__init__(cfg, params, name=name, kinds=kinds, whole_nodes=whole_nodes)
         pcfg = dataclasses.replace(pcfg, temperature=temperature)
         self.fallback, self.window, self.rule = fallback, int(window), RevertRule(margin)
         self.reward_jobs, self.pcfg, self.meta = max(int(reward_jobs), 1), pcfg, dict(meta or {})

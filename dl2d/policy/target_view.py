@@ -65,17 +65,27 @@ def padded(obs: dict, n: int) -> dict:
             for k, v in obs.items()}
 
 
+def whole_nodes_of(workers: int, node: int) -> int:
+    """``workers`` cut down to whole nodes of ``node`` workers when above one node (as they are otherwise, or
+    with ``node`` 0)."""
+    return int(workers) if node <= 0 or workers <= node else int(workers) // int(node) * int(node)
+
+
 class TargetPolicy:
     """The target-size policy on a view: the greedy action of every job, then the fill task by task on the
     servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order (:meth:`place`: a PS
     job's bundles first, while its targets and the servers allow; one none of whose workers fit holds no PS). Jobs
     are padded to 64 rows, or the next power of two above, for the jitted network (one compilation up to 64 jobs,
     one more per doubling). ``kinds``: the job kinds it was trained on ("ps", "allreduce"); a job of another
-    kind gets its teacher's sizes."""
+    kind gets its teacher's sizes. ``whole_nodes``: an all-reduce job of more workers than a node holds gets whole
+    nodes' worth, its target and what fits of it each cut down to whole nodes (a site's rule,
+    ``PolicyOptions.whole_nodes``; the network never learned it)."""
 
-    def __init__(self, cfg: T.TargetConfig, params, name: str = "target", kinds: tuple[str, ...] = ("ps", "allreduce")):
+    def __init__(self, cfg: T.TargetConfig, params, name: str = "target", kinds: tuple[str, ...] = ("ps", "allreduce"),
+                 whole_nodes: bool = False):
         self.cfg, self.params, self.name = cfg, params, name
         self.kinds = tuple(kinds)
+        self.whole_nodes = bool(whole_nodes)
         self._decide = jax.jit(lambda p, o: T.decide(cfg, p, o, self.kinds)["action"])
 
     def actions(self, view, obs: dict | None = None):
@@ -95,7 +105,10 @@ class TargetPolicy:
         and a PS together); then, in the same order, each PS job's further bundles while it wants both, then
         its remaining PS, then its remaining workers. Why bundles first: placing one job's PS all before its
         workers took the cores of servers whose GPUs then stood idle (on `testbed` a tenth of the targets did
-        not fit, and Optimus's own bundles-first placement did fit them; docs/BENCHMARKS.md)."""
+        not fit, and Optimus's own bundles-first placement did fit them; docs/BENCHMARKS.md). With
+        ``whole_nodes``, an all-reduce job's workers above a node's are cut down to whole nodes, its target first
+        and then what fitted of it."""
+        from dl2d.policy.elastic import node_workers
         from dl2d.policy.heuristics import AllocationBuilder
 
         b = AllocationBuilder(view)
@@ -105,9 +118,12 @@ class TargetPolicy:
         one = np.maximum(obs["curves"][:, 1], 1e-12)
         order = np.lexsort((view.arrival_slot, obs["remaining_epochs"] / one))
         ps_job = ~np.asarray(obs["allreduce"], bool) & (target_p > 0)
+        node = node_workers(view) if self.whole_nodes else np.zeros(len(view), int)
         for j in order:
             if not ps_job[j]:
-                b.add_up_to(j, "worker", target_w[j])
+                b.add_up_to(j, "worker", whole_nodes_of(target_w[j], node[j]))
+                if b.workers(j) != whole_nodes_of(b.workers(j), node[j]):
+                    b.shrink_to(j, whole_nodes_of(b.workers(j), node[j]), 0)
             elif target_w[j] >= 1:
                 b.add(j, "bundle")  # a worker and a PS, or nothing: a PS job's PS wait with no worker
         for j in order:

@@ -34,6 +34,8 @@ def test_precedence_file_env_flags():
     ({"policy": {"online_rl": True}}, "policy.online_rl", "needs policy.name"),
     ({"policy": {"world": "mars"}}, "policy.world", "must be one of today, dl2"),
     ({"policy": {"online_explore": "some"}}, "policy.online_explore", "must be one of every, resizing"),
+    ({"policy": {"name": "drf", "whole_nodes": True}}, "policy.whole_nodes", "does not give whole nodes"),
+    ({"policy": {"name": "elastic", "whole_nodes": "yes"}}, "policy.whole_nodes", "true or false"),
     ({"agents": {"stale_after": 0}}, "agents.stale_after", ">= 1"),
     ({"agents": {"nodes": {"n1": "ftp://x"}}}, "agents.nodes.n1", "http://"),
     ({"sim": {"noise": 1.5}}, "sim.noise", "[0, 1)"),
@@ -45,6 +47,16 @@ def test_bad_values_name_the_key(data, where, what):
     with pytest.raises(ConfigError) as e:
         build_config(data, source="/etc/dl2d/dl2d.toml")
     assert where in str(e.value) and what in str(e.value)
+
+
+def test_whole_nodes_reach_the_policies_that_give_them():
+    from dl2d.daemon.config import policy_options
+    from dl2d.policy import registry
+
+    for name in ("elastic", "dl2-target"):
+        c = build_config({"policy": {"name": name, "whole_nodes": True}})
+        assert policy_options(c).whole_nodes and "whole_nodes" in registry.get(name).options
+    assert not policy_options(build_config({"policy": {"name": "elastic"}})).whole_nodes
 
 
 def test_env_errors_name_the_variable():

@@ -157,9 +157,10 @@ def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_poli
 
 def test_elastic_whole_nodes_give_multi_node_jobs_whole_nodes_and_default_to_the_policy():
     """``node_workers``: a job of more workers than a node holds gets a multiple of it, on whole nodes; the GPUs
-    that frees are not handed out as partial nodes either; 0 is the registered policy. The same jobs without it
-    give the long job 11 GPUs over three nodes, so the rule is what changes them."""
-    from dl2d.policy.elastic import allowed_sizes, elastic_srtf, next_sizes
+    that frees are not handed out as partial nodes either; 0 is the registered policy's default, and the site's
+    ``whole_nodes`` turns it on there. The same jobs without it give the long job 11 GPUs over three nodes, so the
+    rule is what changes them."""
+    from dl2d.policy.elastic import allowed_sizes, elastic_srtf, next_sizes, node_workers
     assert list(np.flatnonzero(allowed_sizes(16, 4))) == [0, 1, 2, 3, 4, 8, 12, 16]
     assert allowed_sizes(6, 0).all() and list(next_sizes(allowed_sizes(9, 4))) == [1, 2, 3, 4, 8, 8, 8, 8, 10, 10]
     four_nodes = cfg(ClusterSpec(4, gpus=4, cpus=48, mem_gb=192))
@@ -177,6 +178,17 @@ def test_elastic_whole_nodes_give_multi_node_jobs_whole_nodes_and_default_to_the
     for w in (0.5, 0.8):  # whatever the threshold, no count above a node's is a partial node
         counts = elastic_srtf(view, efficiency=w, node_workers=4).workers
         assert all(k <= 4 or k % 4 == 0 for k in counts)
+    # the site's setting: the registered policy reads each job's node size from the view (4 GPUs, a GPU a worker)
+    assert list(node_workers(view)) == [4, 4, 4]
+    site = registry.build("elastic", registry.PolicyOptions(whole_nodes=True))(view)
+    assert list(map(int, site.workers)) == [8, 4, 1] and site.worker_servers == whole.worker_servers
+    assert np.array_equal(registry.build("elastic")(view).workers, plain.workers)
+    # a node's size is in the job's workers: two GPUs a worker make a node of two workers, and one job's size
+    # leaves the others' alone
+    wide = replace(view, worker_demand=view.worker_demand * np.array([[2.0, 1.0, 1.0], [1, 1, 1], [1, 1, 1]]))
+    assert list(node_workers(wide)) == [2, 4, 4]
+    per_job = elastic_srtf(wide, node_workers=node_workers(wide))
+    assert int(per_job.workers[0]) % 2 == 0 and all(k <= 4 or k % 4 == 0 for k in per_job.workers[1:])
 
 
 @pytest.mark.parametrize("name", registry.names())

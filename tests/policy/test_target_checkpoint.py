@@ -190,3 +190,37 @@ def test_the_fill_places_a_ps_jobs_bundles_before_its_other_tasks():
     assert list(got.workers) == [2, 1] and list(got.ps) == [4, 1]
     used = (got.workers[:, None] * view.worker_demand + got.ps[:, None] * view.ps_demand).sum(axis=0)
     assert used[1] == 16.0  # every core in use
+
+
+def test_whole_nodes_cut_an_allreduce_jobs_workers_to_whole_nodes():
+    """The site's ``whole_nodes``: on four nodes of 4 GPUs, targets of 10, 6 and 1 workers (17 GPUs of 16) are
+    cut to whole nodes above a node (8 and 4), and a multi-node job holds each of its nodes whole; without it
+    the same targets are filled as they are. The registered policy passes the option on."""
+    from dl2d.policy.elastic import elastic_srtf
+    from dl2d.sim import engine as E
+    from dl2d.sim import trace as TR
+    from dl2d.sim.cluster import ClusterSpec
+    from dl2d.workload.workloads import WorkloadJob
+    from tests.testkit.sim import run_slots
+
+    jobs = [WorkloadJob("a", 0.0, "imagenet", 8, 3200), WorkloadJob("b", 0.0, "cifar10", 4, 512),
+            WorkloadJob("c", 0.0, "ncf", 1, 256)]
+    sim = E.SimConfig(cluster=ClusterSpec(4, gpus=4, cpus=48, mem_gb=192), slot_seconds=60.0, slot_noise=0.0,
+                      max_workers=16, max_ps=2)
+    _, views = run_slots(TR.from_workload(jobs, 60.0, interference_sigma=0.0), elastic_srtf, 1, sim)
+    view = views[0][0]
+    cfg = T.TargetConfig(max_workers=16, max_ps=2, hidden=16)
+    params = T.init_params(cfg, jax.random.PRNGKey(0))
+    obs = TV.view_obs(cfg, view)
+    action = np.array([cfg.levels.index(w) * len(cfg.ps_levels) for w in (10, 6, 1)])
+    plain = TV.TargetPolicy(cfg, params).place(view, action, obs)
+    whole = TV.TargetPolicy(cfg, params, whole_nodes=True).place(view, action, obs)
+    assert list(map(int, whole.workers)) == [8, 4, 1]
+    assert int(plain.workers[1]) == 6 and int(plain.workers.sum()) == 16
+    for servers in whole.worker_servers:
+        if len(set(servers)) > 1:
+            assert all(servers.count(s) == 4 for s in set(servers))
+    assert [TV.whole_nodes_of(k, 4) for k in (0, 3, 4, 5, 8, 11, 16)] == [0, 3, 4, 4, 8, 8, 16]
+    assert TV.whole_nodes_of(7, 0) == 7
+    built = registry.build("dl2-target", registry.PolicyOptions(allow_untrained=True, whole_nodes=True))
+    assert built.whole_nodes and not registry.build("dl2-target", registry.PolicyOptions(allow_untrained=True)).whole_nodes

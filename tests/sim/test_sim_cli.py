@@ -142,6 +142,16 @@ def test_trace_file_errors_are_reported_not_raised(tmp_path, short_trace):
     assert r.exit_code == 2 and "must end in .json or .csv" in r.output
 
 
+def test_whole_nodes_only_for_the_policies_that_give_them_and_before_anything_is_written(tmp_path):
+    saved = tmp_path / "t.json"
+    r = invoke(*SMALL, "--compare", "elastic,drf", "--whole-nodes", "--save-trace", str(saved))
+    assert r.exit_code == 2 and "--whole-nodes: drf cannot give whole nodes (only elastic, dl2-target" in r.output
+    assert not saved.exists()
+    r = invoke("sim", "--jobs", "12", "--seed", "1", "--policy", "elastic", "--whole-nodes", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["sim"]["whole_nodes"] is True
+
+
 def test_dl2_policy_with_a_bad_checkpoint_is_a_clear_error(tmp_path):
     ckpt = tmp_path / "p.ckpt"
     ckpt.write_text("not a checkpoint")
