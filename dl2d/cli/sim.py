@@ -64,8 +64,9 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
-def parse_checkpoints(values, names: list[str]) -> dict[str, Path]:
-    """`--checkpoint PATH` (one learned policy) or `--checkpoint NAME=PATH` (several) -> {name: path}."""
+def parse_checkpoints(values, names: list[str], world: str = "today") -> dict[str, Path]:
+    """`--checkpoint PATH` (one learned policy) or `--checkpoint NAME=PATH` (several) -> {name: path}; a learned
+    policy that ships a trained one for ``world`` (dl2-target, elastic-chooser) needs none."""
     learned = [n for n in names if n in LEARNED]
     out: dict[str, Path] = {}
     for v in values:
@@ -79,7 +80,7 @@ def parse_checkpoints(values, names: list[str]) -> dict[str, Path]:
             raise click.UsageError(f"--checkpoint {v}: {name} is not among the policies to run")
         out[name] = Path(path)
     for n in learned:
-        if n not in out:
+        if n not in out and registry.problems(n, registry.PolicyOptions(world=world)):
             raise click.UsageError(f"--policy {n} needs --checkpoint PATH (trained with "
                                    f"{registry.get(n).trained_by})")
     return out
@@ -253,7 +254,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     names = parse_policies(compare) if compare is not None else [(policy or "drf").lower()]
     if checkpoints and not any(n in LEARNED for n in names):
         raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
-    checkpoint = parse_checkpoints(checkpoints, names)
+    checkpoint = parse_checkpoints(checkpoints, names, world)
     if whole_nodes:  # before anything is written (--save-trace)
         ignore = [n for n in names if "whole_nodes" not in registry.get(n).options]
         if ignore:

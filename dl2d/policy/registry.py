@@ -24,7 +24,7 @@ from dl2d.core.contract import Allocation, SlotView
 MODULES = ("dl2d.policy.heuristics", "dl2d.policy.optimus", "dl2d.policy.dl2", "dl2d.policy.chic",
            "dl2d.policy.dual_agent", "dl2d.policy.oracle", "dl2d.policy.slurm_fifo", "dl2d.policy.tiresias",
            "dl2d.policy.elastic", "dl2d.policy.lp_plan", "dl2d.policy.lp_lookahead",
-           "dl2d.policy.dl2_target", "dl2d.policy.plan_net")
+           "dl2d.policy.dl2_target", "dl2d.policy.plan_net", "dl2d.policy.rule_chooser")
 #: How tasks are placed on servers: the policy's own placement, or DLTAP re-placing the policy's tasks.
 PLACEMENTS = ("balance", "dltap")
 

@@ -152,6 +152,12 @@ def test_whole_nodes_only_for_the_policies_that_give_them_and_before_anything_is
     assert json.loads(r.stdout)["sim"]["whole_nodes"] is True
 
 
+def test_a_learned_policy_that_ships_one_needs_no_checkpoint():
+    r = invoke("sim", "--jobs", "12", "--seed", "1", "--compare", "elastic,elastic-chooser,dl2-target", "--json")
+    assert r.exit_code == 0, r.output
+    assert [x["policy"] for x in json.loads(r.stdout)["results"]] == ["elastic", "elastic-chooser", "dl2-target"]
+
+
 def test_dl2_policy_with_a_bad_checkpoint_is_a_clear_error(tmp_path):
     ckpt = tmp_path / "p.ckpt"
     ckpt.write_text("not a checkpoint")
