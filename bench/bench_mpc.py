@@ -24,7 +24,7 @@ is the simulator as is (restarts, noise, shared-node slowdown), as every other t
         [--workers 2] [--out FILE.jsonl] [--record FILE.npz]
 
 ``--generated`` runs generated Philly workloads of those styles instead of the Pollux folders (160 jobs on
-`t4-16`, ``philly.generate``, as bench/bench_styles.py: elastic's tuning set by default). ``--record`` keeps, for
+`t4-16`, bench/bench_styles.py's ``generated_trace``: elastic's tuning set by default). ``--record`` keeps, for
 every choice, the cluster's state as dl2d.policy.rule_chooser reads it and each rule's cost: what
 bench/bench_chooser.py fits the learned chooser ``elastic-chooser`` to. ``--driver CHOOSER.json``: the real run
 follows that chooser's choices, the costs still recorded (a DAgger round: labels on the learner's own states).
@@ -51,7 +51,7 @@ from dl2d.workload import philly
 from dl2d.workload.speed import speed_table
 from dl2d.workload.workloads import FOLDERS, WORKLOADS, packaged_workload
 
-from bench_styles import numbers, variant
+from bench_styles import generated_trace, numbers, variant
 from jsonl_rows import Rows
 from bench_today import MAX_SLOTS
 
@@ -146,8 +146,7 @@ def workload_trace(folder: str, k: int, cfg) -> Trace:
     LOAD", k its seed)."""
     if folder.startswith("generated"):
         _, style, load = folder.split()
-        return from_workload(philly.generate(160, load=float(load), cluster_gpus=64, seed=k, style=style),
-                             cfg.slot_seconds, seed=k)
+        return generated_trace(style, float(load), k, cfg.slot_seconds)
     return from_workload(packaged_workload(k, folder), cfg.slot_seconds, seed=k)
 
 

@@ -37,12 +37,17 @@ from jsonl_rows import Rows
 SETS = ("generated realistic", "generated tuned", "pollux tuned", "pollux as submitted")
 
 
+def generated_trace(style: str, load: float, seed: int, slot_seconds: float):
+    """A generated workload of the tuning set's kind: 160 Philly jobs of ``style`` on 64 GPUs at ``load``."""
+    return from_workload(philly.generate(160, load=load, cluster_gpus=64, seed=seed, style=style), slot_seconds,
+                         seed=seed)
+
+
 def traces(name: str, seeds, loads, slot_seconds: float) -> list:
     """(trace, seed) of one of SETS."""
     if name.startswith("generated"):
         style = name.split()[1]
-        return [(from_workload(philly.generate(160, load=load, cluster_gpus=64, seed=s, style=style), slot_seconds,
-                               seed=s), s) for load in loads for s in seeds]
+        return [(generated_trace(style, load, s, slot_seconds), s) for load in loads for s in seeds]
     folder = "workloads" if name == "pollux tuned" else "workloads-realistic"
     return [(from_workload(packaged_workload(k, folder), slot_seconds, seed=k), k) for k in WORKLOADS]
 

@@ -256,9 +256,9 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
         raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
     checkpoint = parse_checkpoints(checkpoints, names, world)
     if whole_nodes:  # before anything is written (--save-trace)
-        ignore = [n for n in names if "whole_nodes" not in registry.get(n).options]
+        users = registry.names(reads="whole_nodes")
+        ignore = [n for n in names if n not in users]
         if ignore:
-            users = [n for n, e in registry.entries().items() if "whole_nodes" in e.options]
             raise click.UsageError(f"--whole-nodes: {' and '.join(ignore)} cannot give whole nodes (only "
                                    f"{', '.join(users)} can)")
 

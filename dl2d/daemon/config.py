@@ -217,11 +217,11 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
         for option, msg in registry.problems(p.name, policy_options(cfg)):
             bad.append((f"policy.{option}", f"{msg}; set policy.{option}, or policy.name = \"drf\""))
         if p.checkpoint and "checkpoint" not in registry.get(p.name).options:
-            users = [n for n, e in registry.entries().items() if "checkpoint" in e.options]
+            users = registry.names(reads="checkpoint")
             bad.append(("policy.checkpoint", f"policy {p.name} reads no checkpoint (it would be ignored): remove "
                         f"policy.checkpoint, or set policy.name to one that uses it ({', '.join(users)})"))
         if p.whole_nodes and "whole_nodes" not in registry.get(p.name).options:
-            users = [n for n, e in registry.entries().items() if "whole_nodes" in e.options]
+            users = registry.names(reads="whole_nodes")
             bad.append(("policy.whole_nodes", f"policy {p.name} does not give whole nodes (it would be ignored): "
                         f"set policy.whole_nodes = false, or policy.name to one that does ({', '.join(users)})"))
         if p.online_rl and not registry.get(p.name).online:

@@ -74,6 +74,12 @@ def node_workers(view: SlotView) -> np.ndarray:
         return np.where(per_worker > 0, np.floor(node / np.where(per_worker > 0, per_worker, 1.0)), 0).astype(int)
 
 
+def whole_nodes_of(workers: int, node: int) -> int:
+    """The most workers up to ``workers`` that :func:`allowed_sizes` allows: cut down to whole nodes of ``node``
+    workers when above one node (as they are otherwise, or with ``node`` 0)."""
+    return int(workers) if node <= 0 or workers <= node else int(workers) // int(node) * int(node)
+
+
 def next_sizes(allowed: np.ndarray) -> np.ndarray:
     """[len(allowed)] the smallest allowed count above each count (len(allowed) where none is)."""
     out, nxt = np.empty(len(allowed), int), len(allowed)
@@ -96,9 +102,10 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     b = AllocationBuilder(view)
     curves = size_curves(view)
     per_job = np.broadcast_to(np.asarray(node_workers, int), (len(view),))
-    rows = {n: allowed_sizes(curves.shape[1] - 1, n) for n in set(per_job.tolist())}
-    allowed = np.array([rows[n] for n in per_job.tolist()], bool).reshape(len(view), curves.shape[1])
-    step_to = np.array([next_sizes(a) for a in allowed], int).reshape(allowed.shape)
+    sizes = {n: allowed_sizes(curves.shape[1] - 1, n) for n in set(per_job.tolist())}  # once per node size
+    steps = {n: next_sizes(a) for n, a in sizes.items()}
+    allowed = np.array([sizes[n] for n in per_job.tolist()], bool).reshape(len(view), curves.shape[1])
+    step_to = np.array([steps[n] for n in per_job.tolist()], int).reshape(allowed.shape)
     allowed_curves = np.where(allowed, curves, 0.0)  # a count not allowed is never wanted nor fastest
     rem = view.remaining_epochs
     want = efficient_sizes(allowed_curves, efficiency)
@@ -121,8 +128,8 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     for j in (int(j) for j in order):
         while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):
             pass
-        if not allowed[j, b.workers(j)]:  # what was left is not whole nodes: the whole nodes in it
-            k = int(np.flatnonzero(allowed[j, :b.workers(j)])[-1])
+        k = whole_nodes_of(b.workers(j), per_job[j])
+        if k != b.workers(j):  # what was left is not whole nodes: the whole nodes in it
             b.shrink_to(j, k, k)
     heap = []
 

@@ -154,11 +154,12 @@ def entries() -> dict[str, PolicyEntry]:
     return dict(sorted(_ENTRIES.items(), key=lambda item: _MODULE_RANK[item[0]]))
 
 
-def names(*, heuristic: bool | None = None, learned: bool | None = None, daemon: bool | None = None) -> tuple[str, ...]:
-    """Policy names, optionally only those of one kind."""
+def names(*, heuristic: bool | None = None, learned: bool | None = None, daemon: bool | None = None,
+          reads: str | None = None) -> tuple[str, ...]:
+    """Policy names, optionally only those of one kind, or (``reads``) those that read that PolicyOptions field."""
     return tuple(n for n, e in entries().items()
                  if (heuristic is None or e.heuristic == heuristic) and (learned is None or e.learned == learned)
-                 and (daemon is None or e.daemon == daemon))
+                 and (daemon is None or e.daemon == daemon) and (reads is None or reads in e.options))
 
 
 def get(name: str) -> PolicyEntry:

@@ -65,12 +65,6 @@ def padded(obs: dict, n: int) -> dict:
             for k, v in obs.items()}
 
 
-def whole_nodes_of(workers: int, node: int) -> int:
-    """``workers`` cut down to whole nodes of ``node`` workers when above one node (as they are otherwise, or
-    with ``node`` 0)."""
-    return int(workers) if node <= 0 or workers <= node else int(workers) // int(node) * int(node)
-
-
 class TargetPolicy:
     """The target-size policy on a view: the greedy action of every job, then the fill task by task on the
     servers (dl2d.policy.heuristics.AllocationBuilder) in shortest-remaining-work order (:meth:`place`: a PS
@@ -108,7 +102,7 @@ class TargetPolicy:
         not fit, and Optimus's own bundles-first placement did fit them; docs/BENCHMARKS.md). With
         ``whole_nodes``, an all-reduce job's workers above a node's are cut down to whole nodes, its target first
         and then what fitted of it."""
-        from dl2d.policy.elastic import node_workers
+        from dl2d.policy.elastic import node_workers, whole_nodes_of
         from dl2d.policy.heuristics import AllocationBuilder
 
         b = AllocationBuilder(view)

@@ -196,7 +196,7 @@ def test_whole_nodes_cut_an_allreduce_jobs_workers_to_whole_nodes():
     """The site's ``whole_nodes``: on four nodes of 4 GPUs, targets of 10, 6 and 1 workers (17 GPUs of 16) are
     cut to whole nodes above a node (8 and 4), and a multi-node job holds each of its nodes whole; without it
     the same targets are filled as they are. The registered policy passes the option on."""
-    from dl2d.policy.elastic import elastic_srtf
+    from dl2d.policy.elastic import elastic_srtf, whole_nodes_of
     from dl2d.sim import engine as E
     from dl2d.sim import trace as TR
     from dl2d.sim.cluster import ClusterSpec
@@ -220,7 +220,7 @@ def test_whole_nodes_cut_an_allreduce_jobs_workers_to_whole_nodes():
     for servers in whole.worker_servers:
         if len(set(servers)) > 1:
             assert all(servers.count(s) == 4 for s in set(servers))
-    assert [TV.whole_nodes_of(k, 4) for k in (0, 3, 4, 5, 8, 11, 16)] == [0, 3, 4, 4, 8, 8, 16]
-    assert TV.whole_nodes_of(7, 0) == 7
+    assert [whole_nodes_of(k, 4) for k in (0, 3, 4, 5, 8, 11, 16)] == [0, 3, 4, 4, 8, 8, 16]
+    assert whole_nodes_of(7, 0) == 7
     built = registry.build("dl2-target", registry.PolicyOptions(allow_untrained=True, whole_nodes=True))
     assert built.whole_nodes and not registry.build("dl2-target", registry.PolicyOptions(allow_untrained=True)).whole_nodes
