@@ -40,7 +40,6 @@ import time
 
 import numpy as np
 
-from dl2d.core.contract import Allocation
 from dl2d.policy.elastic import EFFICIENCY
 from dl2d.policy.heuristics import remaining_time_estimate
 from dl2d.sim import engine as E
@@ -69,9 +68,7 @@ def rollout_cost(trace: Trace, state: E.SimState, scheduler, cfg, table, horizon
     for _ in range(horizon):
         if state.done():
             return cost
-        view = E.view_of(trace, state, cfg)
-        alloc = scheduler(view) if len(view) else Allocation(np.zeros(0, int), np.zeros(0, int))
-        state, _, _ = E.step(trace, state, alloc, cfg, rng, table)
+        state, _, _ = E.run_slot(trace, state, scheduler, cfg, rng, table)
         cost += len(state.active(trace))
     view = E.view_of(trace, state, cfg)
     if len(view):
@@ -134,8 +131,7 @@ def run_mpc(trace: Trace, schedulers: list, cfg, seed: int, mode: str, horizon: 
             if record is not None:
                 record.append((state_features(view), np.array(costs)))
         counts[chosen] += 1
-        alloc = schedulers[chosen](view) if len(view) else Allocation(np.zeros(0, int), np.zeros(0, int))
-        state, _, _ = E.step(trace, state, alloc, cfg, rng, table)
+        state, _, _ = E.step(trace, state, E.decide(schedulers[chosen], view), cfg, rng, table, view)
         slots += 1
     jct = state.finish_time - trace.arrival_slot
     return float(np.mean(jct)) * cfg.slot_seconds / 3600, counts

@@ -188,9 +188,10 @@ def advance(state: SimState, trace: Trace, jobs, epochs) -> tuple[SimState, floa
 
 
 def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: np.random.Generator,
-         table: np.ndarray | None = None) -> tuple[SimState, float, dict]:
-    """One slot. Pure given `rng`: the same inputs and generator state give the same outputs."""
-    view = view_of(trace, state, cfg)
+         table: np.ndarray | None = None, view: SlotView | None = None) -> tuple[SimState, float, dict]:
+    """One slot. Pure given `rng`: the same inputs and generator state give the same outputs. ``view``: the view
+    of ``state`` where the caller already built it (the one its scheduler decided on), else built here."""
+    view = view_of(trace, state, cfg) if view is None else view
     validate(view, alloc)
     usage, w, p, w_srv, p_srv = place_servers(view, alloc)
     table = speed_table(cfg.speed_model) if table is None else table
@@ -335,6 +336,23 @@ class SimResult:
                 "cross_node_fraction": round(cross / total, 4) if total > 0 else 0.0}
 
 
+def decide(scheduler: Callable[[SlotView], Allocation], view: SlotView) -> Allocation:
+    """The scheduler's allocation for ``view``; with no job in the system nothing is asked of it."""
+    return scheduler(view) if len(view) else Allocation(np.zeros(0, int), np.zeros(0, int))
+
+
+def run_slot(trace: Trace, state: SimState, scheduler: Callable[[SlotView], Allocation], cfg: SimConfig,
+             rng: np.random.Generator, table: np.ndarray | None = None) -> tuple[SimState, float, dict]:
+    """One slot of ``scheduler`` from ``state``: its view, its decision, the step (``step``'s result; the info
+    also holds the "view", the "allocation" and "decide_s", the seconds the scheduler took)."""
+    view = view_of(trace, state, cfg)
+    t = time.perf_counter()
+    alloc = decide(scheduler, view)
+    decide_s = time.perf_counter() - t
+    nxt, reward, info = step(trace, state, alloc, cfg, rng, table, view)
+    return nxt, reward, {**info, "view": view, "allocation": alloc, "decide_s": decide_s}
+
+
 def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfig = SimConfig(), seed: int = 0,
         on_slot: Callable[[SimState], None] | None = None, name: str | None = None) -> SimResult:
     """Simulate the whole trace with one scheduler until every job finishes."""
@@ -350,11 +368,8 @@ def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfi
     while not state.done():
         if state.slot - first > cfg.max_slots:
             raise RuntimeError(f"simulation did not finish within {cfg.max_slots} slots (a starving scheduler?)")
-        view = view_of(trace, state, cfg)
-        t = time.perf_counter()
-        alloc = scheduler(view) if len(view) else Allocation(np.zeros(0, int), np.zeros(0, int))
-        decide_s += time.perf_counter() - t
-        state, r, info = step(trace, state, alloc, cfg, rng, table)
+        state, r, info = run_slot(trace, state, scheduler, cfg, rng, table)
+        decide_s += info["decide_s"]
         rewards.append(r)
         gpu.append(info["utilisation"][0])
         cpu.append(info["utilisation"][1])

@@ -299,3 +299,28 @@ def test_no_baseline_exceeds_capacity_over_a_whole_run(case):
         assert res.unplaced == 0, name
         # DL2 eq. 1 summed over the run: each job contributes true / estimated epochs
         assert res.rewards.sum() == pytest.approx(np.sum(tr.true_epochs / tr.est_epochs)), name
+
+
+def test_one_slot_of_a_scheduler_is_its_decision_on_the_view_then_the_step():
+    """run_slot = the view, the scheduler's allocation on it, step with that view: the same state, reward and
+    progress as step building the view itself; no job in the system asks nothing of the scheduler."""
+    tr = make_trace([(0, "resnet-50", 10_000), (1, "dssm", 10_000)])
+    cfg = E.SimConfig(cluster=ClusterSpec(4), slot_noise=0.1)
+    asked = []
+
+    def scheduler(view):
+        asked.append(len(view))
+        return fifo()(view)
+
+    state = E.SimState.initial(2)
+    for _ in range(3):
+        nxt, reward, info = E.run_slot(tr, state, scheduler, cfg, np.random.default_rng(7))
+        alone, alone_reward, alone_info = E.step(tr, state, info["allocation"], cfg, np.random.default_rng(7))
+        assert reward == alone_reward and np.array_equal(nxt.epochs_done, alone.epochs_done)
+        assert np.array_equal(info["trained"], alone_info["trained"]) and info["decide_s"] >= 0
+        assert list(info["view"].job_ids) == list(E.view_of(tr, state, cfg).job_ids)
+        state = nxt
+    assert asked == [1, 2, 2]
+    empty = E.run_slot(make_trace([(5, "dssm", 10)]), E.SimState.initial(1), scheduler, cfg,
+                       np.random.default_rng(0))
+    assert len(empty[2]["allocation"].workers) == 0 and asked == [1, 2, 2]

@@ -63,7 +63,7 @@ def run_slots(trace: Trace, policy, n: int, config, state=None, seed: int = 0):
         view = E.view_of(trace, state, config)
         alloc = policy(view)
         steps.append((view, alloc))
-        state, _, _ = E.step(trace, state, alloc, config, rng)
+        state, _, _ = E.step(trace, state, alloc, config, rng, view=view)
     return state, steps
 
 
