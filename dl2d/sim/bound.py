@@ -6,8 +6,9 @@ Two bounds, each valid for every scheduler; the result is the larger:
 
 * **No contention**: a job cannot finish before its arrival plus the time it needs at its fastest size and
   placement, trained at the slot noise's upper end (1 + noise) from its very first second, plus the restart
-  it pays when it starts (``resize_overhead_s``). All-reduce jobs: the fastest over every worker count of the
-  packed placement and of even spreads over more nodes; PS jobs: the fastest (PS, workers) of the true table.
+  it pays when it starts (``resize_overhead_s``). All-reduce jobs: the fastest over every worker count and
+  every placement the cluster holds (whole workers on a node, no more nodes than its servers); PS jobs: the
+  fastest (PS, workers) of the true table.
 * **Capacity** (the cluster as one machine): a job needs at least its GPU work, the fewest GPU-seconds any
   size trains it in (at that same best speed), and the cluster does at most its GPU count of GPU-seconds per
   second. Shortest-remaining-processing-time on one machine of that speed, with the jobs' arrivals, minimises
@@ -40,32 +41,80 @@ class Bound:
     gpu_seconds: np.ndarray  # [N] each job's least GPU work
 
 
-def placements(workers: int, gpus_per_worker: int, per_node: int):
-    """The packed placement of ``workers`` and its even spreads over more nodes."""
-    gpus = workers * gpus_per_worker
-    yield catalog.packed(gpus, per_node)
-    low = -(-gpus // per_node)
-    for nodes in range(low + 1, workers + 1):
-        yield throughput.even_spread(gpus, nodes)
+def placements(workers: int, gpus_per_worker: int, per_node: int, nodes: int = 0):
+    """The packed placement of ``workers`` and its even spreads over more nodes, whole workers on each node (a
+    worker's GPUs are on one server) and at most ``nodes`` nodes (the cluster's servers; 0: no limit)."""
+    g = max(int(gpus_per_worker), 1)
+    per_node_workers = max(int(per_node) // g, 1)
+    fewest = -(-workers // per_node_workers)
+    packed = throughput.canonical(x * g for x in catalog.packed(workers, per_node_workers))
+    yield packed
+    for spread in range(fewest, (workers if nodes <= 0 else min(workers, nodes)) + 1):
+        even = throughput.canonical(x * g for x in throughput.even_spread(workers, spread))
+        if even != packed:
+            yield even
+
+
+def holdable(placement, gpus_per_worker: int, per_node: int, nodes: int = 0) -> bool:
+    """Whether a cluster of ``nodes`` nodes (0: any number) of ``per_node`` GPUs can hold ``placement`` (GPUs per
+    node) with whole workers of ``gpus_per_worker`` GPUs on each node."""
+    g = max(int(gpus_per_worker), 1)
+    return (all(x % g == 0 and x <= per_node for x in placement) and (nodes <= 0 or len(placement) <= nodes))
+
+
+def _node_splits(workers: int, most: int, parts: int):
+    """Every way to split ``workers`` over at most ``parts`` nodes of at most ``most`` workers each, largest first."""
+    if workers == 0:
+        yield ()
+        return
+    if parts == 0:
+        return
+    for first in range(min(most, workers), 0, -1):
+        for rest in _node_splits(workers - first, first, parts - 1):
+            yield (first,) + rest
+
+
+def fastest_placement_rate(model: str, batch: float, workers: int, gpus_per_worker: int, per_node: int,
+                           nodes: int = 0) -> float:
+    """Epochs per second of ``workers`` workers at the fastest placement a cluster of ``nodes`` nodes holds, by
+    the measured lookup (dl2d.workload.throughput). A placement's speed is its measurement where it was measured
+    and the fit's otherwise, and the fit reads only the GPU count and whether the job spans nodes; so the
+    fastest is among the packed placement, the even spreads (:func:`placements`), the measured placements of
+    that many GPUs and any one unmeasured placement over several nodes. Enumerating every placement instead
+    (thousands at 64 GPUs) gives the same figure (a test compares them)."""
+    g = max(int(gpus_per_worker), 1)
+    gpus = workers * g
+    measured = throughput.throughput_model(model).measured(gpus)
+    candidates = set(placements(workers, g, per_node, nodes))
+    candidates.update(p for p in measured if holdable(p, g, per_node, nodes))
+    known = set(measured)
+    most = max(int(per_node) // g, 1)
+    for split in _node_splits(workers, most, workers if nodes <= 0 else int(nodes)):
+        p = throughput.canonical(x * g for x in split)
+        if len(p) > 1 and p not in known:  # the fit's figure for a job over several nodes
+            candidates.add(p)
+            break
+    return max(catalog.allreduce_epoch_rate(model, batch, p) for p in candidates)
 
 
 def allreduce_rates(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int,
-                    site=None) -> np.ndarray:
-    """[max_workers] epochs per second on 1..max_workers workers, each at its best placement, before
-    interference (``site``: a site's calibrated curves, which replace the measured lookup for the models they
-    hold)."""
+                    site=None, nodes: int = 0) -> np.ndarray:
+    """[max_workers] epochs per second on 1..max_workers workers, each at its fastest placement on at most
+    ``nodes`` nodes (:func:`fastest_placement_rate`), before interference (``site``: a site's calibrated curves,
+    which replace the measured lookup for the models they hold)."""
     rates = []
     for w in range(1, max_workers + 1):
         own = site.epochs_per_s(model, w * gpus_per_worker) if site is not None else None
-        rates.append(own if own is not None else max(catalog.allreduce_epoch_rate(model, batch, p)
-                                                     for p in placements(w, gpus_per_worker, per_node)))
+        rates.append(own if own is not None else fastest_placement_rate(model, batch, w, gpus_per_worker, per_node,
+                                                                        nodes))
     return np.array(rates, float)
 
 
-def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site=None):
+def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site=None,
+                   nodes: int = 0):
     """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference
     (:func:`allreduce_rates`)."""
-    rates = allreduce_rates(model, batch, max_workers, gpus_per_worker, per_node, site)
+    rates = allreduce_rates(model, batch, max_workers, gpus_per_worker, per_node, site, nodes)
     gpus = np.arange(1, max_workers + 1) * gpus_per_worker
     with np.errstate(divide="ignore"):
         return float(rates.max()), float(np.min(gpus / rates))
@@ -124,7 +173,8 @@ def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
             g = max(int(round(catalog.WORKER_DEMAND[t, 0])), 1)
             key = (names[i], float(trace.batch_size[i]))
             if key not in cache:
-                cache[key] = best_allreduce(names[i], key[1], cfg.max_workers, g, per_node, cfg.site_speeds)
+                cache[key] = best_allreduce(names[i], key[1], cfg.max_workers, g, per_node, cfg.site_speeds,
+                                             cfg.cluster.num_servers)
             rate[i], work[i] = cache[key]
         else:
             rate[i], work[i] = best_ps(t, table, cfg.max_ps, cfg.max_workers)
