@@ -35,7 +35,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="20000-20004",
                     help="first-last trace seeds, never used in training or validation; or 'validation': the "
                          "checkpoint's own validation seeds (what its training chose by, so not held out)")
-    ap.add_argument("--heuristics", default="slurm,tiresias,drf,optimus,elastic")
+    ap.add_argument("--heuristics", default="slurm,tiresias,drf,optimus,elastic",
+                    help="registered policies to run beside the checkpoint: heuristics, or learned policies that "
+                         "ship their parameters (elastic-chooser); the summary's best heuristic is of the heuristics")
     ap.add_argument("--allreduce-placement", choices=ALLREDUCE_PLACEMENTS, default=None,
                     help="where all-reduce workers go (default: the world's)")
     ap.add_argument("--cluster", default=None, help="another cluster preset of the checkpoint's world (default: its own)")
@@ -64,14 +66,21 @@ def main() -> None:
     if args.allreduce_placement is not None:
         cfg = dataclasses.replace(cfg, allreduce_placement=args.allreduce_placement)
     traces = [TT.make_trace(setup, cfg, s) for s in seeds]
-    makers = {n: (lambda n=n: registry.make_heuristic(n)) for n in args.heuristics.split(",") if n}
+    others = [n for n in args.heuristics.split(",") if n]
+    for n in others:
+        try:
+            registry.build(n)
+        except ValueError as e:  # PolicyBuildError included
+            ap.error(f"--heuristics: {e}")
+    makers = {n: (lambda n=n: registry.build(n)) for n in others}
     makers["learned"] = lambda: TargetPolicy(ck.config, ck.params)
     out = {}
     for name, make in makers.items():
         jcts = [round(float(E.run(t, make(), cfg, seed=s).jct_slots.mean()), 2) for s, t in zip(seeds, traces)]
         out[name] = {"per_trace": jcts, "mean": round(float(np.mean(jcts)), 2)}
         print(json.dumps({"policy": name, **out[name]}), flush=True)
-    best = min((n for n in out if n != "learned"), key=lambda n: out[n]["mean"], default=None)  # none: --heuristics ""
+    heuristics = [n for n in out if n != "learned" and registry.get(n).heuristic]
+    best = min(heuristics, key=lambda n: out[n]["mean"], default=None)  # none: --heuristics "" or no heuristic
     bucket_s = None if args.bound_bucket_slots is None else args.bound_bucket_slots * cfg.slot_seconds
     bound = None if args.no_bound else TT.lower_bound(traces, cfg, bucket_s)
     print(json.dumps({"summary": True, "world": setup.world, "cluster": setup.cluster, "jobs": setup.jobs,
