@@ -197,14 +197,11 @@ class ThroughputModel:
         # per placement: sorted measured local batches and their mean step times
         self.points: dict[Placement, tuple[list[float], list[float]]] = {
             p: (sorted(v), [float(np.mean(v[b])) for b in sorted(v)]) for p, v in by.items()}
-        self._by_gpus: dict[int, tuple[Placement, ...]] = {}
-        for p in self.points:
-            self._by_gpus[sum(p)] = self._by_gpus.get(sum(p), ()) + (canonical(p),)
 
     def measured(self, gpus: int) -> tuple[Placement, ...]:
         """The measured placements of ``gpus`` GPUs. Every other placement's step time is the fit's, which reads
         only the GPU count and whether the job spans nodes: what a search for the fastest placement needs."""
-        return self._by_gpus.get(int(gpus), ())
+        return tuple(p for p in self.points if sum(p) == int(gpus))  # keys are canonical (step_time reads them so)
 
     def _fitted(self, p: Placement, local_bsz: float) -> float:
         return float(self.fit.step_time(sum(p), len(p), local_bsz))
