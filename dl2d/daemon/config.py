@@ -117,6 +117,17 @@ class GuardrailsSection:
 
 
 @dataclass(frozen=True)
+class LimitsSection:
+    """What one user may ask of the daemon, as Slurm's association limits do (dl2d.daemon.quota); root is
+    exempt. 0 turns a limit off."""
+
+    max_submit_jobs: int = 1000  # a user's jobs pending or running at once (Slurm's MaxSubmitJobs)
+    max_pending_jobs: int = 500  # of them waiting to start
+    submit_rate: int = 120  # submissions a user may make in a minute
+    pending_window: int = 256  # waiting jobs the policy sees each slot, the longest-waiting first
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     state_dir: str = DEFAULT_STATE_DIR
     db_url: str = ""  # default sqlite:///<state_dir>/dl2d.sqlite
@@ -139,6 +150,7 @@ class DaemonConfig:
     metrics: MetricsSection = MetricsSection()
     control: ControlSection = ControlSection()
     guardrails: GuardrailsSection = GuardrailsSection()
+    limits: LimitsSection = LimitsSection()
 
     @property
     def database_url(self) -> str:
@@ -254,6 +266,9 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     except ValueError as e:
         key, _, msg = str(e).partition(": ")
         bad.append((key if key.startswith("slurm") else "slurm", msg or str(e)))
+    for key in ("max_submit_jobs", "max_pending_jobs", "submit_rate", "pending_window"):
+        value = getattr(cfg.limits, key)
+        need(0 <= value <= 10_000_000, f"limits.{key}", f"must be in 0..10000000 (0: no limit), got {value}")
     g = cfg.guardrails
     need(g.starve_slots >= 1, "guardrails.starve_slots", f"must be >= 1, got {g.starve_slots}")
     need(g.min_resize_slots >= 0, "guardrails.min_resize_slots", f"must be >= 0, got {g.min_resize_slots}")

@@ -109,11 +109,12 @@ class SlotLoop:
                  learner=None, checkpoint_path: str | None = None, checkpoint_every: int = 10,
                  status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None,
                  hysteresis: Hysteresis = Hysteresis(), max_workers: int = P.ALLREDUCE_MAX_WORKERS,
-                 carried_out: Policy | None = None):
+                 carried_out: Policy | None = None, pending_window: int = 0):
         self.engine, self.backend = engine, backend
         # advise mode: this policy (Slurm as it is) is carried out, ``policy``'s decision only recorded (docs/daemon.md)
         self.carried_out = carried_out
         self.policy, self.fallback = policy, fallback
+        self.pending_window = pending_window  # waiting jobs the policy sees a slot (0: all; plan.scheduling_window)
         self.slot_seconds, self.starve_slots = slot_seconds, starve_slots
         self.clock, self.pace = clock, pace
         self.metrics = metrics or Metrics()
@@ -278,6 +279,9 @@ class SlotLoop:
                     results.append((iid, req, target, e))
                     log.warning("job %d: %s -> %d/%d failed: %s", req.job_id, kind.value, target.workers,
                                 target.ps, e)
+                except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others' slot
+                    log.exception("job %d: %s -> %d/%d failed", req.job_id, kind.value, target.workers, target.ps)
+                    results.append((iid, req, target, BackendError(f"job {req.job_id}: {type(e).__name__}: {e}")))
         for r in results:
             if not isinstance(r[3], BackendError):
                 self.crash("applied")
@@ -320,6 +324,9 @@ class SlotLoop:
 
     def _job_rows(self, s: Session) -> list[P.JobRow]:
         jobs = db_jobs.active_jobs(s, spec=False)
+        seen = P.scheduling_window([j.state == JobState.PENDING and not j.workers and not j.ps for j in jobs],
+                                   self.pending_window)
+        jobs = [jobs[i] for i in seen]
         ids = [j.id for j in jobs]
         counts = db_slots.allocation_counts(s, ids)
         # a spec never changes: read each job's once, and parse its limits and demand once

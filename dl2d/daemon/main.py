@@ -231,6 +231,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
         hysteresis=Hysteresis(cfg.guardrails.min_resize_slots, cfg.guardrails.min_resize_gain),
         max_workers=cfg.max_workers, carried_out=registry.build("slurm") if cfg.mode == "advise" else None,
+        pending_window=cfg.limits.pending_window,
         info={"backend": cfg.backend, "mode": cfg.mode, "policy": getattr(policy, "name", cfg.policy.name),
               "db_url": _safe_url(cfg.database_url), "slot_seconds": cfg.slot_seconds})
     return loop
@@ -298,6 +299,18 @@ def open_database(url: str, make_engine, upgrade):
     except Exception as e:  # an unknown dialect or a missing driver module, a broken URL
         raise ConfigError(f"database {_safe_url(url)}: {type(e).__name__}: {e}") from None
     return engine
+
+
+#: Bits the daemon never gives a file it creates, whatever umask it was started with (the packaged unit's
+#: UMask is the same): its database, status file, checkpoints and job records are root's and its group's. What
+#: a job must read (its target, its script) is given its mode explicitly (dl2d.daemon.slurm.jobdir).
+UMASK_BITS = 0o027
+
+
+def restrict_umask() -> None:
+    """Add :data:`UMASK_BITS` to the process's umask (a umask of 022 from a shell or cron would leave the database,
+    and every job's declared secrets in it, world-readable)."""
+    os.umask(os.umask(UMASK_BITS) | UMASK_BITS)
 
 
 def lock_state_dir(state_dir: str):
@@ -468,6 +481,7 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
          checkpoint, online_rl, metrics_port, no_metrics, max_slots, log_level, demo, world, demo_jobs, demo_seed,
          demo_types, compare) -> None:
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
+    restrict_umask()
     if demo and state_dir is None and not db_url:
         state_dir = tempfile.mkdtemp(prefix="dl2d-demo-")
     if demo and log_level is None:  # the demo's output is its report; --log-level info shows every slot's work
@@ -500,6 +514,12 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
                               "(run as the dl2d user, or set state_dir / --state-dir)") from None
         lock = lock_state_dir(cfg.state_dir)  # noqa: F841  (held until the process exits)
         loop = build_loop(cfg, feeder)
+        hold = getattr(loop.backend, "lock", None)  # the Slurm backend's state dir, which daemons must not share
+        if hold is not None:
+            try:
+                hold()
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"config error: {e}") from None
     except ConfigError as e:
         click.echo(f"dl2d: {e}", err=True)
         sys.exit(2)

@@ -65,6 +65,22 @@ def job_row(job_id: int, job_type: str, total_epochs: float, epochs_done: float,
                   int(spec.get("max_workers") or default_max), int(spec.get("max_ps") or MAX_PS), name, spec)
 
 
+def scheduling_window(waiting: Sequence[bool], window: int) -> list[int]:
+    """Which of the active jobs (in submission order; ``waiting[i]``: job i holds nothing and waits to start) the
+    policy sees this slot: every job that holds something, and the first ``window`` waiting ones (0: all). However
+    many jobs wait, a slot then costs what ``window`` of them cost; the rest keep their place in the queue."""
+    if window <= 0:
+        return list(range(len(waiting)))
+    out, seen = [], 0
+    for i, w in enumerate(waiting):
+        if w:
+            seen += 1
+            if seen > window:
+                continue
+        out.append(i)
+    return out
+
+
 def view_max_workers(jobs: Sequence[JobRow], bound: int) -> int:
     """The view's worker limit: the largest of the jobs' own (their submissions'), at most ``bound`` (the
     daemon's ``max_workers``); DL2's 16 for no jobs. A cluster of DL2 PS jobs keeps DL2's 16, all-reduce jobs

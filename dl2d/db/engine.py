@@ -8,6 +8,7 @@ PostgreSQL is used when a URL such as `postgresql+psycopg://user@host:port/db` i
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,10 +33,32 @@ def make_engine(url: str, **kwargs) -> Engine:
     """Create an engine for `url` with dl2d's connection settings."""
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
+        if u.database not in (None, "", ":memory:") and not u.database.startswith("file:"):
+            _create_private(Path(u.database))
         engine = create_engine(u, **kwargs)
         _setup_sqlite(engine, in_memory=u.database in (None, "", ":memory:"))
         return engine
     return create_engine(u, pool_pre_ping=True, **kwargs)
+
+
+#: A new SQLite database file's mode, whatever the umask: it holds every job's spec, declared secrets included
+#: (SQLite gives its -wal and -shm files the database file's mode).
+DB_FILE_MODE = 0o640
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file ``path`` (mode :data:`DB_FILE_MODE`) unless it exists; an existing file keeps
+    the mode its owner gave it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, DB_FILE_MODE)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # a directory that does not exist or cannot be written: SQLite says so, in its own words
+    try:
+        os.fchmod(fd, DB_FILE_MODE)  # the umask may have taken bits away, never added them: this is exact
+    finally:
+        os.close(fd)
 
 
 def _setup_sqlite(engine: Engine, in_memory: bool) -> None:

@@ -474,6 +474,15 @@ def count_active_jobs(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE_STATES))))
 
 
+def user_job_counts(session: Session, owner: str) -> tuple[int, int]:
+    """(jobs of ``owner`` waiting to start, jobs of theirs pending or running): what the submission limits count
+    (dl2d.daemon.quota)."""
+    rows = session.execute(select(Job.state, func.count()).where(Job.owner == owner, Job.state.in_(ACTIVE_STATES))
+                           .group_by(Job.state)).all()
+    counts = {JobState(state): int(n) for state, n in rows}
+    return counts.get(JobState.PENDING, 0), sum(counts.values())
+
+
 def count_jobs_by_state(session: Session) -> dict[JobState, int]:
     """Jobs per state; states without a job are absent."""
     return {JobState(st): int(n) for st, n in session.execute(select(Job.state, func.count()).group_by(Job.state))}

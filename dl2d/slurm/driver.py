@@ -17,8 +17,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
-#: Prefix of the Slurm job comment that carries the dl2d job id (``--comment=dl2d:<id>``).
+#: Prefix of the Slurm job comment that carries the dl2d job id and its submission's token
+#: (``--comment=dl2d:<id>:<token>``; ``dl2d:<id>`` without a token).
 COMMENT_PREFIX = "dl2d:"
+
+
+def submission_comment(dl2d_job_id: str, token: str | None = None) -> str:
+    """The Slurm comment of a dl2d job's submission: its id and, where given, the submission's token (the
+    daemon adopts an unknown Slurm job only when its comment carries the token the daemon recorded before
+    submitting, and its user is the job's: anyone can name a job and comment it with a guessed id)."""
+    return f"{COMMENT_PREFIX}{dl2d_job_id}" + (f":{token}" if token else "")
 
 
 class SlurmError(RuntimeError):
@@ -144,8 +152,10 @@ class JobSpec:
     requeue: bool = True
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    #: dl2d job id; stored as the Slurm job comment ``dl2d:<id>`` so jobs can be matched back.
+    #: dl2d job id; stored as the Slurm job comment ``dl2d:<id>[:<token>]`` so jobs can be matched back.
     dl2d_job_id: str | None = None
+    #: this submission's secret token (:func:`submission_comment`); None: the comment carries the id alone
+    submit_token: str | None = None
     #: The unix user the job runs as (and is accounted to: sacct, fairshare, QOS limits); None: the user the
     #: driver runs as. Another user than the driver's needs the driver to run as root.
     user: str | None = None
@@ -167,7 +177,7 @@ class JobSpec:
 
     @property
     def comment(self) -> str | None:
-        return None if self.dl2d_job_id is None else f"{COMMENT_PREFIX}{self.dl2d_job_id}"
+        return None if self.dl2d_job_id is None else submission_comment(self.dl2d_job_id, self.submit_token)
 
 
 @dataclass(frozen=True)
@@ -198,9 +208,9 @@ class SlurmJob:
 
     @property
     def dl2d_job_id(self) -> str | None:
-        """The dl2d job id from the comment, or None for jobs dl2d did not submit."""
+        """The dl2d job id from the comment (``dl2d:<id>[:<token>]``), or None for jobs dl2d did not submit."""
         if self.comment.startswith(COMMENT_PREFIX):
-            return self.comment[len(COMMENT_PREFIX):]
+            return self.comment[len(COMMENT_PREFIX):].split(":", 1)[0]
         return None
 
     @property

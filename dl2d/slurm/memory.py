@@ -13,7 +13,7 @@ the rest:
 * a requeued job keeps showing its old node count until it runs again, at the requeued count (as
   22.05 does after ``scontrol update NumNodes``);
 * ``down = True`` makes every call but :meth:`ping` raise :class:`SlurmUnavailable`;
-* a job runs as ``JobSpec.user`` (``SlurmJob.user``; "" for the driver's own user); its account, QOS and
+* a job runs as ``JobSpec.user`` (``SlurmJob.user``; the driver's own user where it names none); its account, QOS and
   environment are kept in ``specs``, as submitted;
 * every call that changes something is appended to ``calls`` (``("submit", id, nodes, gpus)``,
   ``("shrink", id, n)``, ``("signal", id, sig)``, ``("requeue", id, n)``, ``("cancel", id)``,
@@ -28,7 +28,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from dl2d.slurm.driver import JobSpec, SlurmJob, SlurmNode, SlurmUnavailable
+from dl2d.slurm.driver import JobSpec, SlurmJob, SlurmNode, SlurmUnavailable, process_user
 
 
 class InMemorySlurm:
@@ -91,7 +91,7 @@ class InMemorySlurm:
                                         mem_mb_per_node=spec.mem_mb_per_node or 0,
                                         time_limit_min=spec.time_limit_min,
                                         comment=spec.comment or "", submit_time=int(self.clock()),
-                                        user=spec.user or "")
+                                        user=spec.user or process_user().name)
         return jid
 
     def jobs(self) -> list[SlurmJob]:

@@ -71,7 +71,9 @@ def test_start_is_idempotent_also_for_a_new_backend_instance(tmp_path):
     r = b.apply(req(), Target(2, 1))
     assert (r.method, r.backend_ref) == (START, "101")
     spec = fake.specs["101"]
-    assert (spec.nodes, spec.gpus_per_node, spec.comment, spec.name) == (1, 2, "dl2d:1", "dl2d-1")
+    token = b._record(1)["submit_token"]  # the submission's own secret, in the comment beside the id
+    assert len(token) == 32 and (spec.nodes, spec.gpus_per_node, spec.comment, spec.name) == (1, 2, f"dl2d:1:{token}",
+                                                                                           "dl2d-1")
     assert "DL2D_PROGRESS_FILE" in spec.script and spec.script.startswith("#!/bin/bash")
     assert b.observe()[1].state == PENDING
     assert b.apply(req(), Target(2, 1)).method == NOOP  # pending at that size

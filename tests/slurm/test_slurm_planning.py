@@ -209,20 +209,38 @@ def test_the_default_time_limit_applies_when_the_spec_has_none_or_null():
 
 
 def test_the_finish_time_is_the_most_exact_fact():
+    t = 1_700_000_000  # a clock reading: the job's own word is believed only within its run and the years 2000-2100
     done = {"status": "done", "epoch": 3}
-    ended = SlurmJob("7", "dl2d-1", "COMPLETED", end_time=1_000_050)
-    running = SlurmJob("7", "dl2d-1", "RUNNING", end_time=1_999_999)  # start + time limit: says nothing
+    ended = SlurmJob("7", "dl2d-1", "COMPLETED", start_time=t, end_time=t + 50)
+    running = SlurmJob("7", "dl2d-1", "RUNNING", start_time=t, end_time=t + 999_999)  # start + limit: says nothing
     rec = {"slurm_job_id": "7"}
-    assert finish_time({"finished_at": 1_000_010.5}, ended, done, 1_000_040) == 1_000_010.5  # recorded first
-    assert finish_time(rec, ended, done, 1_000_040) == 1_000_050  # Slurm's EndTime of the ended job
-    assert finish_time(rec, running, {**done, "time": 1_000_045.2}, 1_000_040) == 1_000_045.2  # its own record
-    assert finish_time(rec, running, done, 1_000_040) == 1_000_040  # else when it last wrote its progress
+    assert finish_time({"finished_at": t + 10.5}, ended, done, t + 40) == t + 10.5  # recorded first
+    assert finish_time(rec, ended, done, t + 40) == t + 50  # Slurm's EndTime of the ended job
+    assert finish_time(rec, running, {**done, "time": t + 45.2}, t + 40) == t + 45.2  # its own record
+    assert finish_time(rec, running, done, t + 40) == t + 40  # else when it last wrote its progress
     assert finish_time(rec, None, done, None) is None
-    st = status_from(1, rec, ended, done, 1_000_040)
-    assert st.state == FINISHED and st.finished_at == datetime.fromtimestamp(1_000_050, timezone.utc)
-    failed = status_from(1, rec, SlurmJob("7", "dl2d-1", "FAILED", end_time=1_000_060), {"epoch": 1})
-    assert failed.state == FAILED and failed.finished_at.timestamp() == 1_000_060
+    # a job cannot date its end before its run, in the future, or outside any clock's range
+    assert finish_time(rec, running, {**done, "time": t - 5}, t + 40) == t + 40
+    assert finish_time(rec, running, {**done, "time": t + 100}, t + 40, now=t + 60) == t + 40
+    assert finish_time(rec, None, {**done, "time": 1e18}, 1e17) is None
+    st = status_from(1, rec, ended, done, t + 40)
+    assert st.state == FINISHED and st.finished_at == datetime.fromtimestamp(t + 50, timezone.utc)
+    failed = status_from(1, rec, SlurmJob("7", "dl2d-1", "FAILED", end_time=t + 60), {"epoch": 1})
+    assert failed.state == FAILED and failed.finished_at.timestamp() == t + 60
     assert status_from(1, rec, running, {"epoch": 1}).finished_at is None  # not finished: no time
+
+
+def test_a_job_that_says_done_while_slurm_runs_it_still_holds_its_gpus():
+    """The job's word does not end what Slurm runs: until its Slurm job ends it is RUNNING at its size (the
+    backend cancels it after done_grace_s), then FINISHED at Slurm's EndTime."""
+    t = 1_700_000_000
+    rec = {"slurm_job_id": "7", "applied": {"workers": 4, "ps": 0}}
+    running = SlurmJob("7", "dl2d-1", "RUNNING", start_time=t, nodes=("n1",))
+    st = status_from(1, rec, running, {"status": "done", "epoch": 3, "time": t + 2}, t + 2, now=t + 5)
+    assert (st.state, st.workers, st.finished_at) == (RUNNING, 4, None) and "says done" in st.message
+    gone = SlurmJob("7", "dl2d-1", "CANCELLED", start_time=t, end_time=t + 400)
+    st = status_from(1, rec, gone, {"status": "done", "epoch": 3, "time": t + 2}, t + 2, now=t + 401)
+    assert st.state == FINISHED and st.finished_at.timestamp() == t + 400
 
 
 def test_a_shrink_keeps_what_each_node_holds():

@@ -115,19 +115,31 @@ def test_a_request_without_owner_is_refused(tmp_path):
     assert not e.value.retryable and b.observe()[1].state == FAILED
 
 
-def test_another_users_job_with_the_jobs_name_and_comment_is_not_adopted(tmp_path):
-    """Anyone can sbatch --job-name=dl2d-1 --comment=dl2d:1: the backend adopts an unknown active job (its own,
-    submitted just before a crash) only when it runs as the user the job was submitted as."""
+def test_a_slurm_job_is_adopted_only_with_its_submissions_token_and_user(tmp_path, caplog):
+    """Anyone can sbatch --job-name=dl2d-1 --comment=dl2d:1 (ids are sequential): the backend adopts an unknown
+    active job (its own, submitted just before a crash) only when the comment carries the token it recorded
+    before sbatch and Slurm runs the job as the user it was submitted as; anything else is left alone, logged
+    once."""
     fake = InMemorySlurm()
     b = backend(tmp_path, fake)
     b.apply(req(owner=ME), Target(1, 1))
+    token = b._record(1)["submit_token"]
     fake.end("101", "COMPLETED")
-    fake.slurm_jobs["666"] = fake.slurm_jobs["101"].__class__(
-        job_id="666", name="dl2d-1", state="RUNNING", comment="dl2d:1", user="mallory", num_nodes=1)
-    assert b.observe()[1].backend_ref == "101"  # not mallory's
-    fake.slurm_jobs["667"] = fake.slurm_jobs["666"].__class__(
-        job_id="667", name="dl2d-1", state="RUNNING", comment="dl2d:1", user=ME, num_nodes=1)
-    assert b.observe()[1].backend_ref == "667"  # its own user's: adopted
+    planted = fake.slurm_jobs["101"].__class__
+    fake.slurm_jobs["666"] = planted(job_id="666", name="dl2d-1", state="RUNNING", comment="dl2d:1", user="mallory",
+                                     num_nodes=1)
+    fake.slurm_jobs["667"] = planted(job_id="667", name="dl2d-1", state="RUNNING", comment="dl2d:1", user=ME,
+                                     num_nodes=1)  # even the job's own user: the id alone is guessable
+    fake.slurm_jobs["668"] = planted(job_id="668", name="dl2d-1", state="RUNNING", comment=f"dl2d:1:{token}",
+                                     user="mallory", num_nodes=1)  # the token copied from squeue, another user
+    with caplog.at_level(logging.WARNING):
+        assert b.observe()[1].backend_ref == "101"
+        assert b.observe()[1].backend_ref == "101"
+    assert sorted(r.getMessage().split("Slurm job ")[1].split()[0] for r in caplog.records
+                  if "left alone" in r.getMessage()) == ["666", "667", "668"]  # once each
+    fake.slurm_jobs["669"] = planted(job_id="669", name="dl2d-1", state="RUNNING", comment=f"dl2d:1:{token}",
+                                     user=ME, num_nodes=1)
+    assert b.observe()[1].backend_ref == "669"  # its own submission: adopted
 
 
 def test_run_jobs_as_setting_and_start_checks(tmp_path, monkeypatch, caplog):

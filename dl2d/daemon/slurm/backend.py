@@ -6,16 +6,24 @@ wrapped in a retrying one) and the job's directory (:mod:`~dl2d.daemon.slurm.job
 lets :mod:`~dl2d.daemon.slurm.mapping` size the job and :mod:`~dl2d.daemon.slurm.planning` decide, and
 carries the decision out.
 
-The Slurm job carries ``--comment=dl2d:<id>`` and the name ``<prefix><id>``, so a backend whose record
-lacks a job it just submitted (daemon killed between ``sbatch`` and the record write) adopts the active
-Slurm job instead of submitting a second one.
+The Slurm job carries ``--comment=dl2d:<id>:<token>`` (a secret token made for each submission and recorded
+before ``sbatch``) and the name ``<prefix><id>``, so a backend whose record lacks a job it just submitted
+(daemon killed between ``sbatch`` and the record write) adopts the active Slurm job instead of submitting a
+second one — only when the comment carries the recorded token and Slurm runs it as the job's user: anyone can
+name and comment a job of their own with a guessed id, and such a job is left alone.
+
+What a job writes (its progress, its coordinator) is its owner's word: it is checked
+(:mod:`~dl2d.daemon.slurm.jobreport`) before it is believed, and a job whose files are refused, or whose
+observation fails in any other way, fails alone, with the reason: the others' slot goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
+import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +47,7 @@ from dl2d.daemon.backend import (
     Target,
 )
 from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids, launch_of
+from dl2d.daemon.slurm.jobreport import JobReportError, checked_coordinator, checked_progress
 from dl2d.daemon.slurm.mapping import (
     NodeShape,
     SlurmAllocation,
@@ -71,7 +80,6 @@ from dl2d.daemon.slurm.settings import (
 )
 from dl2d.slurm.backoff import RetryingDriver
 from dl2d.slurm.driver import (
-    COMMENT_PREFIX,
     JobSpec,
     SlurmDriver,
     SlurmError,
@@ -82,6 +90,7 @@ from dl2d.slurm.driver import (
     UnknownUserError,
     lookup_user,
     process_user,
+    submission_comment,
 )
 from dl2d.slurm.rights import check_at_start
 
@@ -123,6 +132,9 @@ class SlurmBackend:
         self.driver = RetryingDriver(driver, config.backoff, sleep=self._pause) if retry else driver
         self._cache: dict[str, tuple[float, Any]] = {}
         self.rights_problem: str | None = None  # what check_rights() found missing to drain nodes
+        self._left_alone: set[str] = set()  # Slurm jobs that carry a job's name but not its submission (logged once)
+        self._refused_coordinators: set[int] = set()  # jobs whose coordinator.json was refused (logged once)
+        self._lock: Any = None  # the state dir's lock file, once lock() took it
         jobs = config.state_dir / "jobs"
         made = [d for d in (config.state_dir, jobs) if not d.exists()]
         jobs.mkdir(parents=True, exist_ok=True)
@@ -148,7 +160,40 @@ class SlurmBackend:
         self._dir(job_id).write_target(target, selection.hostfile if selection is not None else None)
 
     def _progress(self, job_id: int) -> dict[str, Any] | None:
-        return self._dir(job_id).progress()
+        """The job's last progress report, checked (JobReportError names what is refused)."""
+        return checked_progress(self._dir(job_id).progress())
+
+    def _coordinator(self, job_id: int) -> tuple[dict[str, Any] | None, float | None]:
+        """An elastic job's published coordinator, checked; (None, None) when it has none or it is refused (a
+        refused one is logged once; the job is then resized by relaunch, never hot)."""
+        doc, written = self._dir(job_id).coordinator()
+        try:
+            return checked_coordinator(doc), written
+        except JobReportError as e:
+            if job_id not in self._refused_coordinators:
+                self._refused_coordinators.add(job_id)
+                log.warning("job %s: its coordinator.json is refused (%s); it is resized by relaunch", job_id, e)
+            return None, None
+
+    def lock(self) -> None:
+        """Hold an exclusive lock on the state dir (``<state_dir>/dl2d-slurm.lock``) while this backend lives:
+        two daemons on one state dir would each take the other's jobs for their own. ValueError names the other
+        holder's pid."""
+        path = self.config.state_dir / "dl2d-slurm.lock"
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "unknown"
+            f.close()
+            raise ValueError(f"slurm.state_dir {self.config.state_dir} is in use by another dl2d (pid {pid}); give "
+                             "each daemon its own [slurm] state_dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._lock = f
 
     # -- Slurm access -------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -196,10 +241,19 @@ class SlurmBackend:
             return latest, latest
         name = f"{self.config.job_name_prefix}{job_id}"
         known = set(map(str, record.get("slurm_job_ids") or []))
-        user = record.get("user")  # who it was submitted as: anyone can name a job and comment it so
+        # Anyone can name a job and comment it with a guessed id: only the submission's own token (recorded before
+        # sbatch, never derived from the id) and the user it was submitted as make an unknown Slurm job this job's.
+        token, user = record.get("submit_token"), record.get("user")
+        comment = submission_comment(str(job_id), token) if token else None
         # Known ids that are still active are earlier runs being replaced: not adopted.
-        orphans = [j for j in jobs if j.active and j.comment == f"{COMMENT_PREFIX}{job_id}"
-                   and j.name == name and j.job_id not in known and (not user or not j.user or j.user == user)]
+        orphans = [j for j in jobs if j.active and comment and user and j.comment == comment
+                   and j.name == name and j.job_id not in known and j.user == user]
+        for j in jobs:
+            if j.active and j.dl2d_job_id == str(job_id) and j.job_id not in known and j not in orphans \
+                    and j.job_id not in self._left_alone:
+                self._left_alone.add(j.job_id)
+                log.warning("job %s: Slurm job %s (user %s) carries its name or id but not its submission's token "
+                            "and user; left alone", job_id, j.job_id, j.user or "?")
         if orphans and not record.get("cancelled"):
             adopted = max(orphans, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
             return adopted, adopted
@@ -210,25 +264,93 @@ class SlurmBackend:
         return [node_info(n) for n in self._slurm_nodes(fresh=True)]
 
     def observe(self) -> dict[int, JobStatus]:
+        """Every job's status. One job's bad files, or any other failure to observe one job, fail that job with
+        the reason (:meth:`_fail_job`); Slurm's or the daemon's own file system's errors stop the slot."""
         jobs = self._jobs(fresh=True)
         out: dict[int, JobStatus] = {}
         for job_id in known_job_ids(self.config.state_dir / "jobs"):
-            record = self._record(job_id)
-            live, latest = self._live_job(job_id, record, jobs)
-            if live is not None and str(record.get("slurm_job_id")) != live.job_id:
-                record = self._adopt(job_id, record, live)
-            status = status_from(job_id, record, live or latest, self._progress(job_id),
-                                 self._dir(job_id).progress_mtime())
-            # Remember how and when a job ended: Slurm forgets finished jobs after MinJobAge.
-            if status.state in (FINISHED, FAILED) and not record.get("final") \
-                    and not record.get("cancelled"):
-                ended = status.finished_at.timestamp() if status.finished_at else None
-                self._save(job_id, {**record, "final": status.state, "message": status.message,
-                                    "finished_at": ended})
-            out[job_id] = status
+            try:
+                out[job_id] = self._observe_job(job_id, jobs)
+            except (BackendError, OSError):
+                raise
+            except JobReportError as e:
+                out[job_id] = self._fail_job(job_id, f"its progress file is refused: {e}", jobs)
+            except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others' slot
+                log.exception("job %s: cannot be observed", job_id)
+                out[job_id] = self._fail_job(job_id, f"dl2d could not observe it: {type(e).__name__}: {e}", jobs)
         return out
 
+    def _observe_job(self, job_id: int, jobs: list[SlurmJob]) -> JobStatus:
+        record = self._record(job_id)
+        live, latest = self._live_job(job_id, record, jobs)
+        if live is not None and str(record.get("slurm_job_id")) != live.job_id:
+            record = self._adopt(job_id, record, live)
+        ended = bool(record.get("final") or record.get("cancelled"))
+        try:
+            progress, now = self._progress(job_id), time.time()
+        except JobReportError:
+            if not ended:
+                raise
+            progress, now = None, time.time()  # refused once already: the job is over, its file no longer matters
+        if live is not None and ended:
+            # dl2d ended it (failed, finished, cancelled): Slurm must hold nothing of it (retried every slot)
+            self._cancel_quietly(job_id, live)
+        elif live is not None and progress_state(progress) == "done":
+            record = self._ended_when_done(job_id, record, live, now)
+        status = status_from(job_id, record, live or latest, progress, self._dir(job_id).progress_mtime(), now)
+        # Remember how and when a job ended: Slurm forgets finished jobs after MinJobAge.
+        if status.state in (FINISHED, FAILED) and not record.get("final") and not record.get("cancelled"):
+            ended = status.finished_at.timestamp() if status.finished_at else None
+            self._save(job_id, {**record, "final": status.state, "message": status.message, "finished_at": ended})
+        return status
+
+    def _ended_when_done(self, job_id: int, record: dict[str, Any], live: SlurmJob, now: float) -> dict[str, Any]:
+        """A job that says done while its Slurm job runs on holds GPUs outside dl2d's accounting: it is RUNNING
+        until ``done_grace_s`` after dl2d first saw it say so, then its Slurm job is cancelled; it is FINISHED once
+        Slurm holds nothing of it (its finish time Slurm's EndTime)."""
+        seen = record.get("done_seen_at")
+        if not isinstance(seen, (int, float)):
+            record = {**record, "done_seen_at": now}
+            self._save(job_id, record)
+        elif now - seen >= self.config.done_grace_s:
+            if not record.get("ending"):
+                log.warning("job %s says done but its Slurm job %s still runs %.0f s later; cancelling it",
+                            job_id, live.job_id, now - seen)
+                record = {**record, "ending": "said done"}
+                self._save(job_id, record)
+            self._cancel_quietly(job_id, live)
+        return record
+
+    def _cancel_quietly(self, job_id: int, live: SlurmJob) -> None:
+        """scancel a Slurm job that dl2d has ended; a refusal is logged and tried again at the next observe."""
+        try:
+            with self._slurm(f"cancelling job {live.job_id}"):
+                self.driver.cancel(live.job_id)
+        except BackendError as e:
+            log.warning("job %s: cannot cancel its Slurm job %s yet: %s", job_id, live.job_id, e)
+
+    def _fail_job(self, job_id: int, message: str, jobs: list[SlurmJob] | None = None) -> JobStatus:
+        """Fail one job for good, with the reason (FAILED in the record, so in the database, its event and
+        ``dl2ctl show``), and cancel its Slurm job; the daemon goes on with the others."""
+        record = self._record(job_id)
+        live, latest = self._live_job(job_id, record, jobs if jobs is not None else self._jobs(fresh=True))
+        log.error("job %s failed: %s", job_id, message)
+        record = {**record, "job_id": job_id, "final": FAILED, "message": message, "finished_at": time.time(),
+                  "submitting": False}
+        self._save(job_id, record)
+        if live is not None:
+            self._cancel_quietly(job_id, live)
+        return status_from(job_id, record, live or latest, None)
+
     def apply(self, job: JobRequest, target: Target) -> ApplyResult:
+        try:
+            return self._apply(job, target)
+        except JobReportError as e:
+            message = f"its progress file is refused: {e}"
+            self._fail_job(job.job_id, message)
+            raise BackendError(f"job {job.job_id}: {message}", retryable=False) from None
+
+    def _apply(self, job: JobRequest, target: Target) -> ApplyResult:
         if target.workers < 0 or target.ps < 0:
             raise BackendError(f"job {job.job_id}: negative target {target}")
         spec = dict(job.spec or {})
@@ -420,7 +542,7 @@ class SlurmBackend:
         from its published coordinator and its progress."""
         if not elastic or live is None or live.state != "RUNNING":
             return False
-        coordinator, written = self._dir(job_id).coordinator()
+        coordinator, written = self._coordinator(job_id)
         return runtime_scales_hot(elastic, coordinator, written, live.start_time, progress)
 
     def _adopt(self, job_id: int, record: dict[str, Any], live: SlurmJob) -> dict[str, Any]:
@@ -446,10 +568,14 @@ class SlurmBackend:
             # after anything the daemon writes for the job alone: prepare() hands the job's directory over with it
             jd.prepare(*((user.uid, user.gid) if user is not None else ()))
         except (OSError, SecretFileError) as e:
-            raise BackendError(f"job {job.job_id}: cannot prepare its directory {jd.owned_dir}: {e}") from e
+            # What the job's user left there (a link, a FIFO) is not retried every slot: the job fails with it.
+            message = f"cannot prepare its directory {jd.owned_dir}: {e}"
+            self._fail_job(job.job_id, message)
+            raise BackendError(f"job {job.job_id}: {message}", retryable=False) from e
         script_path = jd.write_user_script(str(spec["script"])) if command is None else None
         self._write_target(job.job_id, target)
         selection = self._selection(target)  # checked by apply()
+        token = secrets.token_hex(16)  # this submission's: adoption after a crash needs it (_live_job)
         js = JobSpec(
             name=f"{self.config.job_name_prefix}{job.job_id}",
             script=batch_script(job.job_id, jd.path, command, script_path, exports=self._contract_env(job),
@@ -466,6 +592,7 @@ class SlurmBackend:
             requeue=True,
             nodelist=selection.nodelist if selection is not None else (),
             dl2d_job_id=str(job.job_id),
+            submit_token=token,
             user=user.name if user is not None else None,
             account=spec.get("account") or None,
             qos=spec.get("qos") or None,
@@ -473,7 +600,8 @@ class SlurmBackend:
         )
         # Record the intent first: if the daemon dies after sbatch, the next backend adopts
         # the Slurm job by its comment (and user) instead of submitting it twice.
-        record = {**record, "submitting": True, "user": (user or process_user()).name}
+        record = {**record, "submitting": True, "user": (user or process_user()).name, "submit_token": token,
+                  "done_seen_at": None, "ending": None}
         self._save(job.job_id, record)
         with self._slurm(f"submitting job {job.job_id}"):
             slurm_id = self.driver.submit(js)
@@ -521,7 +649,7 @@ class SlurmBackend:
         """Scale an elastic job through its coordinator; False when that is not possible."""
         try:
             jd = self._dir(job_id)
-            coordinator, _ = jd.coordinator()
+            coordinator, _ = self._coordinator(job_id)
             if not coordinator or not coordinator.get("address"):
                 raise FileNotFoundError("no coordinator.json in the job's checkpoint directory")
             self.scaler(str(coordinator["address"]), target.workers, target.ps,

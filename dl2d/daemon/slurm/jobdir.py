@@ -5,7 +5,8 @@ job owns.
 The daemon's, ``jobs/<id>/`` (owned by the daemon, mode 0755; its files 0644):
 
 * ``record.json`` — the backend's durable state (Slurm job ids, target and applied size, requested
-  allocation, stopped/cancelled/final), written atomically (write-then-rename);
+  allocation, stopped/cancelled/final, the latest submission's token), written atomically
+  (write-then-rename), mode 0600: the daemon's alone;
 * ``target.env`` / ``target.json`` (and ``hostfile`` for a placed target) — the size the job should run
   at; the batch script sources ``target.env`` every time it starts (so a requeued job sees its new size)
   and exports ``DL2D_WORKERS``/``DL2D_PS``; running jobs may re-read ``$DL2D_TARGET_FILE``;
@@ -255,7 +256,8 @@ class JobDir:
         return read_json_file(self.path / "record.json") or {}
 
     def save_record(self, record: dict[str, Any]) -> None:
-        write_atomic(self.path / "record.json", json.dumps(record, indent=1))
+        """Replace the record (mode 0600 whatever the umask: it holds the submission's token)."""
+        write_atomic(self.path / "record.json", json.dumps(record, indent=1), perms=0o600)
 
     def write_target(self, target: Target, hostfile_nodes: Iterable[str] | None) -> None:
         """The size the job should run at; with ``hostfile_nodes`` (a placed target's tasks, PS first)

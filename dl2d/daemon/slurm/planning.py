@@ -29,6 +29,7 @@ from dl2d.daemon.backend import (
     JobStatus,
     Target,
 )
+from dl2d.daemon.slurm.jobreport import TIME_RANGE
 from dl2d.daemon.slurm.mapping import SlurmAllocation
 from dl2d.slurm.driver import SlurmJob
 
@@ -58,7 +59,7 @@ def time_limit(spec: Mapping[str, Any], default: int | None) -> int | None:
 
 
 def finish_time(record: Mapping[str, Any], slurm: SlurmJob | None, progress: Mapping[str, Any] | None,
-                progress_mtime: float | None) -> float | None:
+                progress_mtime: float | None, now: float | None = None) -> float | None:
     """When a finished or failed job ended (unix seconds), from the most exact fact there is:
 
     1. the time the backend recorded when it first saw the end (``record["finished_at"]``), so the
@@ -69,16 +70,22 @@ def finish_time(record: Mapping[str, Any], slurm: SlurmJob | None, progress: Map
        progress file was last written — a moment before its Slurm job ends (the program said ``done``
        and is exiting), or after Slurm forgot the job (``MinJobAge``);
     4. None: nothing is known (the daemon then uses the time it observed the end).
+
+    The job's own word (3) is its owner's: it is believed only between its Slurm job's start and ``now``
+    (when given), so a job cannot date its end before it ran or in the future.
     """
     recorded = record.get("finished_at")
     if isinstance(recorded, (int, float)) and math.isfinite(recorded):
         return float(recorded)
     if slurm is not None and not slurm.active and slurm.end_time:
         return float(slurm.end_time)
-    said = (progress or {}).get("time")
-    if isinstance(said, (int, float)) and not isinstance(said, bool) and math.isfinite(said) and said > 0:
-        return float(said)
-    return progress_mtime
+    low = float(slurm.start_time) if slurm is not None and slurm.start_time else TIME_RANGE[0]
+    high = min(TIME_RANGE[1], now) if now is not None else TIME_RANGE[1]
+    for said in ((progress or {}).get("time"), progress_mtime):
+        if isinstance(said, (int, float)) and not isinstance(said, bool) and math.isfinite(said) \
+                and low <= said <= high:
+            return float(said)
+    return None
 
 
 def progress_state(progress: Mapping[str, Any] | None) -> str:
@@ -214,16 +221,18 @@ def lost_epochs_from_progress(progress: Mapping[str, Any] | None) -> float:
 
 
 def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
-                progress: Mapping[str, Any] | None, progress_mtime: float | None = None) -> JobStatus:
-    """A :class:`JobStatus` from the job's record, its (latest) Slurm job and its progress.
+                progress: Mapping[str, Any] | None, progress_mtime: float | None = None,
+                now: float | None = None) -> JobStatus:
+    """A :class:`JobStatus` from the job's record, its (latest) Slurm job and its progress (checked:
+    :func:`~dl2d.daemon.slurm.jobreport.checked_progress`).
 
-    FINISHED when the job says it is done; RUNNING / PENDING while its Slurm job is active;
-    after that PENDING when dl2d stopped it or it checkpointed (it waits to be started again),
-    FAILED when it was cancelled or its Slurm job ended any other way (exit code != 0,
-    timeout, node failure, or exit 0 without saying "done"). ``hot_scaling`` is the job's kind
-    (:func:`is_elastic`, kept in the record), known before its runtime starts. A finished or failed
-    job's ``finished_at`` is :func:`finish_time` (``progress_mtime``: when its progress file was last
-    written)."""
+    FINISHED when the job says it is done and Slurm runs nothing of it any more; RUNNING / PENDING while its
+    Slurm job is active — also when the job says done but runs on, which holds its GPUs (the backend ends it
+    after ``done_grace_s``); after that PENDING when dl2d stopped it or it checkpointed (it waits to be started
+    again), FAILED when it was cancelled or its Slurm job ended any other way (exit code != 0, timeout, node
+    failure, or exit 0 without saying "done"). ``hot_scaling`` is the job's kind (:func:`is_elastic`, kept in
+    the record), known before its runtime starts. A finished or failed job's ``finished_at`` is
+    :func:`finish_time` (``progress_mtime``: when its progress file was last written)."""
     applied = record.get("applied") or {}
     w, p = int(applied.get("workers", 0)), int(applied.get("ps", 0))
     epochs = epochs_from_progress(progress)
@@ -232,16 +241,22 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
     said = progress_state(progress)
     base = dict(job_id=job_id, epochs_done=epochs, backend_ref=ref, hot_scaling=elastic,
                 lost_epochs=lost_epochs_from_progress(progress))
-    ended = finish_time(record, slurm, progress, progress_mtime)
+    ended = finish_time(record, slurm, progress, progress_mtime, now)
     final = dict(base, finished_at=datetime.fromtimestamp(ended, timezone.utc) if ended else None)
-    if said == "done" or record.get("final") == FINISHED:
+    active = slurm is not None and slurm.active
+    if record.get("final") == FINISHED or said == "done" and not active:
         return JobStatus(state=FINISHED, workers=0, ps=0, message="done", **final)
     if record.get("cancelled"):
         return JobStatus(state=FAILED, workers=0, ps=0, message="cancelled by dl2d", **final)
     if record.get("final") == FAILED:
         return JobStatus(state=FAILED, workers=0, ps=0,
                          message=str(record.get("message") or "failed"), **final)
-    if slurm is not None and slurm.active:
+    if active:
+        assert slurm is not None
+        if said == "done":
+            return JobStatus(state=RUNNING if slurm.state == "RUNNING" else PENDING, workers=w, ps=p,
+                             nodes=slurm.nodes, message=f"says done; its Slurm job {slurm.job_id} is still "
+                                                        f"{slurm.state}", **base)
         if slurm.state == "RUNNING":
             return JobStatus(state=RUNNING, workers=w, ps=p, nodes=slurm.nodes, **base)
         return JobStatus(state=PENDING, workers=w, ps=p,

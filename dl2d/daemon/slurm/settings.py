@@ -66,6 +66,8 @@ class SlurmBackendConfig:
     placement: str = "slurm"
     #: "owner" or "daemon", see RUN_JOBS_AS
     run_jobs_as: str = "owner"
+    #: seconds a job that says done may run on before its Slurm job is cancelled (it holds GPUs meanwhile)
+    done_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -108,6 +110,7 @@ class SlurmSection:
     backoff: dict[str, Any] = field(default_factory=dict)  # BackoffPolicy fields; {}: the backend's default
     placement: str = ""  # "": "target" when policy.placement = "dltap", else "slurm"
     run_jobs_as: str = SlurmBackendConfig.run_jobs_as  # "owner" (the daemon runs as root) | "daemon" (single user)
+    done_grace_s: float = SlurmBackendConfig.done_grace_s
 
 
 _BACKOFF_KEYS = ("base", "factor", "cap", "jitter", "max_attempts", "max_elapsed")
@@ -157,7 +160,7 @@ def settings_from_section(section: SlurmSection, default_state_dir: str | Path,
     elif s.slurm_conf or s.command_timeout_s:
         raise ValueError("slurm.slurm_conf / slurm.command_timeout_s: only for driver = \"cli\" "
                          "(pyslurm reads SLURM_CONF from the environment)")
-    for key in ("checkpoint_timeout_s", "poll_interval_s", "hot_scale_timeout_s"):
+    for key in ("checkpoint_timeout_s", "poll_interval_s", "hot_scale_timeout_s", "done_grace_s"):
         if getattr(s, key) <= 0:
             raise ValueError(f"slurm.{key}: must be > 0, got {getattr(s, key):g}")
     for key in ("cache_ttl_s", "time_limit_min"):
@@ -171,7 +174,7 @@ def settings_from_section(section: SlurmSection, default_state_dir: str | Path,
         time_limit_min=s.time_limit_min or None, workdir=s.workdir or None,
         hot_scale_timeout_s=s.hot_scale_timeout_s, cache_ttl_s=s.cache_ttl_s,
         placement=s.placement or ("target" if policy_placement == "dltap" else "slurm"),
-        run_jobs_as=s.run_jobs_as,
+        run_jobs_as=s.run_jobs_as, done_grace_s=s.done_grace_s,
     )
     if s.node_shape:
         kw["node_shape"] = _node_shape(s.node_shape)
