@@ -3,26 +3,36 @@
 ``GET /v1/stats`` -> the sample JSON; needs ``Authorization: Bearer <token>``.
 ``GET /healthz``  -> ``{"ok": true}``; no token, no data (for load balancers
 and systemd checks). Everything else is 404; a missing or wrong token is 401.
+
+The endpoint faces the cluster network, so it is bounded as a server on the internet would be
+(:mod:`dl2d.core.listener`): one deadline for a whole request and its answer, at most a few connections per
+remote address, a refused connection answered 503 by the accepting thread, and a stranger that holds a
+connection without finishing its request gives its place to the next client that does (the daemon's poll).
 """
 
 from __future__ import annotations
 
 import hmac
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from dl2d.core.files import MIN_SECRET_CHARS, SecretFileError, read_secret_file
+from dl2d.core.listener import BoundedHTTPHandler, BoundedHTTPServer, Limits
 
 __all__ = ["TokenFileError", "check_bearer", "load_token", "make_server"]
 
 
 #: the shortest shared token accepted: a guessable token is no authentication
 MIN_TOKEN_CHARS = MIN_SECRET_CHARS
-#: seconds a connection may take to send its request (a client that connects and stalls is dropped)
-REQUEST_TIMEOUT_S = 10.0
-#: connections served at once; more are closed at once instead of each holding a thread
+#: Seconds from a connection's accept to its answer, all reads and writes together: a client that stalls or
+#: trickles its request a byte at a time is dropped then. The daemon's poll sends its request at once and
+#: gives up after its own 2 s.
+REQUEST_TIMEOUT_S = 5.0
+#: Connections served at once; more are answered 503 and closed by the accepting thread (no thread each).
 MAX_CONNECTIONS = 32
+#: Connections of one remote address at once. A newer one takes the place of the oldest that has not sent its
+#: request after a second (dl2d.core.listener), so strangers that hold connections open lose them to the
+#: daemon's next poll rather than lock it out.
+MAX_PER_PEER = 8
 
 
 class TokenFileError(Exception):
@@ -51,14 +61,15 @@ def check_bearer(header: str | None, token: str) -> bool:
 
 def make_server(
     bind: str, port: int, token: str, stats_json: Callable[[], bytes],
-    timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) that answers with ``stats_json()``. Every connection gets ``timeout``
-    seconds per read (a stalled client is dropped) and at most ``max_connections`` are served at once."""
+    timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS, per_peer: int = MAX_PER_PEER,
+) -> BoundedHTTPServer:
+    """An HTTP server (not yet serving) that answers with ``stats_json()``. Every connection has ``timeout``
+    seconds for its whole request and answer; at most ``max_connections`` are served at once and ``per_peer``
+    of them from one address (dl2d.core.listener's rules: a refused connection costs no thread, one that has
+    not sent its request yields its place to a newer one)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(BoundedHTTPHandler):
         server_version = "dl2-agent"
-        protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path.split("?", 1)[0]
@@ -87,30 +98,5 @@ def make_server(
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass  # one line per poll every 10 s is noise; errors surface in the daemon
-
-    Handler.timeout = timeout  # socket timeout of every connection (StreamRequestHandler)
-    srv = _BoundedServer((bind, port), Handler, max_connections)
-    srv.daemon_threads = True
-    return srv
-
-
-class _BoundedServer(ThreadingHTTPServer):
-    """A threading server that serves at most ``limit`` connections at once and closes the rest at once."""
-
-    def __init__(self, address, handler, limit: int):
-        self._slots = threading.BoundedSemaphore(limit)
-        super().__init__(address, handler)
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    limits = Limits(total=max_connections, per_peer=per_peer)
+    return BoundedHTTPServer((bind, port), Handler, limits=limits, deadline_s=timeout)

@@ -6,7 +6,9 @@
   the :class:`Scheduler` protocol, :class:`CapacityError`.
 - :mod:`dl2d.core.placement` — least-loaded task placement (:class:`Placer`) and the capacity check of an
   allocation (:func:`place_servers`).
-- :mod:`dl2d.core.files` — atomic file writes.
+- :mod:`dl2d.core.files` — atomic file writes, bounded reads of regular files, secret files.
+- :mod:`dl2d.core.listener` — every listener's bounds (a deadline per request, a share per peer, reserved
+  slots, a fixed thread bound).
 
 It imports nothing else of dl2d (an import-linter contract in CI holds that).
 """

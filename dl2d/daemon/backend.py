@@ -107,7 +107,7 @@ class ClusterBackend(Protocol):
         """Stop a job for good (user cancel). Unknown ids are ignored."""
 
     def drain(self, node: str, reason: str) -> None:
-        """Place no new work on ``node`` (its agent went stale)."""
+        """Place no new work on ``node`` (the slot loop never does: a silent agent only marks its node stale)."""
 
     def resume(self, node: str) -> None:
         """Undo :meth:`drain`."""

@@ -16,15 +16,25 @@ Protocol: one JSON object per line each way, one request per connection.
 * ``{"op": "cancel", "job_ids": [..]}`` -> ``{"ok": true, "results": [{"id", "cancelled", "name"|"error"}]}``
 
 Anything else (not JSON, not an object, an unknown op, a field of the wrong type, a request over
-:data:`MAX_REQUEST_BYTES`, nothing sent within :data:`READ_TIMEOUT_S`) is answered ``{"ok": false, "error":
-...}`` where the connection still allows it, logged in one line, and the server goes on. At most
-:data:`MAX_CONNECTIONS` requests are served at once; more are answered "busy".
+:data:`MAX_REQUEST_BYTES`, a request not complete within :data:`READ_TIMEOUT_S` of connecting) is answered
+``{"ok": false, "error": ...}`` where the connection still allows it, logged in one line, and the server goes
+on.
+
+Anyone on the host may connect, so the socket is bounded as a server on the internet would be
+(:mod:`dl2d.core.listener`): one deadline for the whole request, not one per read; at most
+:data:`MAX_CONNECTIONS` connections at once and :data:`MAX_PER_UID` of them per uid, of which
+:data:`RESERVED_SLOTS` only root and the daemon's own uid may take (:func:`privileged_uid`); a connection
+beyond that is answered ``{"ok": false, "busy": true, ...}`` by the accepting thread, without a thread of
+its own, and :func:`ask` tries again a little later. A connection that has not sent its request after a
+second yields its place to a newer one of its own uid, or of a uid with a lighter share: slow clients
+cannot lock out the others, nor strangers root.
 
 :func:`handle` is the decision (request and caller in, reply out, writes through ``dl2d.db``);
 :class:`ControlServer` is the socket shell around it, run in a thread beside the slot loop.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -38,16 +48,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from dl2d.core.listener import BoundedServerMixIn, DeadlineHandlerMixIn, Limits, Refused
 from dl2d.core.users import is_admin, user_name
+from dl2d.daemon import quota
 
 log = logging.getLogger("dl2d")
 
 #: A submission is a few hundred bytes; dl2ctl refuses spec files over 1 MB before sending them.
 MAX_REQUEST_BYTES = 2 << 20
-#: Seconds a client has to send its whole request (a stalled client must not hold a thread).
+#: Seconds from connecting to the end of the request, all reads together (a client that stalls or trickles
+#: its request must not hold a thread).
 READ_TIMEOUT_S = 10.0
-#: Requests served at once; a local flood of idle connections gets "busy", not a thread each.
+#: Connections served at once; beyond them a client is told "busy" by the accepting thread, not a thread each.
 MAX_CONNECTIONS = 32
+#: Connections of one uid at once (dl2ctl sends its request at once: a uid over this holds idle ones).
+MAX_PER_UID = 8
+#: Of MAX_CONNECTIONS, slots only root and the daemon's own uid may take: other uids together cannot fill them.
+RESERVED_SLOTS = 4
 #: Job ids in one cancel request (dl2ctl cancel takes them on its command line).
 MAX_CANCEL_IDS = 10_000
 #: AF_UNIX socket paths are at most this many bytes (sun_path is 108 bytes with its terminating NUL).
@@ -97,10 +114,10 @@ def _job_ids(value: Any) -> list[int] | str:
     return list(value)
 
 
-def handle(request: Any, caller: Caller, engine: Any,
-           status: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+def handle(request: Any, caller: Caller, engine: Any, status: Callable[[], dict[str, Any]] | None = None,
+           gate: quota.SubmitGate | None = None) -> dict[str, Any]:
     """The reply to one request from ``caller`` (see the module doc); writes go through ``dl2d.db``;
-    ``status()``: the daemon's status document."""
+    ``status()``: the daemon's status document; ``gate``: the per-user submission limits (None: none)."""
     if not isinstance(request, dict):
         return _error(f"a request is a JSON object, got {type(request).__name__}")
     op = request.get("op")
@@ -122,13 +139,13 @@ def handle(request: Any, caller: Caller, engine: Any,
                      "cancelled" if r["cancelled"] else "was refused cancelling", r["id"],
                      "" if r["cancelled"] else f": {r['error']}")
         return {"ok": True, "results": results}
-    return _submit(request.get("submission"), caller, engine)
+    return _submit(request.get("submission"), caller, engine, gate)
 
 
-def _submit(data: Any, caller: Caller, engine: Any) -> dict[str, Any]:
+def _submit(data: Any, caller: Caller, engine: Any, gate: quota.SubmitGate | None = None) -> dict[str, Any]:
     from dl2d.db.engine import session_scope
     from dl2d.db.errors import SubmissionError
-    from dl2d.db.jobs import job_record, submission_owner_problem, submit_job, validate_submission
+    from dl2d.db.jobs import job_record, submission_owner_problem, submit_job, user_job_counts, validate_submission
     from dl2d.db.models import utcnow
 
     if not isinstance(data, dict):
@@ -146,9 +163,14 @@ def _submit(data: Any, caller: Caller, engine: Any) -> dict[str, Any]:
     if errors:
         log.info("control: submission by %s (uid %d) refused: %s", caller.user, caller.uid, "; ".join(errors))
         return {"ok": False, "errors": errors}
-    with session_scope(engine) as s:
-        job = submit_job(s, sub)
-        rec = job_record(job, utcnow())
+    with gate.held() if gate is not None else contextlib.nullcontext(), session_scope(engine) as s:
+        refusal = gate.check(caller.uid, sub.owner, lambda: user_job_counts(s, sub.owner)) if gate else None
+        if refusal is None:
+            job = submit_job(s, sub)
+            rec = job_record(job, utcnow())
+    if refusal is not None:
+        log.info("control: submission by %s (uid %d) refused: %s", caller.user, caller.uid, refusal)
+        return {"ok": False, "errors": [refusal]}
     log.info("control: %s (uid %d) submitted job %s (%s) for %s", caller.user, caller.uid, rec["id"],
              rec["name"], rec["owner"])
     return {"ok": True, "job": rec}
@@ -169,34 +191,42 @@ def read_request(rfile: Any, limit: int = MAX_REQUEST_BYTES) -> Any:
         raise ValueError(f"request is not JSON: {e}") from None
 
 
-class _Handler(socketserver.StreamRequestHandler):
+def privileged_uid(uid: int, daemon_uid: int) -> bool:
+    """Whether a caller may take the control socket's reserved slots: root and the daemon's own account,
+    whom no other user's connections may lock out."""
+    return uid == 0 or uid == daemon_uid
+
+
+def control_limits() -> Limits:
+    """The socket's admission rules (dl2d.core.listener.decide), from this module's bounds."""
+    return Limits(total=MAX_CONNECTIONS, per_peer=MAX_PER_UID, reserved=RESERVED_SLOTS)
+
+
+BUSY = "dl2d is busy: too many control connections at once; try again"
+
+
+class _Handler(DeadlineHandlerMixIn, socketserver.StreamRequestHandler):
     server: "_Server"
-    timeout = READ_TIMEOUT_S
 
     def handle(self) -> None:
         srv = self.server
-        if not srv.slots.acquire(blocking=False):
-            self._reply(_error("dl2d is busy: too many control connections at once; try again"))
-            return
+        pid, uid, gid = peer_credentials(self.connection)
+        caller = caller_of(uid, gid, pid, srv.admin_group)
         try:
-            pid, uid, gid = peer_credentials(self.connection)
-            caller = caller_of(uid, gid, pid, srv.admin_group)
-            try:
-                request = read_request(self.rfile)
-            except (ValueError, OSError) as e:
-                reason = "no request within the read timeout" if isinstance(e, TimeoutError) else str(e)
-                log.warning("control: bad request from %s (uid %d, pid %d): %s", caller.user, uid, pid, reason)
-                self._reply(_error(reason))
-                return
-            try:
-                reply = handle(request, caller, srv.engine, srv.status)
-            except Exception as e:  # a database error must not end the server: the caller hears it
-                log.exception("control: request %r from %s failed", request.get("op") if isinstance(request, dict)
-                              else None, caller.user)
-                reply = _error(f"dl2d could not carry out the request: {type(e).__name__}: {e}")
-            self._reply(reply)
-        finally:
-            srv.slots.release()
+            request = read_request(self.rfile)
+        except (ValueError, OSError) as e:
+            reason = "no request within the read timeout" if isinstance(e, TimeoutError) else str(e)
+            log.warning("control: bad request from %s (uid %d, pid %d): %s", caller.user, uid, pid, reason)
+            self._reply(_error(reason))
+            return
+        self.ticket.answering()
+        try:
+            reply = handle(request, caller, srv.engine, srv.status, srv.gate)
+        except Exception as e:  # a database error must not end the server: the caller hears it
+            log.exception("control: request %r from %s failed", request.get("op") if isinstance(request, dict)
+                          else None, caller.user)
+            reply = _error(f"dl2d could not carry out the request: {type(e).__name__}: {e}")
+        self._reply(reply)
 
     def _reply(self, reply: dict[str, Any]) -> None:
         try:
@@ -205,18 +235,24 @@ class _Handler(socketserver.StreamRequestHandler):
             pass  # the client went away
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class _Server(BoundedServerMixIn, socketserver.UnixStreamServer):
     allow_reuse_address = False
-    # socketserver's default backlog of 5 refused the 6th of a dozen simultaneous dl2ctl calls (EAGAIN)
-    request_queue_size = 128
 
-    def __init__(self, path: str, engine: Any, admin_group: str, status: Callable[[], dict[str, Any]] | None) -> None:
+    def __init__(self, path: str, engine: Any, admin_group: str, status: Callable[[], dict[str, Any]] | None,
+                 gate: quota.SubmitGate | None = None) -> None:
         self.engine = engine
         self.admin_group = admin_group
         self.status = status
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(path, _Handler)
+        self.gate = gate
+        self.daemon_uid = os.geteuid()
+        super().__init__(path, _Handler, limits=control_limits(), deadline_s=READ_TIMEOUT_S)
+
+    def peer_of(self, request: socket.socket, client_address: Any) -> tuple[int, bool]:
+        _pid, uid, _gid = peer_credentials(request)
+        return uid, privileged_uid(uid, self.daemon_uid)
+
+    def refuse_request(self, request: socket.socket, refused: Refused) -> None:
+        request.send(json.dumps({"ok": False, "busy": True, "error": BUSY}).encode() + b"\n")
 
 
 class ControlError(RuntimeError):
@@ -260,11 +296,12 @@ class ControlServer:
     """The control socket, served by a thread: ``start()``, then ``close()`` when the daemon stops."""
 
     def __init__(self, path: str, engine: Any, admin_group: str,
-                 status: Callable[[], dict[str, Any]] | None = None) -> None:
+                 status: Callable[[], dict[str, Any]] | None = None, limits: quota.Limits | None = None) -> None:
         self.path = path
         self.engine = engine
         self.admin_group = admin_group
         self.status = status
+        self.gate = quota.SubmitGate(limits) if limits is not None else None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -277,7 +314,7 @@ class ControlServer:
             raise ControlError(f"control socket {path}: no directory {path.parent}")
         _clear_stale(path)
         try:
-            self._server = _Server(str(path), self.engine, self.admin_group, self.status)
+            self._server = _Server(str(path), self.engine, self.admin_group, self.status, self.gate)
             os.chmod(path, 0o666)  # anyone may ask; SO_PEERCRED says who asked
         except OSError as e:
             raise ControlError(f"control socket {path}: {e.strerror or e}") from None
@@ -304,9 +341,8 @@ class NoDaemon(ConnectionError):
     """Nobody answers on the control socket (no such file, or a stale one): the daemon is not running."""
 
 
-def ask(path: str, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Send one request to the daemon at ``path`` and return its reply (what `dl2ctl` does). NoDaemon when no
-    daemon listens there; ConnectionError naming what went wrong for anything else."""
+def _ask_once(path: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One connection, one request, its reply (see :func:`ask`)."""
     problem = socket_path_problem(path)
     if problem:
         raise ConnectionError(f"control socket path {path!r} {problem}")
@@ -327,7 +363,10 @@ def ask(path: str, request: dict[str, Any], timeout: float = 60.0) -> dict[str, 
             except OSError as e:
                 raise ConnectionError(f"cannot connect to dl2d on {path}: {e.strerror or e}") from None
         try:
-            sock.sendall(json.dumps(request).encode() + b"\n")
+            try:
+                sock.sendall(json.dumps(request).encode() + b"\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the daemon answered before reading (busy) and closed: its line is still to be read
             with sock.makefile("rb") as f:
                 line = f.readline(MAX_REQUEST_BYTES + 1)
         except OSError as e:
@@ -340,4 +379,17 @@ def ask(path: str, request: dict[str, Any], timeout: float = 60.0) -> dict[str, 
         reply = None
     if not isinstance(reply, dict):
         raise ConnectionError(f"dl2d on {path} sent no valid reply ({line[:80]!r})")
+    return reply
+
+
+def ask(path: str, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Send one request to the daemon at ``path`` and return its reply (what `dl2ctl` does). NoDaemon when no
+    daemon listens there; ConnectionError naming what went wrong for anything else. A "busy" answer (the
+    daemon's share for this user is taken, by a burst of this user's own calls or by idle connections) is
+    tried again for about 10 s before it is returned."""
+    for attempt in range(CONNECT_ATTEMPTS):
+        reply = _ask_once(path, request, timeout)
+        if not reply.get("busy") or attempt == CONNECT_ATTEMPTS - 1:
+            return reply
+        time.sleep(min(0.05 * 2 ** attempt, 1.0))
     return reply

@@ -2,7 +2,7 @@
 
 One slot (docs/daemon.md has the full story):
 
-1. poll the node agents (samples -> node_samples; stale -> ``backend.drain``, recovered -> ``resume``);
+1. poll the node agents (samples -> node_samples; a silent agent is marked stale, never drained);
 2. reconcile, level-triggered: the DB's jobs against ``backend.observe()`` (finishes/failures recorded,
    sizes and progress synced, cancelled or unknown jobs stopped in the backend);
 3. build the policy's view, decide, apply the guardrails (fallback to DRF with the reason);

@@ -239,7 +239,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
 
 #: Settings a running daemon cannot change: a reload that changes them logs that they wait for a restart.
 RESTART_ONLY = ("state_dir", "db_url", "backend", "mode", "slot_seconds", "sim", "slurm", "agents", "metrics",
-                "control", "admin_group")
+                "control", "admin_group", "limits")
 
 
 class Reloader:
@@ -535,7 +535,11 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
     if cfg.control.enabled:
         from dl2d.daemon.control import ControlError, ControlServer
 
-        control = ControlServer(cfg.control_socket, loop.engine, cfg.admin_group, status=loop.status_doc)
+        from dl2d.daemon.quota import Limits
+
+        lim = cfg.limits
+        control = ControlServer(cfg.control_socket, loop.engine, cfg.admin_group, status=loop.status_doc,
+                                limits=Limits(lim.max_submit_jobs, lim.max_pending_jobs, lim.submit_rate))
         try:
             control.start()
         except ControlError as e:

@@ -1,13 +1,34 @@
-"""The daemon's Prometheus metrics (prometheus_client, its own registry, text format over HTTP)."""
+"""The daemon's Prometheus metrics (prometheus_client, its own registry, text format over HTTP).
+
+The endpoint is served by dl2d's bounded HTTP server (:mod:`dl2d.core.listener`), not prometheus_client's
+``start_http_server``, whose thread per connection let 500 slow connections grow the daemon by 200 threads:
+here a scrape's whole request and answer share one deadline (:data:`SCRAPE_TIMEOUT_S`), at most
+:data:`MAX_SCRAPES` connections are served at once and :data:`MAX_SCRAPES_PER_PEER` from one address (a
+refused one is answered 503 by the accepting thread), and a connection that has not sent its request after a
+second yields its place to a newer one: a scraper is answered while strangers hold connections, and the
+endpoint never holds more than ``2 * MAX_SCRAPES`` threads. The body is prometheus_client's own exposition
+(text format, or OpenMetrics when the scraper asks for it).
+"""
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from dl2d.core.listener import BoundedHTTPHandler, BoundedHTTPServer, Limits
 
 NODE_STATES = ("idle", "mixed", "allocated", "drained")
 SLOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Seconds for a scrape's whole request and answer (Prometheus's own scrape timeout is 10 s by default).
+SCRAPE_TIMEOUT_S = 10.0
+#: Connections served at once (a Prometheus server or two scrape every 15 s or so).
+MAX_SCRAPES = 8
+#: Of them, from one address.
+MAX_SCRAPES_PER_PEER = 4
 
 
 class Metrics:
@@ -27,7 +48,8 @@ class Metrics:
         self.jobs = Gauge("dl2d_jobs", "Jobs by state", ["state"], registry=r)
         self.slot = Gauge("dl2d_slot", "Number of the last slot", registry=r)
         self.reward = Gauge("dl2d_slot_reward", "Reward of the last slot (DL2 eq. 1)", registry=r)
-        self.stale_nodes = Gauge("dl2d_stale_nodes", "Nodes whose agent is silent (drained)", registry=r)
+        self.stale_nodes = Gauge("dl2d_stale_nodes", "Nodes whose agent is silent (stale; dl2d does not drain "
+                                 "them for it: Slurm's own node state decides)", registry=r)
         self.policy_version = Gauge("dl2d_policy_version", "Online-RL updates applied to the policy", registry=r)
         self.policy_reverts = Counter("dl2d_policy_reverts", "Online policy put back to its last good parameters",
                                       registry=r)
@@ -76,8 +98,10 @@ class Metrics:
         self._job_labels = current
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Start the HTTP endpoint (/metrics) in a thread; returns the bound port."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        """Start the HTTP endpoint (/metrics) in a thread; returns the bound port (OSError if it cannot bind)."""
+        server = make_metrics_server(self.registry, addr, port)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="dl2d-metrics",
+                         daemon=True).start()
         self.server = server
         return server.server_address[1]
 
@@ -86,3 +110,34 @@ class Metrics:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+def make_metrics_server(registry: CollectorRegistry, addr: str, port: int,
+                        timeout: float | None = None) -> BoundedHTTPServer:
+    """The bounded HTTP server (not yet serving) of ``registry``: ``GET /metrics`` (and ``/``) answers the
+    exposition the scraper's ``Accept`` header asks for; anything else is 404. ``timeout``: the whole-request
+    deadline, :data:`SCRAPE_TIMEOUT_S` by default."""
+
+    class Handler(BoundedHTTPHandler):
+        server_version = "dl2d-metrics"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path.split("?", 1)[0] not in ("/", "/metrics"):
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+                return
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(registry), content_type)
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    class Server(BoundedHTTPServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+    limits = Limits(total=MAX_SCRAPES, per_peer=MAX_SCRAPES_PER_PEER)
+    return Server((addr, port), Handler, limits=limits,
+                  deadline_s=SCRAPE_TIMEOUT_S if timeout is None else timeout)

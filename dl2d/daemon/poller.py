@@ -2,12 +2,19 @@
 
 One round fetches ``GET /v1/stats`` from every agent at once (asyncio, raw
 HTTP/1.1 over ``asyncio.open_connection``: no thread per node, no client
-library), each request bounded by ``timeout`` seconds. A node that fails
-``stale_after`` consecutive rounds is reported stale once, through
-``on_stale(node, reason)`` (the Slurm driver's ``drain_node``); its first
-good answer afterwards reports it recovered through ``on_recover(node)``
-(``resume_node``). If a callback raises, the state change is not committed
-and is retried on the next round.
+library), each request bounded by ``timeout`` seconds. An agent that turns the
+poll away (HTTP 503, or the connection closed before any answer: its bound on
+connections from one address) is asked again within the same ``timeout``.
+A node that fails ``stale_after`` consecutive rounds is reported stale once,
+through ``on_stale(node, reason)``; its first good answer afterwards reports it
+recovered through ``on_recover(node)``. If a callback raises, the state change
+is not committed and is retried on the next round.
+
+Stale means the *agent* is silent, nothing more: an agent can be made silent by
+anyone who can reach its port, so the daemon records it (an event, the
+``dl2d_stale_nodes`` metric, ``stale`` in ``dl2ctl nodes``) and never drains
+the node for it; scheduling goes on on Slurm's own node state
+(``dl2d.daemon.agent_rounds``).
 """
 
 from __future__ import annotations
@@ -114,37 +121,28 @@ def _parse_url(url: str) -> tuple[str, int, str]:
     return u.hostname, u.port or 9464, path
 
 
+class _TurnedAway(Exception):
+    """The agent closed the connection before any answer, or answered 503: it is asked again."""
+
+
 async def fetch_json(host: str, port: int, path: str, token: str, timeout: float) -> Any:
-    """GET ``path`` with a bearer token; the parsed JSON body, or PollError."""
-    req = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-           f"Authorization: Bearer {token}\r\nAccept: application/json\r\n"
-           f"Connection: close\r\n\r\n").encode()
-    async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.write(req)
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[1].isdigit():
-                raise PollError(f"bad status line {lines[0][:60]!r}")
-            status = int(parts[1])
-            headers = {}
-            for line in lines[1:]:
-                if ":" in line:
-                    k, v = line.split(":", 1)
-                    headers[k.strip().lower()] = v.strip()
-            if "content-length" in headers:
-                n = int(headers["content-length"])
-                if n > MAX_BODY:
-                    raise PollError(f"body too large ({n} bytes)")
-                body = await reader.readexactly(n)
-            else:
-                body = await reader.read(MAX_BODY + 1)
-                if len(body) > MAX_BODY:
-                    raise PollError("body too large")
-        finally:
-            writer.close()
+    """GET ``path`` with a bearer token; the parsed JSON body, or PollError. A poll the agent turns away is
+    tried again, with growing pauses, until ``timeout`` (connect and answer of every try together)."""
+    pause, tries = 0.05, 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                tries += 1
+                try:
+                    status, body = await _get(host, port, path, token)
+                    break
+                except _TurnedAway:
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 0.5)
+    except TimeoutError:
+        if tries > 1:
+            raise PollError(f"turned away {tries - 1} times (HTTP 503, or closed unanswered)") from None
+        raise
     if status == 401:
         raise PollError("HTTP 401 unauthorized (token mismatch)")
     if status != 200:
@@ -153,6 +151,46 @@ async def fetch_json(host: str, port: int, path: str, token: str, timeout: float
         return json.loads(body)
     except ValueError as e:
         raise PollError(f"invalid JSON: {e}") from None
+
+
+async def _get(host: str, port: int, path: str, token: str) -> tuple[int, bytes]:
+    """One GET: (status, body); _TurnedAway for a 503 or a connection closed before any byte of an answer."""
+    req = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+           f"Authorization: Bearer {token}\r\nAccept: application/json\r\n"
+           f"Connection: close\r\n\r\n").encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        try:
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
+            if isinstance(e, asyncio.IncompleteReadError) and e.partial:
+                raise
+            raise _TurnedAway() from None
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise PollError(f"bad status line {lines[0][:60]!r}")
+        status = int(parts[1])
+        if status == 503:
+            raise _TurnedAway()
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        if "content-length" in headers:
+            n = int(headers["content-length"])
+            if n > MAX_BODY:
+                raise PollError(f"body too large ({n} bytes)")
+            body = await reader.readexactly(n)
+        else:
+            body = await reader.read(MAX_BODY + 1)
+            if len(body) > MAX_BODY:
+                raise PollError("body too large")
+    finally:
+        writer.close()
+    return status, body
 
 
 def _describe(e: BaseException) -> str:
@@ -204,7 +242,8 @@ class Poller:
         return set(self.tracker.stale)
 
     def health(self) -> dict[str, str]:
-        """Each polled node's agent: ``ok``, ``missed N`` (its last N polls failed), or ``stale`` (drained)."""
+        """Each polled node's agent: ``ok``, ``missed N`` (its last N polls failed), or ``stale`` (silent for
+        ``stale_after`` polls; the node itself is as Slurm has it)."""
         out = {}
         for node in self._targets:
             misses = self.tracker.misses.get(node, 0)

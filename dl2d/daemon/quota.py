@@ -7,9 +7,11 @@ tooling may submit in bulk, and root's word is final on the host anyway), dl2d a
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque
+from typing import Callable, Deque
 
 #: The window of :func:`admit_rate`, seconds: ``submit_rate`` is per minute.
 RATE_WINDOW_S = 60.0
@@ -61,3 +63,30 @@ def admit_rate(state: RateState, uid: int, now: float, rate: int) -> float | Non
 def rate_refusal(user: str, rate: int, wait_s: float) -> str:
     return (f"user {user!r} submitted {rate} jobs in the last minute, the most allowed (limits.submit_rate = "
             f"{rate}); try again in {max(wait_s, 1):.0f} s")
+
+
+class SubmitGate:
+    """The limits as the control socket applies them (its shell around the decisions above). ``check`` runs with
+    the gate held, from counting the user's jobs to writing the new one (``with gate.held():``), so concurrent
+    submissions of one user cannot each see room for one more."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits, self.clock = limits, clock
+        self.rates = RateState()
+        self._lock = threading.Lock()
+
+    def held(self) -> threading.Lock:
+        return self._lock
+
+    def check(self, uid: int, user: str, counts: Callable[[], tuple[int, int]]) -> str | None:
+        """Why this submission of ``user`` (uid ``uid``; root is exempt) is refused, None to accept it (then it
+        counts towards the rate). ``counts()``: (the owner's waiting jobs, their pending or running ones)."""
+        if uid == 0:
+            return None
+        if self.limits.max_submit_jobs or self.limits.max_pending_jobs:
+            pending, active = counts()
+            refusal = submission_refusal(self.limits, user, pending, active)
+            if refusal:
+                return refusal
+        wait = admit_rate(self.rates, uid, self.clock(), self.limits.submit_rate)
+        return None if wait is None else rate_refusal(user, self.limits.submit_rate, wait)

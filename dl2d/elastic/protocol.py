@@ -33,10 +33,20 @@ up other peers.
 
 A server given credentials (every server of the runtime) authenticates each
 connection before it reads any other frame: the challenge-response of
-:mod:`.auth`, within ``HANDSHAKE_TIMEOUT_S``, at most ``MAX_HANDSHAKES`` at a
-time; a client given credentials answers it and checks the server's proof in
-turn. A connection idle for ``IDLE_TIMEOUT_S`` between frames is closed (a client
-reconnects before that).
+:mod:`.auth`, all of it within ``HANDSHAKE_TIMEOUT_S``; a client given
+credentials answers it and checks the server's proof in turn. A connection idle
+for ``IDLE_TIMEOUT_S`` between frames is closed (a client reconnects before that).
+
+Until its handshake is done a connection is a stranger's, and the server bounds
+strangers as a server on the internet would (:mod:`dl2d.core.listener`): at most
+``MAX_HANDSHAKES`` connections in the handshake at once and
+``MAX_HANDSHAKES_PER_PEER`` of them from one address; one beyond that is closed
+by the accepting thread at once (no thread, no challenge), and a client given
+credentials tries again for a while. A connection that has not answered the
+challenge after a second yields its place to a newer one from its address (or
+from an address with a lighter share), so idle strangers cannot keep the job's
+own roles, the daemon or ``dl2-run`` out. An authenticated connection no longer
+counts against the strangers' pool at all.
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
+
+from dl2d.core.listener import Limits, PeerLimiter, Refused, Ticket, shut_reads
 
 from . import auth as A
 from .auth import AuthError, Credentials
@@ -81,6 +93,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_AUTH_HEADER = 1024
 #: Connections in the handshake at once; more are closed at once (a flood of strangers holds no threads).
 MAX_HANDSHAKES = 64
+#: Connections in the handshake at once from one address (the roles of one node connect in bursts: a burst
+#: beyond this is turned away and tried again by its clients).
+MAX_HANDSHAKES_PER_PEER = 16
 #: A connection with no frame for this long is closed by the server; a client reconnects after half of it.
 IDLE_TIMEOUT_S = 900.0
 #: Refused connections logged per server and per 10 s (the rest are counted in the next line).
@@ -398,22 +413,39 @@ class Client:
         self._last_use = 0.0
 
     def _connect(self) -> socket.socket:
-        s = socket.create_connection(self.addr, timeout=self.timeout)
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.auth is not None:
-                self._handshake(s)
-                s.settimeout(self.timeout)
-        except BaseException:
-            s.close()
-            raise
-        return s
+        """A connected (and, with credentials, authenticated) socket. A server that turns the connection away
+        before its challenge (its strangers' pool is full, dl2d.core.listener) is tried again, with growing
+        pauses, for about HANDSHAKE_TIMEOUT_S."""
+        give_up = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        pause = 0.05
+        while True:
+            s = socket.create_connection(self.addr, timeout=self.timeout)
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.auth is not None:
+                    self._handshake(s)
+                    s.settimeout(self.timeout)
+                return s
+            except _TurnedAway:
+                s.close()
+                if time.monotonic() + pause > give_up:
+                    raise AuthError(f"{fmt_addr(self.addr)}: the server turned every connection away for "
+                                    f"{HANDSHAKE_TIMEOUT_S:g} s (too many connections in its handshake)") from None
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
+            except BaseException:
+                s.close()
+                raise
 
     def _handshake(self, s: socket.socket) -> None:
         where = fmt_addr(self.addr)
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         try:
-            server_nonce = A.read_challenge(recv_handshake(s, deadline))
+            try:
+                first = recv_handshake(s, deadline)
+            except ConnectionError:  # closed before any challenge: turned away, not refused
+                raise _TurnedAway() from None
+            server_nonce = A.read_challenge(first)
             client_nonce = secrets.token_bytes(A.NONCE_BYTES)
             send_msg(s, A.answer(self.auth, server_nonce, client_nonce))
             A.check_verdict(recv_handshake(s, deadline), self.auth, server_nonce, client_nonce)
@@ -462,6 +494,23 @@ class Client:
             self._close_locked()
 
 
+class _TurnedAway(Exception):
+    """The server closed a new connection before its challenge: too many strangers in its handshake."""
+
+
+def handshake_limits() -> Limits:
+    """The strangers' pool of a server (dl2d.core.listener.decide), from this module's bounds."""
+    return Limits(total=MAX_HANDSHAKES, per_peer=MAX_HANDSHAKES_PER_PEER)
+
+
+def _refusal_reason(e: Refused) -> str:
+    if e.refusal == "peer":
+        return f"{MAX_HANDSHAKES_PER_PEER} connections from this address are already authenticating"
+    if e.refusal == "threads":
+        return str(e)
+    return f"{MAX_HANDSHAKES} connections are already authenticating"
+
+
 class Server:
     """Threaded TCP server: ``handler(header, arrays)`` returns a reply.
 
@@ -489,7 +538,7 @@ class Server:
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
-        self._handshakes = 0
+        self._strangers = PeerLimiter(handshake_limits())  # connections in the handshake
         self._log_window = (0.0, 0, 0)  # (window start, lines logged, lines left out)
         self.refused = 0  # connections refused (handshake failed or too many at once)
         self._thread = threading.Thread(target=self._accept_loop, daemon=True, name=f"srv-{port}")
@@ -504,19 +553,24 @@ class Server:
                 conn, peer = self._lsock.accept()
             except OSError:
                 break
+            ticket = None
             if self.auth is not None:
-                with self._conns_lock:
-                    full = self._handshakes >= MAX_HANDSHAKES
-                    if not full:
-                        self._handshakes += 1
-                if full:
-                    self._refuse(peer, f"{MAX_HANDSHAKES} connections are already authenticating")
+                try:
+                    ticket = self._strangers.admit(peer[0], deadline_s=HANDSHAKE_TIMEOUT_S,
+                                                   wake=lambda c=conn: shut_reads(c), limits=handshake_limits())
+                except Refused as e:
+                    self._refuse(peer, _refusal_reason(e))
                     conn.close()
                     continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._conns_lock:
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, peer, ticket), daemon=True).start()
+
+    @property
+    def _handshakes(self) -> int:
+        """Connections in the handshake now."""
+        return self._strangers.in_use
 
     def _refuse(self, peer: Any, why: str) -> None:
         """One warning line per refused connection, at most MAX_REFUSAL_LINES per 10 s (then a count)."""
@@ -533,10 +587,11 @@ class Server:
         more = f" ({left_out} more refused connections not logged)" if left_out else ""
         log.warning("%s: refused the connection from %s: %s%s", self.address, _show_peer(peer), why, more)
 
-    def _handshake(self, conn: socket.socket, peer: Any) -> str | None:
-        """The server side of the handshake: the peer's role, or None (logged, the caller closes)."""
+    def _handshake(self, conn: socket.socket, peer: Any, ticket: Ticket) -> str | None:
+        """The server side of the handshake: the peer's role, or None (logged, the caller closes). All of it
+        by the ticket's deadline (brought forward if a newer connection takes this one's place)."""
         assert self.auth is not None
-        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        deadline = ticket.deadline.end
         server_nonce = secrets.token_bytes(A.NONCE_BYTES)
         try:
             send_msg(conn, A.challenge(server_nonce))
@@ -556,18 +611,21 @@ class Server:
             why = f"bad handshake frame: {e}"
         except (ConnectionError, OSError) as e:
             why = f"closed during the handshake ({type(e).__name__})"
+        if ticket.replaced:
+            why = (f"no answer to the challenge after {handshake_limits().grace_s:g} s, and a newer connection "
+                   "needed its place")
         self._refuse(peer, why)
         return None
 
-    def _serve(self, conn: socket.socket, peer: Any = None) -> None:
+    def _serve(self, conn: socket.socket, peer: Any = None, ticket: Ticket | None = None) -> None:
         role = None
         try:
             if self.auth is not None:
+                assert ticket is not None  # every connection of an authenticating server has one
                 try:
-                    role = self._handshake(conn, peer)
+                    role = self._handshake(conn, peer, ticket)
                 finally:
-                    with self._conns_lock:
-                        self._handshakes -= 1
+                    ticket.release()  # authenticated or not, it is no stranger in the handshake any more
                 if role is None:
                     return
             conn.settimeout(IDLE_TIMEOUT_S)
@@ -605,6 +663,10 @@ class Server:
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            self._lsock.shutdown(socket.SHUT_RDWR)  # wakes the accept loop (a close alone leaves it blocked)
+        except OSError:
+            pass
         try:
             self._lsock.close()
         except OSError:

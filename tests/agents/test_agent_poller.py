@@ -88,16 +88,16 @@ def test_wrong_token_is_a_miss(token):
         srv.server_close()
 
 
-def test_failed_drain_is_retried_next_round():
+def test_a_failed_stale_callback_is_retried_next_round():
     calls = []
 
-    def drain(node, reason):
+    def record(node, reason):
         calls.append(node)
         if len(calls) == 1:
-            raise RuntimeError("scontrol failed")
+            raise RuntimeError("database locked")
 
     p = Poller([("x", f"http://127.0.0.1:{closed_port()}")], "t", timeout=0.5,
-               stale_after=1, on_stale=drain)
+               stale_after=1, on_stale=record)
     r1 = p.poll_round()
     assert r1.transitions == [] and [t.kind for t in r1.failed_transitions] == ["stale"]
     assert p.stale_nodes == set()

@@ -31,8 +31,8 @@ def test_poll_real_agent_stale_and_recover(token_file, token, agent_factory):
     a = agent_factory(token_file, node="gpu01", extra=["--fake-gpus", "2"])
     events = []
     p = Poller([("gpu01", a.url)], token, timeout=1.0, stale_after=2,
-               on_stale=lambda n, why: events.append(("drain", n, why)),
-               on_recover=lambda n: events.append(("resume", n)))
+               on_stale=lambda n, why: events.append(("stale", n, why)),
+               on_recover=lambda n: events.append(("recovered", n)))
     r = p.poll_round()
     assert r.errors == {}
     s = r.samples["gpu01"]
@@ -47,11 +47,11 @@ def test_poll_real_agent_stale_and_recover(token_file, token, agent_factory):
     assert p.poll_round().transitions == [] and events == []
     r = p.poll_round()
     assert [t.kind for t in r.transitions] == ["stale"] and p.stale_nodes == {"gpu01"}
-    assert events[0][:2] == ("drain", "gpu01") and "silent for 2 polls" in events[0][2]
+    assert events[0][:2] == ("stale", "gpu01") and "silent for 2 polls" in events[0][2]
     p.poll_round()
-    assert len(events) == 1  # drained once
+    assert len(events) == 1  # reported once
 
     agent_factory(token_file, node="gpu01", port=a.port, extra=["--fake-gpus", "2"])
     r = p.poll_round()
     assert [t.kind for t in r.transitions] == ["recovered"] and p.stale_nodes == set()
-    assert events[-1] == ("resume", "gpu01")
+    assert events[-1] == ("recovered", "gpu01")

@@ -1,6 +1,6 @@
 """Agents wired into the daemon: two real `dl2-agent --fake-gpus` processes polled every slot; samples land
-in node_samples; a killed agent's node is drained in the backend after K silent polls, and the policy
-places nothing there."""
+in node_samples; a killed agent's node is marked stale after K silent polls (an event, the metric, `stale` in
+the node report) and is never drained for it: the backend's nodes stay as the backend has them."""
 from __future__ import annotations
 
 
@@ -14,7 +14,7 @@ from dl2d.db.jobs import submit_job
 from dl2d.db.models import Event, EventKind, NodeSample
 
 
-def test_samples_stored_and_silent_node_drained(tmp_path):
+def test_samples_stored_and_a_silent_agent_marks_its_node_stale_without_draining_it(tmp_path):
     tok = tmp_path / "agent.token"
     tok.write_text(TOKEN + "\n")
     tok.chmod(0o600)
@@ -26,6 +26,10 @@ def test_samples_stored_and_silent_node_drained(tmp_path):
                             "agents": {"nodes": {"sim001": procs[0][1], "sim002": procs[1][1]},
                                        "token_file": str(tok), "stale_after": 2, "timeout": 2.0}}, {})
         loop = build_loop(cfg)
+        drains: list = []
+        real_drain, real_resume = loop.backend.drain, loop.backend.resume
+        loop.backend.drain = lambda node, reason: (drains.append(("drain", node, reason)), real_drain(node, reason))
+        loop.backend.resume = lambda node: (drains.append(("resume", node)), real_resume(node))
         with session_scope(loop.engine) as s:
             submit_job(s, {"name": "big", "owner": "bob", "job_type": "resnet-50", "total_epochs": 9000,
                            "command": "python t.py", "worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
@@ -40,24 +44,27 @@ def test_samples_stored_and_silent_node_drained(tmp_path):
         procs[1][0].wait(10)
         loop.run(max_slots=1)  # one silent poll: not yet stale
         assert all(n.usable for n in loop.backend.nodes())
-        loop.run(max_slots=1)  # second silent poll (K = 2): drained before the slot decides
-        drained = {n.name: n.reason for n in loop.backend.nodes() if not n.usable}
-        assert list(drained) == ["sim002"] and "silent for 2 polls" in drained["sim002"]
+        loop.run(max_slots=1)  # second silent poll (K = 2): stale, and still usable
+        assert all(n.usable for n in loop.backend.nodes()) and drains == []
+        assert loop.poller.health() == {"sim001": "ok", "sim002": "stale"}
+        assert loop.metrics.stale_nodes._value.get() == 1
         with session_scope(loop.engine) as s:
             ev = s.scalars(select(Event).where(Event.kind == EventKind.NODE_STALE)).one()
-            assert ev.detail["node"] == "sim002"
+            assert ev.detail["node"] == "sim002" and "silent for 2 polls" in ev.detail["reason"]
             assert s.scalar(select(func.count()).select_from(NodeSample).where(NodeSample.node == "sim002")) == 2
         # still stale while silent; polling goes on for the others
         loop.run(max_slots=1)
         assert loop.poller.stale_nodes == {"sim002"}
         with session_scope(loop.engine) as s:
             assert s.scalar(select(func.count()).select_from(NodeSample).where(NodeSample.node == "sim001")) == 5
-        # the agent comes back: the node is resumed
+        # the agent comes back: recovered (an event), and the backend was never asked to drain or resume
         procs[1] = start_agent(str(tok), "sim002")
         loop.poller.set_targets([("sim001", procs[0][1]), ("sim002", procs[1][1])])
         loop.run(max_slots=1)
-        assert all(n.usable for n in loop.backend.nodes())
+        assert all(n.usable for n in loop.backend.nodes()) and loop.poller.stale_nodes == set()
+        assert loop.metrics.stale_nodes._value.get() == 0
         with session_scope(loop.engine) as s:
             assert s.scalar(select(func.count()).select_from(Event).where(Event.kind == EventKind.NODE_RECOVERED)) == 1
+        assert drains == []
     finally:
         stop_agents(procs)

@@ -85,3 +85,90 @@ def test_a_flood_of_waiting_jobs_costs_the_policy_only_its_window(tmp_path):
     with session_scope(engine) as s:
         pending, active = user_job_counts(s, ME)
         assert active == 3000 and pending == 3000 - (seen[1] - 16)
+
+
+#: A stdlib-only submitter, run as another user: N submissions as fast as the socket answers them; prints how
+#: many were accepted, the distinct refusals, and how long it took.
+SUBMITTER = r"""
+import json, socket, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+sub = {"name": "flood", "job_type": "resnet-50", "total_epochs": 1, "command": "true",
+       "worker": {"gpus": 1, "cpus": 1, "mem_gb": 1}, "ps": {"cpus": 1, "mem_gb": 1}}
+ok, refusals, t0 = 0, {}, time.monotonic()
+for i in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(path)
+    s.sendall(json.dumps({"op": "submit", "submission": sub}).encode() + b"\n")
+    reply = json.loads(s.makefile("rb").readline())
+    s.close()
+    if reply.get("ok"):
+        ok += 1
+    else:
+        why = "; ".join(reply.get("errors") or [reply.get("error", "")])
+        key = why.split(" (")[0]
+        refusals[key] = why
+print(json.dumps({"ok": ok, "refusals": refusals, "seconds": time.monotonic() - t0}), flush=True)
+"""
+
+
+@pytest.fixture
+def open_dir():
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp(prefix="dl2d-limits-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_users_flood_of_submissions_is_refused_past_their_limits_and_root_still_answered(open_dir):
+    """`nobody` submits 300 jobs as fast as the daemon's real control socket answers (the unlimited daemon took
+    3 143 in a minute): the rate limit stops them at 40 in the minute, with a clear refusal; with a higher rate
+    the pending limit stops them at 25; root is exempt and answered meanwhile."""
+    import json
+    import shutil
+    import subprocess
+
+    from dl2d.daemon.control import ControlServer, ask
+    from dl2d.daemon.quota import Limits
+
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not python or not shutil.which("setpriv"):
+        pytest.skip("needs root, setpriv and a system python3 that nobody may run")
+    engine = make_engine(f"sqlite:///{open_dir / 'dl2d.sqlite'}")
+    upgrade(engine)
+
+    def flood(limits: Limits, n: int, name: str) -> dict:
+        sock = str(open_dir / f"{name}.sock")
+        server = ControlServer(sock, engine, "dl2d-admin", limits=limits)
+        server.start()
+        try:
+            p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", python, "-c",
+                                SUBMITTER, sock, str(n)], capture_output=True, text=True, timeout=120, cwd="/",
+                               env={})
+            assert p.returncode == 0, p.stderr
+            out = json.loads(p.stdout)
+            for _ in range(3):  # root: exempt from every limit
+                assert ask(sock, {"op": "submit", "submission": {
+                    "name": "root-job", "owner": "root", "job_type": "resnet-50", "total_epochs": 1,
+                    "command": "true", "worker": {"gpus": 1, "cpus": 1, "mem_gb": 1},
+                    "ps": {"cpus": 1, "mem_gb": 1}}})["ok"]
+            return out
+        finally:
+            server.close()
+
+    got = flood(Limits(max_submit_jobs=1000, max_pending_jobs=500, submit_rate=40), 300, "rate")
+    assert got["ok"] == 40, got
+    [why] = got["refusals"].values()
+    assert why.startswith("user 'nobody' submitted 40 jobs in the last minute, the most allowed "
+                          "(limits.submit_rate = 40); try again in ")
+    got = flood(Limits(max_submit_jobs=1000, max_pending_jobs=65, submit_rate=1000), 100, "pending")
+    assert got["ok"] == 25, got  # 40 already wait: 25 more reach the 65
+    [why] = got["refusals"].values()
+    assert why == ("user 'nobody' has 65 jobs waiting to start, the most allowed (limits.max_pending_jobs = 65); "
+                   "wait for some to start, or cancel some")
+    with session_scope(engine) as s:
+        assert user_job_counts(s, "nobody") == (65, 65) and user_job_counts(s, "root") == (6, 6)

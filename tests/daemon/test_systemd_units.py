@@ -76,3 +76,23 @@ def test_the_daemon_and_the_agent_keep_only_the_capabilities_they_need():
     assert directives("dl2-agent.service")["CapabilityBoundingSet"] == ["CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"]
     # the daemon's policy is compiled by JAX at run time: writable executable memory must stay allowed
     assert "MemoryDenyWriteExecute" not in directives("dl2d.service")
+
+
+def test_the_agent_listens_where_the_admin_says_and_on_loopback_otherwise():
+    """The agent speaks plain HTTP: the unit passes --bind from DL2_AGENT_BIND (the admin's
+    /etc/default/dl2-agent, an example of which is shipped), with loopback as the unit's default, never
+    0.0.0.0; the agent's own default is loopback too, and it refuses an empty address (every address)."""
+    from click.testing import CliRunner
+
+    from dl2d.agents.main import DEFAULT_BIND, bind_problem, main
+
+    d = directives("dl2-agent.service")
+    assert "--bind ${DL2_AGENT_BIND} " in d["ExecStart"][0] and "0.0.0.0" not in d["ExecStart"][0]
+    assert d["Environment"] == ["DL2_AGENT_BIND=127.0.0.1"]
+    assert d["EnvironmentFile"] == ["-/etc/default/dl2-agent"]  # read after Environment=: the admin's wins
+    example = (UNITS / "dl2-agent.default.example").read_text()
+    assert re.search(r"^#?DL2_AGENT_BIND=\d+\.\d+\.\d+\.\d+$", example, re.M), example
+    assert "0.0.0.0" not in re.findall(r"^#?DL2_AGENT_BIND=(.*)$", example, re.M)
+    assert DEFAULT_BIND == "127.0.0.1" and bind_problem("10.1.0.17") is None and bind_problem(" ")
+    r = CliRunner().invoke(main, ["--bind", "", "--token-file", "/nonexistent"])
+    assert r.exit_code == 2 and "--bind is empty (it would listen on every address)" in r.output, r.output
