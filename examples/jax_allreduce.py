@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
     run.resumed(step)
     if c.is_primary:
-        print(f"run {c.restart_count}: {c.world_size} processes, resuming at step {step}", flush=True)
+        print(f"run {run.run_number or '?'}: {c.world_size} processes, resuming at step {step}", flush=True)
 
     def save(at: int) -> None:
         if manager.latest_step() != at:

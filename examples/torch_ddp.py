@@ -27,7 +27,8 @@ import dl2d.job
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=2000, help="global steps to train in all")
-    p.add_argument("--global-batch", type=int, default=64, help="samples per global step (all ranks)")
+    p.add_argument("--global-batch", type=int, default=48, help="samples per global step (all ranks; 48 splits "
+                   "over 1, 2, 3 and 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--checkpoint-every", type=int, default=200)
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         step = latest.step
     ddp = DistributedDataParallel(model)
     run.resumed(step)
+    if c.is_primary:
+        print(f"run {run.run_number or '?'}: {c.world_size} ranks, resuming at step {step}", flush=True)
 
     def save(at: int) -> None:
         latest = run.checkpoints.latest()

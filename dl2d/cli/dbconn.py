@@ -106,6 +106,9 @@ class Ctx:
         self.user = current_user()
         self.admin = is_admin(self.user, admin_group(config))
         self._via_daemon: bool | None = None
+        #: why no daemon answered on the socket (writes then go to the database directly); None: one did, or none
+        #: was asked (a database named with --db or $DL2D_DB_URL)
+        self.no_daemon: str | None = None
 
     def engine(self):
         """An engine on the database, creating the schema when the database has none."""
@@ -128,7 +131,8 @@ class Ctx:
 
                 try:
                     me = ask(self.socket, {"op": "whoami"})
-                except NoDaemon:
+                except NoDaemon as e:
+                    self.no_daemon = str(e)
                     return False
                 except ConnectionError as e:
                     raise click.ClickException(str(e)) from None
@@ -191,8 +195,8 @@ def open_db(url: str, hint: str | None = None):
         parent = Path(u.database).parent
         if not parent.is_dir():
             raise click.ClickException(
-                f"no directory {parent} for the database {u.database} (is dl2d installed here? "
-                "give --db URL or set DL2D_DB_URL)")
+                f"no directory {parent} for the database {u.database} ("
+                + (hint or "is dl2d installed here? give --db URL or set DL2D_DB_URL") + ")")
     try:
         engine = make_engine(url)
     except Exception as e:  # a missing driver, e.g. psycopg for postgresql+psycopg://

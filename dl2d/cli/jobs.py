@@ -11,14 +11,17 @@ functions of `dl2d.db` (`jobs`, `events`, `slots`).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import click
 
-from dl2d.cli.dbconn import Ctx, db_command
+from dl2d.cli.dbconn import Ctx, _shown, daemon_view, db_command
 from dl2d.core.jobs import LAUNCHES
+from dl2d.daemon.slurm.jobdir import JobDir
 from dl2d.db.jobs import _iso, job_record
 from dl2d.db.models import ACTIVE_STATES, JobState
 
@@ -145,6 +148,23 @@ def resize_records(rows: Iterable[tuple[int, datetime, int, int, int, int]]) -> 
             out.append({"slot": number, "at": _iso(started), "workers_from": pw, "workers_to": w,
                         "ps_from": pps, "ps_to": ps})
     return out
+
+
+def output_file(slurm_state_dir: str | Path, job_id: int, slurm_job_id: str | None) -> str | None:
+    """Where Slurm writes the output of the job's latest run (its batch script's ``--output``, in the job's own
+    directory: dl2d.daemon.slurm.jobdir); None for a job that never reached Slurm. A failed job's reason is
+    often only Slurm's (``NonZeroExitCode``): its output says why."""
+    if not slurm_job_id:
+        return None
+    pattern = JobDir(Path(slurm_state_dir) / "jobs" / str(int(job_id))).output_pattern
+    return str(pattern).replace("%j", str(slurm_job_id))
+
+
+def no_daemon_note(reason: str, url: str, what: str) -> str:
+    """What dl2ctl tells a user whose write went to the database because no daemon answered: the write is real,
+    but nothing acts on it until a daemon runs."""
+    return (f"note: {reason}: {what} written to the database {_shown(url)} directly; it waits there until dl2d "
+            "starts, which acts on it at its first slot")
 
 
 def _detail_text(detail: dict[str, Any] | None) -> str:
@@ -300,6 +320,8 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
     else:
         click.echo(f"Submitted job {rec['id']} ({rec['name']}, {rec['job_type']}, {_num(rec['total_epochs'])} "
                    f"epochs) for {rec['owner']}")
+    if ctx.no_daemon:  # on stderr: --json's standard output stays one JSON document
+        click.echo(no_daemon_note(ctx.no_daemon, ctx.url, f"job {rec['id']} was"), err=True)
 
 
 def _submit_directly(ctx: Ctx, sub: Any) -> dict[str, Any]:
@@ -411,10 +433,17 @@ def show(ctx: Ctx, job_id: int, as_json: bool) -> None:
         raise click.ClickException(f"{e} (dl2ctl queue --all lists the jobs)") from e
     finally:
         engine.dispose()
+    rec["output"] = output_file(_slurm_state_dir(ctx), job_id, rec["slurm_job_id"])
     if as_json:
         click.echo(json.dumps(rec, indent=2))
         return
     _print_detail(rec)
+
+
+def _slurm_state_dir(ctx: Ctx) -> str:
+    """The Slurm backend's state dir as the daemon's config (as dl2ctl reads it) gives it."""
+    cfg = daemon_view(os.environ, ctx.config)
+    return cfg.slurm.state_dir or str(Path(cfg.state_dir) / "slurm")
 
 
 def _print_detail(rec: dict[str, Any]) -> None:
@@ -444,7 +473,8 @@ def _print_detail(rec: dict[str, Any]) -> None:
         *([("epoch seconds (hint)", _n(spec["epoch_seconds"]))] if spec.get("epoch_seconds") else []),
         ("command", spec.get("command", "")), ("sync", spec.get("sync", "")),
         ("time limit", f"{spec['time_limit_min']} min" if spec.get("time_limit_min") else "none"),
-        ("slurm job", rec["slurm_job_id"] or "-"), ("submitted", rec["submitted_at"]),
+        ("slurm job", rec["slurm_job_id"] or "-"), ("output", rec.get("output") or "-"),
+        ("submitted", rec["submitted_at"]),
         ("started", rec["started_at"] or "-"), ("finished", rec["finished_at"] or "-"),
     ]:
         head.add_row(k, str(v))
@@ -500,5 +530,8 @@ def cancel(ctx: Ctx, job_ids: Sequence[int], as_json: bool) -> None:
                 click.echo(f"Cancelled job {r['id']} ({r['name']})")
             else:
                 click.echo(f"Error: cannot cancel job {r['id']}: {r['error']}", err=True)
+    done = [str(r["id"]) for r in results if r["cancelled"]]
+    if ctx.no_daemon and done:
+        click.echo(no_daemon_note(ctx.no_daemon, ctx.url, f"the cancellation of job {', '.join(done)} was"), err=True)
     if not all(r["cancelled"] for r in results):
         click.get_current_context().exit(1)

@@ -338,6 +338,20 @@ def lock_state_dir(state_dir: str):
     return f
 
 
+def serve_metrics(metrics, cfg: DaemonConfig) -> str | None:
+    """Serve the Prometheus endpoint if the config says so; its URL (None: off). Called before the database is
+    opened and the policy loaded, so that a port already in use is one line and exit 2 in a second, not after
+    the slow part of the start-up (ConfigError)."""
+    if not cfg.metrics.enabled:
+        return None
+    try:
+        port = metrics.serve(cfg.metrics.port, cfg.metrics.bind)
+    except OSError as e:
+        raise ConfigError(f"cannot serve metrics on {cfg.metrics.bind}:{cfg.metrics.port}: {e.strerror}") from None
+    log.info("metrics on http://%s:%d/metrics", cfg.metrics.bind, port)
+    return f"http://{cfg.metrics.bind}:{port}/metrics"
+
+
 def check_configuration(config_path: str | None, overrides: dict[str, Any]) -> int:
     """``dl2d --check-config``: build the config and the policy as a start would (the checkpoint loaded and
     checked), touching no file; print a summary or the error. Exit status: 0 valid, 2 not."""
@@ -513,24 +527,26 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
             raise ConfigError(f"config error: state_dir {cfg.state_dir}: {e.strerror} "
                               "(run as the dl2d user, or set state_dir / --state-dir)") from None
         lock = lock_state_dir(cfg.state_dir)  # noqa: F841  (held until the process exits)
-        loop = build_loop(cfg, feeder)
-        hold = getattr(loop.backend, "lock", None)  # the Slurm backend's state dir, which daemons must not share
-        if hold is not None:
-            try:
-                hold()
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"config error: {e}") from None
+        from dl2d.daemon.metrics import Metrics
+
+        metrics = Metrics()
+        metrics_url = serve_metrics(metrics, cfg)  # before the slow steps (database, policy): a port in use at once
+        try:
+            loop = build_loop(cfg, feeder, metrics=metrics)
+            hold = getattr(loop.backend, "lock", None)  # the Slurm backend's state dir, which daemons must not share
+            if hold is not None:
+                try:
+                    hold()
+                except (OSError, ValueError) as e:
+                    raise ConfigError(f"config error: {e}") from None
+        except BaseException:
+            metrics.close()
+            raise
     except ConfigError as e:
         click.echo(f"dl2d: {e}", err=True)
         sys.exit(2)
-    if cfg.metrics.enabled:
-        try:
-            port = loop.metrics.serve(cfg.metrics.port, cfg.metrics.bind)
-        except OSError as e:
-            click.echo(f"dl2d: cannot serve metrics on {cfg.metrics.bind}:{cfg.metrics.port}: {e.strerror}", err=True)
-            sys.exit(2)
-        loop.info["metrics_url"] = f"http://{cfg.metrics.bind}:{port}/metrics"
-        log.info("metrics on http://%s:%d/metrics", cfg.metrics.bind, port)
+    if metrics_url:
+        loop.info["metrics_url"] = metrics_url
     control = None
     if cfg.control.enabled:
         from dl2d.daemon.control import ControlError, ControlServer

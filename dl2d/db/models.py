@@ -209,7 +209,8 @@ class Allocation(Base):
 
 
 class Decision(Base):
-    """What decided a slot's allocation: the policy network or the fallback heuristic."""
+    """What decided a slot's allocation: the policy in charge (``policy``, by name) or the guardrails' fallback
+    heuristic (``source``)."""
 
     __tablename__ = "decisions"
 
@@ -219,6 +220,8 @@ class Decision(Base):
     state_digest: Mapped[str] = mapped_column(String(64))  # sha256 hex of the policy input
     actions: Mapped[list[Any]]
     source: Mapped[DecisionSource] = mapped_column(_enum(DecisionSource, "decision_source"), index=True)
+    #: the daemon's configured policy when the slot was decided (it changes at a reload); NULL: rows before 0008
+    policy: Mapped[str | None] = mapped_column(Text)
     fallback_reason: Mapped[str | None] = mapped_column(Text)
     policy_version: Mapped[int | None]
     latency_ms: Mapped[float | None]

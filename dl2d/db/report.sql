@@ -87,15 +87,16 @@ WHERE kind IN ('resize', 'relaunch', 'hot_scale')
 GROUP BY substr(CAST(ts AS TEXT), 1, 10) ORDER BY day;
 
 -- name: decision_sources
--- Scheduling decisions taken by the policy network vs the fallback heuristic
-SELECT source, COUNT(*) AS n_decisions,
+-- Scheduling decisions per policy in charge (the daemon's configured policy, by name: a reload that changes it
+-- starts new rows) and per source: the policy itself, or the guardrails' fallback heuristic in its place
+SELECT COALESCE(policy, '(not recorded)') AS policy, source, COUNT(*) AS n_decisions,
        1.0 * COUNT(*) / (SELECT COUNT(*) FROM decisions
                          WHERE (:start IS NULL OR created_at >= :start) AND (:end IS NULL OR created_at < :end))
            AS share,
        AVG(latency_ms) AS avg_latency_ms
 FROM decisions
 WHERE (:start IS NULL OR created_at >= :start) AND (:end IS NULL OR created_at < :end)
-GROUP BY source ORDER BY source;
+GROUP BY COALESCE(policy, '(not recorded)'), source ORDER BY policy, source;
 
 -- name: decisions_daily
 -- Policy vs fallback decisions per day

@@ -44,6 +44,7 @@ class DecisionRecord:
     created_at: datetime | None = None
     job_flags: dict[str, list[str]] | None = None  # jobs flagged from their measured stats (dl2d.daemon.jobstats)
     advice: dict[str, Any] | None = None  # advise mode: what the configured policy would have done (models.Decision)
+    policy: str | None = None  # the name of the policy in charge (a reload changes it); None: not said
 
 
 def record_slot(

@@ -81,6 +81,15 @@ class JobRun:
             raise ValueError(f"resume step {step} outside 0..{self.total_steps}")
         self.progress.resumed(step)
 
+    @property
+    def run_number(self) -> int | None:
+        """Which run of the job this is (1: the first), counted in the progress file's ``runs`` after
+        :meth:`resumed`. Slurm's ``SLURM_RESTART_COUNT`` is no such count: dl2d restarts a job as a new Slurm
+        job (``restart_method = "resubmit"``, the default), whose count starts at 0 again. Only rank 0 reads the
+        progress file, so other ranks (and any rank before :meth:`resumed`) get None."""
+        runs = self.progress.report.get("runs")
+        return runs if self.progress.path is not None and isinstance(runs, int) else None
+
     def step_done(self, step: int, samples: int | None = None) -> None:
         """Global step ``step`` is done (written at most every ``progress_interval_s``)."""
         self.progress.update("running", step, samples)

@@ -242,7 +242,8 @@ VIEW_QUERIES = {
     "resizes_per_job": "SELECT job_id, name, owner, job_type, n_resize, n_relaunch, n_hot_scale "
                        "FROM v_resizes_per_job WHERE n_resize + n_relaunch + n_hot_scale > 0 ORDER BY job_id",
     "resizes_daily": "SELECT day, n_resize, n_relaunch, n_hot_scale, n_jobs FROM v_resizes_daily ORDER BY day",
-    "decision_sources": "SELECT source, n_decisions, share, avg_latency_ms FROM v_decision_sources ORDER BY source",
+    "decision_sources": "SELECT policy, source, n_decisions, share, avg_latency_ms FROM v_decision_sources "
+                        "ORDER BY policy, source",
     "decisions_daily": "SELECT day, n_policy, n_fallback, avg_latency_ms FROM v_decisions_daily ORDER BY day",
     "fallback_reasons": "SELECT fallback_reason, n_decisions FROM v_fallback_reasons "
                         "ORDER BY n_decisions DESC, fallback_reason",
