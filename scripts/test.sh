@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="slurmctld slurmd slurm-client munge postgresql systemd"
+APT_PACKAGES="slurmctld slurmd slurm-client munge postgresql systemd python3-venv"
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=""
   for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

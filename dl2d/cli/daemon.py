@@ -17,6 +17,9 @@ import click
 
 STALE_FACTOR = 3.0  # a status older than 3 slots (or 3 slot-lengths of wall time) is stale
 
+#: The most of the daemon's status file read (a few KB a node; any file in the state dir could be put there)
+STATUS_FILE_BYTES = 64 << 20
+
 
 def _pid_alive(pid: int) -> bool:
     try:
@@ -97,11 +100,15 @@ def status(state_dir: str | None, db_url: str | None, config_path: str, as_json:
     state_dir = state_dir_of(env, cfg)
     url = resolve_db_url(db_url, env, cfg)  # the same rule as every dl2ctl command
     path = Path(state_dir) / "dl2d.status.json"
+    from dl2d.core.files import InputFileError, read_bounded
+
     try:
-        st = json.loads(path.read_text())
-    except FileNotFoundError:
+        st = json.loads(read_bounded(path, STATUS_FILE_BYTES))
+    except InputFileError as e:
+        if not e.missing:
+            raise click.ClickException(f"cannot read {e}") from None
         st = None
-    except (OSError, ValueError) as e:
+    except ValueError as e:
         raise click.ClickException(f"cannot read {path}: {e}") from None
     verdict, why = assess(st, time.time())
     out: dict[str, Any] = {"status": verdict, "why": why, "status_file": str(path), "daemon": st}

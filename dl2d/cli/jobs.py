@@ -232,8 +232,25 @@ def _submit_flags(f: Any) -> Any:
     return f
 
 
+def _spec_text(path: str) -> str:
+    """The spec file's text (``-``: standard input), read bounded: a FIFO, a device or a file of megabytes is
+    refused with one line instead of blocking or filling memory (dl2d.core.files.read_bounded)."""
+    from dl2d.cli.jobspec import MAX_SPEC_CHARS
+    from dl2d.core.files import InputFileError, read_bounded
+
+    if path == "-":
+        return click.get_text_stream("stdin").read(MAX_SPEC_CHARS + 1)
+    try:
+        data = read_bounded(path, 4 * MAX_SPEC_CHARS)  # UTF-8: at most 4 bytes a character
+    except InputFileError as e:
+        if e.missing:  # a usage error, as click's own check of a path is (exit 2)
+            raise click.BadParameter(f"{path}: No such file or directory", param_hint="'[SPEC]'") from None
+        raise click.ClickException(f"job spec {e}") from None
+    return data.decode("utf-8")[:MAX_SPEC_CHARS + 1]
+
+
 @click.command()
-@click.argument("spec_file", required=False, metavar="[SPEC]", type=click.File("r", encoding="utf-8"))
+@click.argument("spec_file", required=False, metavar="[SPEC]", type=click.Path(dir_okay=False, allow_dash=True))
 @_submit_flags
 @click.option("--format", "fmt", type=click.Choice(["toml", "json"]),
               help="Format of SPEC [default: from its extension; JSON if it starts with '{', else TOML].")
@@ -273,10 +290,9 @@ def submit(ctx: Ctx, spec_file, fmt: str | None, dry_run: bool, as_json: bool, *
 
     spec: dict[str, Any] = {}
     if spec_file is not None:
-        name = getattr(spec_file, "name", "<stdin>")
+        name = "<stdin>" if spec_file == "-" else spec_file
         try:
-            spec = parse_spec_text(spec_file.read(MAX_SPEC_CHARS + 1), fmt or spec_format(str(name)),
-                                   source=str(name))
+            spec = parse_spec_text(_spec_text(spec_file), fmt or spec_format(str(name)), source=str(name))
         except SpecError as e:
             raise click.ClickException(str(e)) from e
         except UnicodeDecodeError as e:

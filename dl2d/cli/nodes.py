@@ -45,12 +45,17 @@ def _status(state_dir: str | None) -> tuple[dict[str, Any], str | None]:
         reply = ask(socket, {"op": "status"})
     except NoDaemon as e:
         path = Path(state_dir or state_dir_of(os.environ, config)) / "dl2d.status.json"
+        from dl2d.cli.daemon import STATUS_FILE_BYTES
+        from dl2d.core.files import InputFileError, read_bounded
+
         try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise click.ClickException(f"{e}, and there is no status file at {path}: is dl2d running here? "
-                                       "(DL2D_SOCKET or --state-dir name another)") from None
-        except (OSError, ValueError) as err:
+            doc = json.loads(read_bounded(path, STATUS_FILE_BYTES))
+        except InputFileError as err:
+            if err.missing:
+                raise click.ClickException(f"{e}, and there is no status file at {path}: is dl2d running here? "
+                                           "(DL2D_SOCKET or --state-dir name another)") from None
+            raise click.ClickException(f"{e}, and its status file cannot be read: {err}") from None
+        except ValueError as err:
             raise click.ClickException(f"{e}, and its status file {path} cannot be read: {err}") from None
         age = time.time() - float(doc.get("updated_at") or 0)
         return doc, f"dl2d does not answer on {socket}: nodes as its status file had them {age:.0f} s ago"

@@ -454,13 +454,21 @@ def client_view(file_data: Mapping[str, Any] | None, env: Mapping[str, str], sou
     return _env_overrides(cfg, env)
 
 
+#: An agents file lists a node a line: 64 KiB lines for thousands of nodes is far more than any has.
+MAX_AGENT_FILE_BYTES = 16 << 20
+
+
 def read_agent_file(path: str | Path) -> dict[str, str]:
     """'node url' per line (blank lines and # comments skipped); ConfigError names the bad line."""
+    from dl2d.core.files import InputFileError, read_bounded
+
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"config error: agents.file {p}: {e.strerror}") from None
+        text = read_bounded(p, MAX_AGENT_FILE_BYTES).decode("utf-8")
+    except InputFileError as e:
+        raise ConfigError(f"config error: agents.file {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config error: agents.file {p}: not UTF-8 text") from None
     out: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
-from dl2d.core.files import atomic_open
+from dl2d.core.files import InputFileError, NpzArchive, NpzError, atomic_open, read_bounded
 from dl2d.core.limits import MAX_PS, MAX_WORKERS
 from dl2d.policy.heuristics import AllocationBuilder
 from dl2d.policy.registry import PolicyEntry, PolicyOptions, register
@@ -417,6 +417,16 @@ FORMAT = "dl2d-chic"
 VERSION = 2  # 2: one-hot over the model catalog's 15 classes, not DL2's eight types
 
 
+#: The most weights a checkpoint's network may have: the paper's network on a few jobs has about 5 000, and
+#: ChicConfig's own bounds (16 layers of 8 192 on 4 096 jobs) would allow 8 GB of them.
+MAX_WEIGHTS = 16_000_000
+#: The config and meta members' bounds (JSON text; numpy stores 4 bytes a character).
+MAX_CONFIG_BYTES = 256 * 1024
+MAX_META_BYTES = 4 * 1024 * 1024
+#: The largest checkpoint file: MAX_WEIGHTS float64 weights (and their biases), the config, the meta.
+MAX_CHECKPOINT_BYTES = 8 * MAX_WEIGHTS + MAX_CONFIG_BYTES + MAX_META_BYTES + 1024 * 1024
+
+
 class ChicCheckpointError(RuntimeError):
     pass
 
@@ -430,39 +440,89 @@ def save_checkpoint(path: str | Path, cfg: ChicConfig, params: dict, meta: dict 
                  meta=np.array(json.dumps(meta or {})), **arrays)
 
 
+def param_shapes(cfg: ChicConfig) -> dict[str, tuple[int, int] | tuple[int]]:
+    """The shape of every parameter the config's network has (``w<i>``: [in, out], ``b<i>``: [out]), as
+    :func:`init_params` makes them, without making them."""
+    dims = (cfg.state_dim, *cfg.hidden, cfg.num_actions)
+    shapes: dict[str, tuple[int, int] | tuple[int]] = {}
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        shapes[f"w{i}"], shapes[f"b{i}"] = (a, b), (b,)
+    return shapes
+
+
+def network_problem(cfg: ChicConfig) -> str | None:
+    """What is wrong with the network a checkpoint's config asks for (its sizes whole numbers, its weights at
+    most MAX_WEIGHTS), before anything of that size is read or made; None when it is fine."""
+    if isinstance(cfg.num_jobs, bool) or not isinstance(cfg.num_jobs, int):
+        return f"num_jobs must be an integer, got {cfg.num_jobs!r}"
+    weights = sum(math.prod(shape) for shape in param_shapes(cfg).values())
+    if weights > MAX_WEIGHTS:
+        return f"num_jobs {cfg.num_jobs} and hidden {list(cfg.hidden)} make a network of {weights:,} weights, " \
+               f"more than the {MAX_WEIGHTS:,} a checkpoint may have"
+    return None
+
+
 def load_checkpoint(path: str | Path) -> tuple[ChicConfig, dict, dict]:
-    """(config, params, meta); ChicCheckpointError on anything that is not a matching Chic checkpoint."""
+    """(config, params, meta); ChicCheckpointError (one line) on anything that is not a matching Chic checkpoint.
+
+    The file is untrusted: it is read bounded (a regular file of at most MAX_CHECKPOINT_BYTES), then the
+    archive's directory and each member's declared size and .npy header are checked before that member is
+    decompressed (dl2d.core.files.NpzArchive), the config before any parameter (its network's size bounded,
+    each parameter's shape the one it needs), and every parameter is finite. A zip bomb, a config asking for a
+    network of gigabytes or NaN weights each cost no more to refuse than a good checkpoint costs to load."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            doc = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise ChicCheckpointError(f"{path}: no such checkpoint") from None
-    except Exception as e:  # zipfile/np errors on garbage
-        raise ChicCheckpointError(f"{path}: not a Chic checkpoint (unreadable: {type(e).__name__})") from None
-    if "format" not in doc or str(doc["format"]) != FORMAT:
+        z = NpzArchive(read_bounded(path, MAX_CHECKPOINT_BYTES))
+    except InputFileError as e:
+        if e.missing:
+            raise ChicCheckpointError(f"{path}: no such checkpoint") from None
+        if e.too_large:
+            raise ChicCheckpointError(f"{path}: larger than {MAX_CHECKPOINT_BYTES} bytes, more than any Chic "
+                                      "checkpoint") from None
+        raise ChicCheckpointError(f"{path}: cannot read checkpoint ({e.reason})") from None
+    except NpzError as e:
+        raise ChicCheckpointError(f"{path}: not a Chic checkpoint (unreadable: {e})") from None
+    try:
+        fmt = z.text("format", 1024) if "format" in z.names else None
+        version = z.integer("version") if "version" in z.names else None
+    except NpzError as e:
+        raise ChicCheckpointError(f"{path}: not a Chic checkpoint ({e})") from None
+    if fmt != FORMAT:
         raise ChicCheckpointError(f"{path}: not a Chic checkpoint (format is not {FORMAT!r})")
-    if "version" not in doc or int(doc["version"]) != VERSION:
-        raise ChicCheckpointError(f"{path}: Chic checkpoint version {doc.get('version')} not supported "
+    if version != VERSION:
+        raise ChicCheckpointError(f"{path}: Chic checkpoint version {version} not supported "
                                   f"(this dl2d reads {VERSION})")
     try:
-        cfg = ChicConfig.from_dict(json.loads(str(doc["config"])))
-        meta = json.loads(str(doc.get("meta", "{}")))
-    except (KeyError, TypeError, ValueError) as e:
+        cfg = ChicConfig.from_dict(json.loads(z.text("config", MAX_CONFIG_BYTES)))
+        meta = json.loads(z.text("meta", MAX_META_BYTES)) if "meta" in z.names else {}
+    except (NpzError, TypeError, ValueError, RecursionError) as e:
         raise ChicCheckpointError(f"{path}: bad Chic config: {e}") from None
-    template = init_params(cfg)
-    params = {}
-    for k, v in template.items():
-        if f"param/{k}" not in doc:
-            raise ChicCheckpointError(f"{path}: parameter {k} missing")
-        a = doc[f"param/{k}"]
-        if a.shape != v.shape:
-            raise ChicCheckpointError(f"{path}: parameter {k} has shape {a.shape}, the config needs {v.shape}")
-        params[k] = a.astype(float)
-    extra = sorted(k for k in doc if k.startswith("param/") and k[6:] not in template)
+    problem = network_problem(cfg)
+    if problem:
+        raise ChicCheckpointError(f"{path}: bad Chic config: {problem}")
+    shapes = param_shapes(cfg)
+    names = {f"param/{k}": k for k in shapes}
+    extra = sorted(n for n in z.names if n.startswith("param/") and n not in names)
     if extra:
         raise ChicCheckpointError(f"{path}: unexpected parameters {extra}")
+    for name, k in names.items():  # every parameter's declared size, from the directory, before any is read
+        if name not in z.names:
+            raise ChicCheckpointError(f"{path}: parameter {k} missing")
+        if z.declared_size(name) > _param_bytes(shapes[k]):
+            raise ChicCheckpointError(f"{path}: parameter {k} declares {z.declared_size(name)} bytes, its shape "
+                                      f"{shapes[k]} needs at most {_param_bytes(shapes[k])}")
+    params = {}
+    for name, k in names.items():
+        try:
+            params[k] = z.array(name, _param_bytes(shapes[k]), shapes[k], "f").astype(float)
+        except NpzError as e:
+            raise ChicCheckpointError(f"{path}: {e}") from None
     return cfg, params, meta
+
+
+def _param_bytes(shape) -> int:
+    """The most an .npy member of ``shape`` may take: float64 data and a header."""
+    return 8 * math.prod(shape) + 4096
 
 
 def load_scheduler(path: str | Path, name: str | None = None) -> ChicScheduler:

@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
+from dl2d.core.files import InputFileError, NpzArchive, NpzError, read_bounded
 from dl2d.policy.heuristics import AllocationBuilder
 from dl2d.policy.registry import IgnoresFeedback
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH
@@ -43,6 +44,11 @@ from dl2d.workload.jobtypes import BATCHES_PER_EPOCH
 FORMAT = 1
 #: the DL2 world's table learned on `testbed` (bench/bench_learned_speeds.py makes it; docs/BENCHMARKS.md)
 SHIPPED = Path(__file__).parent / "pretrained" / "speeds-dl2.npz"
+#: A table file's bounds, checked before any of it is decompressed: a table of at most MAX_CELLS float64 cells
+#: (the shipped one has 8 x 17 x 17 = 2 312; 65 PS and workers for 64 types are 270 400), its meta JSON text.
+MAX_CELLS = 1_000_000
+MAX_META_BYTES = 1024 * 1024
+MAX_FILE_BYTES = 2 * (8 * MAX_CELLS + 4096) + MAX_META_BYTES
 
 
 class Observations(NamedTuple):
@@ -183,17 +189,25 @@ def save(path, table: np.ndarray, counts: np.ndarray, meta: dict) -> None:
 
 def load(path=SHIPPED) -> tuple[np.ndarray, np.ndarray, dict]:
     """(table, counts, meta) of a file :func:`save` wrote; a file of another format, or whose table does not
-    match its digest, is refused (ValueError naming the file)."""
+    match its digest, is refused (ValueError naming the file). The file is untrusted input: read bounded
+    (dl2d.core.files.read_bounded), each member's declared size and .npy header checked before it is
+    decompressed (the table at most MAX_CELLS cells of [types, n, n], the counts of the table's shape), the
+    table finite."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            table, counts, meta = f["table"], f["counts"], json.loads(str(f["meta"]))
-    except (OSError, KeyError, ValueError) as e:
+        z = NpzArchive(read_bounded(path, MAX_FILE_BYTES))
+        meta = json.loads(z.text("meta", MAX_META_BYTES))
+        table = z.array("table", 8 * MAX_CELLS + 4096)
+        counts = z.array("counts", 8 * table.size + 4096, table.shape, "iu")
+    except (InputFileError, NpzError) as e:
         raise ValueError(f"{path}: not a learned speed table ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {meta.get('format')!r}, this dl2d reads {FORMAT}")
+    except (ValueError, RecursionError) as e:  # the meta's JSON
+        raise ValueError(f"{path}: not a learned speed table (meta: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {meta.get('format') if isinstance(meta, dict) else None!r}, this dl2d "
+                         f"reads {FORMAT}")
     if meta.get("sha256") != digest(table):
         raise ValueError(f"{path}: the table does not match its recorded digest (damaged or edited)")
-    if table.ndim != 3 or table.shape[1] != table.shape[2] or counts.shape != table.shape:
+    if table.ndim != 3 or table.shape[1] != table.shape[2]:
         raise ValueError(f"{path}: table of shape {table.shape} and counts {counts.shape}: want [types, n, n] both")
     return table.astype(float), counts, meta
 

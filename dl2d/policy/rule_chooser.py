@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
+from dl2d.core.files import InputFileError, read_bounded
 from dl2d.policy.elastic import efficient_sizes, elastic_srtf, node_workers, size_curves
 from dl2d.policy.heuristics import remaining_time_estimate
 from dl2d.policy.registry import IgnoresFeedback, PolicyEntry, PolicyOptions, register
@@ -74,6 +75,10 @@ def state_features(view: SlotView) -> np.ndarray:
         float(np.mean(np.log2(asked))), float(np.mean(eff6 > node)), float(np.mean(np.log2(eff6))),
         float(np.mean(np.log2(eff8))), np.log1p(float(np.sum(eff6)) / gpus),
         float(np.sum(spread & running)) / max(int(np.sum(running)), 1), np.log1p(recent / gpus)])
+
+
+#: A chooser file is a few kilobytes (the shipped one 3 KB); a megabyte is not one.
+MAX_FILE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -130,10 +135,15 @@ class Chooser:
 
     @classmethod
     def load(cls, path) -> "Chooser":
+        """The chooser of a file :meth:`save` wrote, read bounded (MAX_FILE_BYTES, a regular file); ValueError
+        naming the file and what is wrong."""
         try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read rule chooser {path}: {e}") from None
+            d = json.loads(read_bounded(path, MAX_FILE_BYTES).decode("utf-8"))
+        except InputFileError as e:
+            raise ValueError(f"cannot read rule chooser {path}: {e.reason}") from None
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep, a 5000-digit integer
+            raise ValueError(f"cannot read rule chooser {path}: {str(e).splitlines()[0] if str(e) else e!r}") \
+                from None
         try:
             return cls.from_dict(d)
         except (KeyError, TypeError, ValueError) as e:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dl2d.core.files import InputFileError, read_bounded
 from dl2d.workload.catalog import IS_ALLREDUCE, MODEL_NAMES, UNSEEN, model_index
 from dl2d.workload.jobtypes import JOB_TYPES, MAX_EPOCHS, TYPE_NAMES, type_index
 
@@ -416,22 +417,15 @@ def save(trace: Trace, path: str | Path) -> None:
 
 
 def _read_text(path: Path) -> str:
-    """The file's text, read no further than MAX_TRACE_BYTES (a device or a growing file cannot make it more),
-    in chunks: a small file costs no buffer of the bound's size."""
-    chunks: list[bytes] = []
-    size = 0
+    """The file's text, read no further than MAX_TRACE_BYTES (dl2d.core.files.read_bounded: a regular file
+    only, so a FIFO cannot hang the read nor a device feed it forever)."""
     try:
-        with path.open("rb") as f:
-            while size <= MAX_TRACE_BYTES and (chunk := f.read(min(2 ** 20, MAX_TRACE_BYTES + 1 - size))):
-                chunks.append(chunk)
-                size += len(chunk)
-        raw = b"".join(chunks)
-        del chunks
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read trace ({e.strerror})") from None
-    if len(raw) > MAX_TRACE_BYTES:
-        raise TraceError(f"{path}: larger than {MAX_TRACE_BYTES} bytes ({MAX_TRACE_BYTES // 2 ** 20} MiB), the most "
-                         "a trace file may have")
+        raw = read_bounded(path, MAX_TRACE_BYTES)
+    except InputFileError as e:
+        if e.too_large:
+            raise TraceError(f"{path}: larger than {MAX_TRACE_BYTES} bytes ({MAX_TRACE_BYTES // 2 ** 20} MiB), the "
+                             "most a trace file may have") from None
+        raise TraceError(f"{path}: cannot read trace ({e.reason})") from None
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -25,6 +25,8 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.optimize import nnls
 
+from dl2d.core.files import InputFileError, read_bounded
+
 #: Weight of the prior in a fit, in samples (spread over every size): one observed slot counts as much.
 PRIOR_WEIGHT = 1.0
 SPEED_MODEL_FORMAT = "dl2d-speed-model"
@@ -248,12 +250,16 @@ def parse_speed_model(text: str, source: str = "speed model") -> dict[str, Class
 
 
 def load_speed_model(path: str | Path) -> dict[str, ClassSpeed]:
-    """:func:`parse_speed_model` of a file; SpeedModelError for one that cannot be read."""
+    """:func:`parse_speed_model` of a file; SpeedModelError for one that cannot be read, is no regular file (a
+    FIFO would hang the read, /dev/zero never ends and says it is empty) or is larger than MAX_FILE_BYTES
+    (dl2d.core.files.read_bounded)."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise SpeedModelError(f"{p}: larger than {MAX_FILE_BYTES} bytes")
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpeedModelError(f"{p}: cannot read it ({e})") from None
+        text = read_bounded(p, MAX_FILE_BYTES).decode("utf-8")
+    except InputFileError as e:
+        if e.too_large:
+            raise SpeedModelError(f"{p}: larger than {MAX_FILE_BYTES} bytes") from None
+        raise SpeedModelError(f"{p}: cannot read it ({e.reason})") from None
+    except UnicodeDecodeError as e:
+        raise SpeedModelError(f"{p}: cannot read it (not UTF-8 text: byte {e.start})") from None
     return parse_speed_model(text, str(p))

@@ -55,19 +55,52 @@ _value = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floa
                       max_leaves=25)
 
 
+#: What parsing and validating one fuzzed spec may trace (tracemalloc's peak): the inputs are at most 300
+#: characters and 25 leaves; a parser or a check that built something from a value's size (a 10**400 integer,
+#: a long string repeated) would pass it by orders of magnitude.
+FUZZ_TRACED_BYTES = 1024 * 1024
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(max_size=300), fmt=st.sampled_from(["json", "toml", None]),
        data=st.dictionaries(st.sampled_from(["name", "owner", "job_type", "total_epochs", "command", "worker", "ps",
-                                             "max_workers", "max_ps", "sync", "time_limit_min", "bogus"]), _value))
-def test_fuzzed_specs_end_in_a_clean_error_or_a_valid_submission(text, fmt, data):
+                                             "max_workers", "max_ps", "sync", "time_limit_min", "bogus"]), _value),
+       over_valid=st.booleans())
+def test_fuzzed_specs_end_in_a_clean_error_or_a_valid_submission(text, fmt, data, over_valid):
+    """Random text through the spec parser, and random dicts (alone, or laid over a valid submission, so that
+    some stay valid) through validation: each ends in a valid result (a table; a JobSubmission of the values
+    given) or the component's error of one line naming what is wrong (SpecError naming the source;
+    SubmissionError listing every problem), never another exception, within FUZZ_TRACED_BYTES. The outcomes
+    are hypothesis events (pytest --hypothesis-show-statistics; figures in docs/security.md)."""
+    import tracemalloc
+
+    from hypothesis import event
+
+    from dl2d.db.jobs import JobSubmission
+
+    if over_valid:
+        data = submission(**data)
+    tracemalloc.start()
     try:
-        parse_spec_text(text, fmt, "fuzz")
-    except SpecError:
-        pass
-    try:
-        validate_submission(data)
-    except SubmissionError:
-        pass
+        try:
+            parsed = parse_spec_text(text, fmt, "fuzz")
+            assert isinstance(parsed, dict)
+            event("text: parsed")
+        except SpecError as e:
+            assert str(e).startswith("fuzz: ") and "\n" not in str(e), str(e)
+            event("text: rejected")
+        try:
+            sub = validate_submission(data)
+            assert isinstance(sub, JobSubmission) and sub.name == data["name"] and sub.owner == data["owner"]
+            event("dict: valid")
+        except SubmissionError as e:
+            assert e.errors and all(m and "\n" not in m for m in e.errors), e.errors
+            assert str(e).startswith("invalid job submission: ") and "\n" not in str(e)
+            event("dict: rejected")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < FUZZ_TRACED_BYTES, peak
 
 
 # ---------------------------------------------------------------- cluster size and `dl2ctl train --out` (item 6)

@@ -103,12 +103,15 @@ def test_files_over_the_size_bound_are_refused_without_reading_them_whole(tmp_pa
     assert peak < 3 * T.MAX_TRACE_BYTES
 
 
-def test_a_device_posing_as_a_trace_is_read_only_up_to_the_bound(tmp_path):
+def test_a_device_or_a_fifo_posing_as_a_trace_is_refused_unread(tmp_path):
+    """/dev/zero never ends (and says it is empty), a FIFO blocks its reader: neither is read at all."""
     if not Path("/dev/zero").exists():
         pytest.skip("no /dev/zero")
     link = tmp_path / "zero.csv"
     os.symlink("/dev/zero", link)
-    assert "larger than" in load_error(link)
+    assert "cannot read trace (it is a character device, not a regular file)" in load_error(link)
+    os.mkfifo(tmp_path / "fifo.json")
+    assert "cannot read trace (it is a named pipe (FIFO), not a regular file)" in load_error(tmp_path / "fifo.json")
 
 
 @pytest.mark.parametrize("text, message", [
