@@ -77,6 +77,7 @@ class JobStatus:
     message: str = ""
     finished_at: datetime | None = None  # when it finished or failed, if the backend knows (else: observed)
     lost_epochs: float = 0.0  # cumulative: trained, then redone after a restart that found no checkpoint of it
+    started_at: datetime | None = None  # when its current run began, if the backend knows (Slurm's StartTime)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ class ApplyResult:
     job_id: int
     method: str  # HOT | RESTART | SHRINK | START | STOP | NOOP
     backend_ref: str = ""
+    #: the job runs at its target now; False: the backend (Slurm) still has to start it (it may hold it pending),
+    #: so the daemon records it pending until the backend reports it running
+    running: bool = True
+    #: the size the job has after the apply when it is not the target's (the backend kept it as it was); None:
+    #: the target's
+    held: tuple[int, int] | None = None
 
 
 class ClusterBackend(Protocol):

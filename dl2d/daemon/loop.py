@@ -41,6 +41,8 @@ from dl2d.daemon.agent_rounds import poll_round
 from dl2d.daemon.backend import (
     FAILED,
     FINISHED,
+    PENDING,
+    RUNNING,
     BackendError,
     ClusterBackend,
     JobRequest,
@@ -188,8 +190,12 @@ class SlotLoop:
                 db_events.record_event(s, EventKind.FAIL, job, {"message": st.message}, ts=job.finished_at)
                 log.warning("job %d (%s) failed: %s", job.id, job.name, st.message)
             else:
+                # its size is what the backend holds for it (pending in Slurm: what Slurm will start it at); its
+                # state and first start are the backend's: a job Slurm holds pending is pending, with its reason
                 job.workers, job.ps = int(st.workers), int(st.ps)
-                job.state = JobState.RUNNING if st.workers > 0 else JobState.PENDING
+                job.state = JobState.RUNNING if st.state == RUNNING and st.workers > 0 else JobState.PENDING
+                if job.state == JobState.RUNNING and job.started_at is None:
+                    job.started_at = st.started_at or now
         # jobs the backend still runs that the DB says are over (cancelled) or never had: stop them
         for job_id, st in statuses.items():
             if job_id in jobs or st.state in (FINISHED, FAILED):
@@ -302,14 +308,14 @@ class SlotLoop:
                     kind = EventKind.START if job.started_at is None and target.workers > 0 else EventKind.RESIZE
                     events.append((kind, job.id, {"workers": target.workers, "ps": target.ps,
                                                   "method": "applied_before_crash", "replayed": True}, now))
-                job.workers, job.ps = target.workers, target.ps
+                job.workers, job.ps = res.held or (target.workers, target.ps)
                 if res.backend_ref:
                     job.slurm_job_id = res.backend_ref
-                if target.workers > 0:
+                if target.workers > 0 and res.running:
                     job.state = JobState.RUNNING
                     if job.started_at is None:
                         job.started_at = now
-                elif not JobState(job.state).terminal:
+                elif not JobState(job.state).terminal:  # pending until the backend (Slurm) reports it running
                     job.state = JobState.PENDING
                 if res.method in METHOD_EVENT:
                     events.append((METHOD_EVENT[res.method], job.id,
@@ -372,10 +378,15 @@ class SlotLoop:
             if self.feeder is not None:
                 self.feeder(s, number, now)
             self._cancel_intents(s)
-            self.reconcile(s, self.backend.observe(), now)
+            statuses = self.backend.observe()
+            self.reconcile(s, statuses, now)
             rows = self._job_rows(s)
         hist = {r.id: self._job_hist[r.id] for r in rows if r.id in self._job_hist}
         flags = JS.job_flags(hist)
+        for r in rows:  # sized by dl2d, held pending by the backend: its reason is the backend's (Slurm's)
+            st = statuses.get(r.id)
+            if st is not None and st.state == PENDING and st.workers > 0 and st.message:
+                flags.setdefault(r.id, []).append(f"pending: {st.message}")
         view = P.build_view(number, rows, nodes, slot_seconds=self.slot_seconds,
                             speed_factor=JS.speed_factor_estimate(hist),
                             shared_gpu={j: "shared_gpu" in f for j, f in flags.items()},
@@ -414,7 +425,8 @@ class SlotLoop:
                 state_digest=state_digest(P.view_digest_input(view)),
                 actions=[[r.id, *sizes[r.id]] for r in rows], source=g.source, fallback_reason=g.reason,
                 policy_version=version, latency_ms=decide_ms,
-                job_flags={str(j): f for j, f in flags.items()} or None, advice=advice)
+                job_flags={str(j): f for j, f in flags.items()} or None, advice=advice,
+                policy=getattr(self.policy, "name", None))
             slot = db_slots.record_slot(s, number, now, allocs, decision, policy_version=version)
             slot_id = slot.id
             intent_ids = [it.id for it in db_intents.plan_intents(

@@ -26,7 +26,7 @@ from dl2d.daemon.slurm.planning import status_from
 from dl2d.daemon.slurm.settings import SlurmBackendConfig
 from dl2d.db.engine import make_engine, session_scope, upgrade
 from dl2d.db.jobs import submit_job
-from dl2d.db.models import Event, EventKind, Job, JobState
+from dl2d.db.models import Event, EventKind, Job, JobState, utcnow
 from dl2d.policy.registry import make_heuristic
 from dl2d.slurm.backoff import BackoffPolicy
 from dl2d.slurm.driver import SlurmJob
@@ -96,7 +96,11 @@ def test_a_nan_epoch_fails_that_job_alone_and_the_slot_goes_on(tmp_path):
     fake.run()
     write_progress(b, bad, '{"status": "running", "epoch": NaN}')
     write_progress(b, good, json.dumps({"status": "running", "epoch": 1.5}))
-    assert loop.run(max_slots=3) == 3
+    for _ in range(3):
+        assert loop.run(max_slots=1) == 1
+        fake.run()  # Slurm starts what the slot submitted
+    with session_scope(engine) as s:
+        loop.reconcile(s, b.observe(), utcnow())
     with session_scope(engine) as s:
         jobs = {j.id: j for j in s.scalars(select(Job))}
         assert jobs[bad].state == JobState.FAILED and jobs[good].state == JobState.RUNNING
@@ -155,6 +159,24 @@ def test_a_planted_link_fails_the_job_at_once_instead_of_every_slot(tmp_path):
     assert [c[0] for c in fake.calls].count("submit") == 1
 
 
+def test_a_progress_file_that_is_a_link_or_a_fifo_fails_the_job_once(tmp_path, caplog):
+    fake = InMemorySlurm()
+    b = backend(tmp_path, fake)
+    for job_id in (1, 2):
+        b.apply(JobRequest(job_id, "resnet-50", 5, {"command": "true", **DEMANDS}), Target(1, 1))
+    fake.run()
+    (b.job_dir(1) / "job" / "progress.json").symlink_to("/etc/shadow")
+    os.mkfifo(b.job_dir(2) / "job" / "progress.json")
+    with caplog.at_level("ERROR"):
+        first = b.observe()
+        again = b.observe()
+    assert first[1].message == ("its progress file is refused: job/progress.json (or a directory on its way) is a "
+                                "symbolic link or not a directory")
+    assert first[2].message == "its progress file is refused: job/progress.json is not a regular file"
+    assert all(again[j].state == FAILED for j in (1, 2))
+    assert sum("failed: its progress file is refused" in r.getMessage() for r in caplog.records) == 2  # once each
+
+
 # ------------------------------------------------------------------------------------------------ fuzz
 
 JSON_LEAVES = (st.none() | st.booleans() | st.integers(min_value=-(2 ** 80), max_value=2 ** 80)
@@ -195,8 +217,12 @@ def test_fuzz_every_progress_report_is_refused_or_a_sound_status(doc, slurm, mti
         assert T <= status.finished_at.timestamp() <= T + 120
 
 
+ADDRESSES = st.fixed_dictionaries({"address": st.from_regex(r"\[?[a-z0-9.:-]{1,30}\]?:[0-9]{1,6}", fullmatch=True)
+                                               | st.text(max_size=40)})
+
+
 @settings(max_examples=300, deadline=None)
-@given(doc=DOCS)
+@given(doc=DOCS | ADDRESSES)
 def test_fuzz_every_coordinator_file_is_refused_or_an_address(doc):
     try:
         got = checked_coordinator(_json_object(_wire(doc)))

@@ -20,6 +20,7 @@ from dl2d.daemon.slurm.jobdir import (
     read_job_file,
     target_env,
 )
+from dl2d.daemon.slurm.jobreport import JobReportError
 
 
 def test_batch_script_exports_paths_and_reads_the_target_each_start(tmp_path):
@@ -156,8 +157,9 @@ def test_prepare_gives_the_job_its_own_directory_and_nothing_else(tmp_path):
     jd.prepare(nobody.pw_uid, nobody.pw_gid)
     assert os.stat(victim).st_uid == 0 and os.lstat(jd.owned_dir / "progress.json").st_uid == 0
     assert os.stat(jd.owned_dir / "new.secret").st_uid == nobody.pw_uid
-    # ... and the daemon does not read through the link
-    assert jd.progress() is None and jd.progress_mtime() is None
+    # ... and the daemon does not read through the link: it refuses the file, naming it (the job fails with it)
+    with pytest.raises(JobReportError, match="progress.json .*is a symbolic link"):
+        jd.progress()
     # without a user (run_jobs_as = "daemon") the job's directory stays the daemon's
     other = JobDir(tmp_path / "jobs" / "8")
     other.prepare()
@@ -169,13 +171,16 @@ def test_the_daemon_reads_what_a_job_wrote_only_as_a_bounded_regular_file(tmp_pa
     jd.prepare()
     jd.progress_file.write_text('{"epoch": 2}')
     os.utime(jd.progress_file, (1000.0, 1000.0))
-    assert jd.progress() == {"epoch": 2} and jd.progress_mtime() == 1000.0
+    assert jd.progress_and_mtime() == ({"epoch": 2}, 1000.0)
     assert read_job_file(jd.path, "job", "progress.json") == (b'{"epoch": 2}', 1000.0)
     jd.progress_file.write_text(" " * (MAX_JOB_FILE_BYTES + 1))  # larger than any progress file
-    assert jd.progress() is None and read_job_file(jd.path, "job", "progress.json") is None
+    with pytest.raises(JobReportError, match="more than the 1048576 a job's file may have"):
+        read_job_file(jd.path, "job", "progress.json")
     jd.progress_file.unlink()
-    os.mkfifo(jd.progress_file)  # a FIFO nobody writes: not read, not waited on
-    assert jd.progress() is None
+    assert jd.progress_and_mtime() == (None, None)  # none (yet): nothing to refuse
+    os.mkfifo(jd.progress_file)  # a FIFO nobody writes: not read, not waited on, refused
+    with pytest.raises(JobReportError, match="progress.json is not a regular file"):
+        jd.progress()
     jd.progress_file.unlink()
     jd.progress_file.write_bytes(b"\xff\xfe")  # not text: nothing
     assert jd.progress() is None
@@ -185,4 +190,5 @@ def test_the_daemon_reads_what_a_job_wrote_only_as_a_bounded_regular_file(tmp_pa
     (elsewhere / "coordinator.json").write_text('{"address": "evil:1"}')
     jd.checkpoint_dir.rmdir()
     jd.checkpoint_dir.symlink_to(elsewhere)
-    assert jd.coordinator() == (None, None)
+    with pytest.raises(JobReportError, match="checkpoint/coordinator.json .*symbolic link"):
+        jd.coordinator()

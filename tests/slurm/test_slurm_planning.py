@@ -88,7 +88,8 @@ COLD2 = replace(RUN2, elastic=True, hot_scaling=False)  # elastic, but its runti
     (RUN2, Target(2, 1), None, SHRINK),
     (HOT2, Target(2, 1), None, SHRINK),
     (COLD2, Target(2, 1), None, RESTART),  # scaled down hot before nodes go: not possible now
-    (RUN2, Target(3, 2), None, NOOP),  # its nodes host it; not elastic: it keeps its allocation
+    (RUN2, Target(3, 2), None, RESTART),  # its nodes host it, but not elastic: only a relaunch reaches it
+    (RUN2, Target(4, 0), None, NOOP),  # not elastic, a PS fewer: it keeps its size (not reached, not recorded)
     (HOT2, Target(3, 2), None, HOT),
     (HOT2, Target(4, 3), None, HOT),  # more PS on the held nodes
     (HOT2, Target(6, 1), None, RESTART),  # 3 workers per node: more GPUs per node than held
@@ -98,6 +99,12 @@ COLD2 = replace(RUN2, elastic=True, hot_scaling=False)  # elastic, but its runti
 ])
 def test_plan_apply(cur, target, needed, expected):
     assert plan(cur, target, needed).method == expected
+
+
+def test_a_job_that_is_not_elastic_keeps_its_size_when_it_would_only_lose_servers():
+    assert plan(RUN2, Target(4, 0)) == Plan(NOOP, reached=False)
+    assert plan(RUN2, Target(4, 1)) == Plan(NOOP)  # its size: reached
+    assert plan(HOT2, Target(4, 2)).method == HOT  # an elastic job's runtime drops the server
 
 
 def test_a_grow_the_held_nodes_host_stays_hot():
@@ -112,8 +119,9 @@ def test_a_grow_restarts_when_the_runtime_cannot_scale_hot():
     for cur in (replace(COLD2, applied=(2, 1)),  # elastic, but not now (starting, busy, or an old coordinator)
                 replace(HOT2, applied=(2, 0))):  # the elastic runtime needs >= 1 PS on both sides
         assert plan(cur, Target(4, 2)) == Plan(RESTART, SlurmAllocation(1, 4, 6))
-    # A job that is not elastic keeps its allocation (it may re-read $DL2D_TARGET_FILE).
-    assert plan(replace(RUN2, applied=(2, 1)), Target(4, 2)) == Plan(NOOP)
+    # A job that is not elastic is relaunched at the new size: recording a size its processes never took, on
+    # an allocation Slurm keeps, would count GPUs free that Slurm holds.
+    assert plan(replace(RUN2, applied=(2, 1)), Target(4, 2)) == Plan(RESTART, SlurmAllocation(1, 4, 6))
 
 
 def test_a_grow_beyond_the_held_nodes_restarts_even_when_the_runtime_could_scale_hot():
@@ -255,8 +263,8 @@ def test_a_job_of_one_process_per_worker_changes_size_only_by_restart():
     assert plan(fixed, Target(8, 0)) == Plan(NOOP)
     assert plan(fixed, Target(4, 0)) == Plan(RESTART, SlurmAllocation(1, 4, 4))  # SHRINK when not fixed
     assert plan(replace(fixed, fixed_size=False), Target(4, 0)).method == SHRINK
-    assert plan(fixed, Target(7, 0)).method == RESTART  # its nodes host 7: NOOP when not fixed
-    assert plan(replace(fixed, fixed_size=False), Target(7, 0)).method == NOOP
+    assert plan(fixed, Target(7, 0)).method == RESTART  # its nodes host 7, but its processes are 8
+    assert plan(replace(fixed, fixed_size=False), Target(7, 0)).method == RESTART  # nor is a job that is not elastic
     assert plan(fixed, Target(12, 0)) == Plan(RESTART, SlurmAllocation(3, 4, 4))
     assert plan(fixed, Target(0, 0)).method == STOP
 

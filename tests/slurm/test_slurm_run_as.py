@@ -21,7 +21,7 @@ from dl2d.daemon.slurm.backend import SlurmBackend, backend_from_section, closed
 from dl2d.daemon.slurm.settings import SlurmBackendConfig, SlurmSection, run_jobs_as_problem, settings_from_section
 from dl2d.db.engine import make_engine, session_scope, upgrade
 from dl2d.db.jobs import submit_job
-from dl2d.db.models import Event, EventKind, Job, JobState
+from dl2d.db.models import Event, EventKind, Job, JobState, utcnow
 from dl2d.policy.registry import make_heuristic
 from dl2d.slurm.backoff import BackoffPolicy
 from dl2d.slurm.memory import InMemorySlurm
@@ -93,6 +93,9 @@ def test_an_owner_without_an_account_fails_the_job_and_the_daemon_goes_on(tmp_pa
         loop.run(max_slots=1)
     fake.run()
     loop.run(max_slots=1)
+    fake.run()  # Slurm starts what the slot submitted (a job is running once Slurm says so)
+    with session_scope(engine) as s:
+        loop.reconcile(s, b.observe(), utcnow())
     with session_scope(engine) as s:
         ghost, real = s.get(Job, ids[0]), s.get(Job, ids[1])
         assert ghost.state == JobState.FAILED and real.state == JobState.RUNNING

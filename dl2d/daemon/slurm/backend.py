@@ -161,13 +161,17 @@ class SlurmBackend:
 
     def _progress(self, job_id: int) -> dict[str, Any] | None:
         """The job's last progress report, checked (JobReportError names what is refused)."""
-        return checked_progress(self._dir(job_id).progress())
+        return self._progress_and_mtime(job_id)[0]
+
+    def _progress_and_mtime(self, job_id: int) -> tuple[dict[str, Any] | None, float | None]:
+        doc, mtime = self._dir(job_id).progress_and_mtime()
+        return checked_progress(doc), mtime
 
     def _coordinator(self, job_id: int) -> tuple[dict[str, Any] | None, float | None]:
         """An elastic job's published coordinator, checked; (None, None) when it has none or it is refused (a
         refused one is logged once; the job is then resized by relaunch, never hot)."""
-        doc, written = self._dir(job_id).coordinator()
         try:
+            doc, written = self._dir(job_id).coordinator()
             return checked_coordinator(doc), written
         except JobReportError as e:
             if job_id not in self._refused_coordinators:
@@ -286,18 +290,19 @@ class SlurmBackend:
         if live is not None and str(record.get("slurm_job_id")) != live.job_id:
             record = self._adopt(job_id, record, live)
         ended = bool(record.get("final") or record.get("cancelled"))
+        now = time.time()
         try:
-            progress, now = self._progress(job_id), time.time()
+            progress, mtime = self._progress_and_mtime(job_id)
         except JobReportError:
             if not ended:
                 raise
-            progress, now = None, time.time()  # refused once already: the job is over, its file no longer matters
+            progress, mtime = None, None  # refused once already: the job is over, its file no longer matters
         if live is not None and ended:
             # dl2d ended it (failed, finished, cancelled): Slurm must hold nothing of it (retried every slot)
             self._cancel_quietly(job_id, live)
         elif live is not None and progress_state(progress) == "done":
             record = self._ended_when_done(job_id, record, live, now)
-        status = status_from(job_id, record, live or latest, progress, self._dir(job_id).progress_mtime(), now)
+        status = status_from(job_id, record, live or latest, progress, mtime, now)
         # Remember how and when a job ended: Slurm forgets finished jobs after MinJobAge.
         if status.state in (FINISHED, FAILED) and not record.get("final") and not record.get("cancelled"):
             ended = status.finished_at.timestamp() if status.finished_at else None
@@ -391,11 +396,13 @@ class SlurmBackend:
         record = {**record, "job_id": job.job_id, "elastic": elastic,
                   "target": {"workers": target.workers, "ps": target.ps}}
         if method == NOOP:
-            if needed is not None and live is not None:
+            if needed is not None and live is not None and plan.reached:
                 self._write_target(job.job_id, target)
                 record["applied"] = record["target"]
             self._save(job.job_id, record)
-            return ApplyResult(job.job_id, NOOP, str(record.get("slurm_job_id") or ""))
+            held = None if plan.reached else cur.applied
+            return ApplyResult(job.job_id, NOOP, str(record.get("slurm_job_id") or ""),
+                               running=live is not None and live.state == "RUNNING", held=held)
         assert live is not None or method == START
         if method == STOP:
             self._save(job.job_id, record)
@@ -458,9 +465,9 @@ class SlurmBackend:
             record["applied"] = record["target"]
             record["allocation"] = allocation_record(needed)
             self._save(job.job_id, record)
-            return ApplyResult(job.job_id, RESTART, live.job_id)
+            return ApplyResult(job.job_id, RESTART, live.job_id, running=False)
         result = self._submit(job, record, target, needed)
-        return ApplyResult(job.job_id, RESTART, result.backend_ref)
+        return ApplyResult(job.job_id, RESTART, result.backend_ref, running=False)
 
     def cancel(self, job_id: int) -> None:
         record = self._record(job_id)
@@ -611,7 +618,7 @@ class SlurmBackend:
                       allocation=allocation_record(needed),
                       nodelist=list(js.nodelist))
         self._save(job.job_id, record)
-        return ApplyResult(job.job_id, START, slurm_id)
+        return ApplyResult(job.job_id, START, slurm_id, running=False)  # Slurm starts it when it can
 
     def _job_user(self, job: JobRequest, record: dict[str, Any]) -> UnixUser | None:
         """The account the job runs as: its owner's (``run_jobs_as = "owner"``), or None for the daemon's own.

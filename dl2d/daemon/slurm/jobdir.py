@@ -24,7 +24,8 @@ The job's, ``jobs/<id>/job/`` (``$DL2D_JOB_DIR``, :attr:`JobDir.owned_dir`; owne
 * ``slurm-<slurm id>.out`` — the batch job's output.
 
 The daemon (root) reads the job's files without following a symbolic link and only up to
-:data:`MAX_JOB_FILE_BYTES` (:func:`read_job_file`): the job decides what they are.
+:data:`MAX_JOB_FILE_BYTES` (:func:`read_job_file`): the job decides what they are, and one that is a link, no
+regular file or too large fails the job with the reason.
 
 The directory must be on a file system the compute nodes share. :func:`batch_script` and
 :func:`target_env` are pure; :class:`JobDir` reads and writes the files.
@@ -32,6 +33,7 @@ The directory must be on a file system the compute nodes share. :func:`batch_scr
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -41,6 +43,7 @@ from typing import Any, Iterable, Mapping
 
 from dl2d.core.files import atomic_open, ensure_secret_file, read_secret_file, write_atomic
 from dl2d.daemon.backend import Target
+from dl2d.daemon.slurm.jobreport import JobReportError
 
 #: The subdirectory of a job's directory that the job (its owner) owns: ``$DL2D_JOB_DIR``.
 OWNED_DIR = "job"
@@ -129,17 +132,21 @@ def read_json_file(path: Path) -> dict[str, Any] | None:
 def read_job_file(base: Path, *parts: str, max_bytes: int = MAX_JOB_FILE_BYTES) -> tuple[bytes, float] | None:
     """(content, modification time) of the file ``base/parts...`` that a job wrote: each part opened in the one
     before without following a symbolic link, the last one a regular file of at most ``max_bytes``. None when it
-    is missing, a link, not a regular file or larger: a job cannot make the daemon (root) read another file
-    through its own, nor hang it on a FIFO or a file that never ends."""
+    does not exist (yet); JobReportError, naming the file, when it is a link, not a regular file or larger: a job
+    cannot make the daemon (root) read another file through its own, nor hang it on a FIFO or a file that never
+    ends, and what it put there is its contract broken, said once (the job fails with it), not ignored."""
     fds: list[int] = []
+    name = "/".join(parts)
     try:
         fds.append(os.open(base, os.O_RDONLY | os.O_DIRECTORY))
         for part in parts[:-1]:
             fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
         fds.append(os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
         st = os.fstat(fds[-1])
-        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
-            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise JobReportError(f"{name} is not a regular file")
+        if st.st_size > max_bytes:
+            raise JobReportError(f"{name} has {st.st_size} bytes, more than the {max_bytes} a job's file may have")
         chunks, size = [], 0
         while size <= max_bytes:
             chunk = os.read(fds[-1], max_bytes + 1 - size)
@@ -147,9 +154,13 @@ def read_job_file(base: Path, *parts: str, max_bytes: int = MAX_JOB_FILE_BYTES) 
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return (None if size > max_bytes else (b"".join(chunks), st.st_mtime))
-    except OSError:
-        return None
+        if size > max_bytes:
+            raise JobReportError(f"{name} grew past the {max_bytes} bytes a job's file may have")
+        return b"".join(chunks), st.st_mtime
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a link where a file or directory was to be
+            raise JobReportError(f"{name} (or a directory on its way) is a symbolic link or not a directory") from None
+        return None  # not there (yet), or unreadable for now
     finally:
         for fd in fds:
             os.close(fd)
@@ -299,14 +310,15 @@ class JobDir:
         return read_secret_file(self.secret_file, what="job secret file", owners=(), follow_symlinks=False)
 
     def progress(self) -> dict[str, Any] | None:
-        """What the job last wrote to its progress file (None: nothing yet, or not a readable one)."""
-        got = read_job_file(self.path, OWNED_DIR, "progress.json")
-        return _json_object(got[0] if got else None)
+        """What the job last wrote to its progress file (None: nothing yet, or being rewritten); JobReportError
+        when it is a link, no regular file or too large (:func:`read_job_file`)."""
+        return self.progress_and_mtime()[0]
 
-    def progress_mtime(self) -> float | None:
-        """When the job last wrote its progress file (unix seconds); None when it has none."""
+    def progress_and_mtime(self) -> tuple[dict[str, Any] | None, float | None]:
+        """The progress report and when the job last wrote it (unix seconds), from one read; (None, None) when it
+        has none. JobReportError as :meth:`progress`."""
         got = read_job_file(self.path, OWNED_DIR, "progress.json")
-        return got[1] if got else None
+        return (_json_object(got[0]), got[1]) if got else (None, None)
 
     def coordinator(self) -> tuple[dict[str, Any] | None, float | None]:
         """An elastic runtime's published coordinator (``checkpoint/coordinator.json``: its address)

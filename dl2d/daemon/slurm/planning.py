@@ -140,6 +140,9 @@ class Plan:
 
     method: str
     allocation: SlurmAllocation | None = None
+    #: NOOP only: False when the job keeps the size it has instead of the target (a job that is not elastic
+    #: keeps its PS on the nodes it holds: the size it is recorded at is what Slurm holds for it)
+    reached: bool = True
 
 
 def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
@@ -162,10 +165,13 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
     * running, fewer of its nodes host the target (and no fewer than ``needed`` has, so a placed
       target keeps its spread): SHRINK (``scontrol update NumNodes``); an elastic job is scaled down
       hot first, so one whose runtime cannot be resized now is restarted instead;
-    * running, its nodes host the target: NOOP when (W, P) is what was applied or the job is not
-      elastic (it keeps its allocation); HOT when its runtime can be resized now
-      (``cur.hot_scaling``, and the elastic runtime needs >= 1 worker and >= 1 PS on both sides),
-      else RESTART.
+    * running, its nodes host the target: NOOP when (W, P) is what was applied. A job that is not elastic
+      took its size when its processes started, and Slurm takes nothing from a node in place: recording a
+      new size on the allocation it keeps would count resources free that Slurm holds. So it is RESTARTed
+      at the target when its workers change or it gains PS, and keeps its size (NOOP, ``reached=False``)
+      when it would only lose PS (a relaunch for a server's cores is not worth its restart). An elastic
+      job: HOT when its runtime can be resized now (``cur.hot_scaling``, and the elastic runtime needs
+      >= 1 worker and >= 1 PS on both sides), else RESTART.
     """
     want = (target.workers, target.ps)
     if want == (0, 0):
@@ -188,8 +194,12 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
         if cur.elastic and not hot:
             return Plan(RESTART, needed)
         return Plan(SHRINK, replace(cur.allocation, nodes=keep))
-    if want == cur.applied or not cur.elastic:
+    if want == cur.applied:
         return Plan(NOOP)
+    if not cur.elastic:
+        if target.workers == cur.applied[0] and target.ps < cur.applied[1]:
+            return Plan(NOOP, reached=False)
+        return Plan(RESTART, needed)
     return Plan(HOT) if hot else Plan(RESTART, needed)
 
 
@@ -258,7 +268,10 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
                              nodes=slurm.nodes, message=f"says done; its Slurm job {slurm.job_id} is still "
                                                         f"{slurm.state}", **base)
         if slurm.state == "RUNNING":
-            return JobStatus(state=RUNNING, workers=w, ps=p, nodes=slurm.nodes, **base)
+            began = slurm.start_time if slurm.start_time and TIME_RANGE[0] <= slurm.start_time <= TIME_RANGE[1] \
+                else None
+            return JobStatus(state=RUNNING, workers=w, ps=p, nodes=slurm.nodes,
+                             started_at=datetime.fromtimestamp(began, timezone.utc) if began else None, **base)
         return JobStatus(state=PENDING, workers=w, ps=p,
                          message=f"Slurm {slurm.state} ({slurm.reason or 'no reason'})", **base)
     if record.get("stopped"):
