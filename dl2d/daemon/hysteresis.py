@@ -10,7 +10,10 @@ successive slots costs real training time. Two guardrails (``[guardrails]`` in t
 A job held by either keeps its current size instead of the policy's. Starting a waiting job is never held.
 Holding a job at a larger size than the policy gave it (a shrink or a stop held) needs room: its extra tasks
 are placed, least-loaded first, on what the rest of the allocation leaves free; where they do not fit, the
-policy's size stands, so the guardrails never overflow a node.
+policy's size stands, so the guardrails never overflow a node. A held growth keeps the servers the job runs on
+(the view's ``prev_worker_servers``) where the rest of the allocation leaves them room, else the first of the
+policy's servers for it: the daemon carries out a same-size job placed elsewhere as a move, a restart, which is
+what holding it is to spare it (dl2d.daemon.plan.moves).
 """
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ def damp(view: SlotView, alloc: Allocation, last_change: Mapping[int, int], h: H
     ps = [list(s) for s in alloc.ps_servers]
     held: dict[int, str] = {}
     wanted: list[int] = []
+    stay: list[int] = []  # growths held, to go back where they run if that has room
     for j in range(n):
         prev, new = (int(view.prev_workers[j]), int(view.prev_ps[j])), (int(w[j]), int(p[j]))
         gain = None
@@ -75,9 +79,17 @@ def damp(view: SlotView, alloc: Allocation, last_change: Mapping[int, int], h: H
         if prev[0] <= new[0] and prev[1] <= new[1]:  # a growth held: keep part of the policy's placement
             w[j], p[j] = prev
             ws[j], ps[j] = ws[j][:prev[0]], ps[j][:prev[1]]
+            stay.append(j)
         else:
             wanted.append(j)  # needs room for its extra tasks: placed below, on what is left
         held[int(view.job_ids[j])] = reason
+    known = view.prev_worker_servers
+    for j in stay if known is not None else ():
+        if len(known[j]) != w[j] or sorted(known[j]) == sorted(ws[j]):
+            continue
+        others = [(k, s) for k in range(n) if k != j for s in ws[k]]
+        if fits_on(view, others, [(j, s) for s in known[j]], [(k, s) for k in range(n) for s in ps[k]]):
+            ws[j] = list(known[j])
     if wanted:
         used = np.zeros_like(view.free)
         for j in range(n):
@@ -107,3 +119,14 @@ def damp(view: SlotView, alloc: Allocation, last_change: Mapping[int, int], h: H
             ps[j] = keep_p + [s for r, s in placed if r == "p"]
             w[j], p[j] = prev
     return Allocation(w, p, tuple(map(tuple, ws)), tuple(map(tuple, ps))), held
+
+
+def fits_on(view: SlotView, workers, extra, ps) -> bool:
+    """Whether ``extra`` workers (job row, server) fit beside ``workers`` and ``ps`` (the same), each taking its
+    job's demand, on the view's free resources. Pure."""
+    used = np.zeros_like(view.free, dtype=float)
+    for j, s in (*workers, *extra):
+        used[s] += view.worker_demand[j]
+    for j, s in ps:
+        used[s] += view.ps_demand[j]
+    return bool(np.all(used <= view.free + 1e-9))

@@ -138,6 +138,8 @@ class SlotLoop:
         self.max_workers = max_workers  # the most workers of any job (a job's own limit is within it)
         self._believed: dict[int, np.ndarray] = {}  # job id -> believed epochs/s by workers (all-reduce jobs)
         self._last_change: dict[int, int] = {}  # job id -> the slot of its last size change (hysteresis)
+        # job id -> the nodes of its last target carried out: where its tasks run, for the view (plan.known_servers)
+        self._placed: dict[int, P.Placement] = {}
         self.node_report: list[dict[str, Any]] = []  # each node as the last slot left it (dl2ctl nodes)
         self._status_state = "starting"
         self.started_at = time.time()
@@ -309,6 +311,10 @@ class SlotLoop:
                     events.append((kind, job.id, {"workers": target.workers, "ps": target.ps,
                                                   "method": "applied_before_crash", "replayed": True}, now))
                 job.workers, job.ps = res.held or (target.workers, target.ps)
+                if res.held is None and (target.worker_nodes or target.ps_nodes):
+                    self._placed[job.id] = (tuple(target.worker_nodes), tuple(target.ps_nodes))
+                else:  # kept as it was, or placed by the backend alone: where it runs is not known here
+                    self._placed.pop(job.id, None)
                 if res.backend_ref:
                     job.slurm_job_id = res.backend_ref
                 if target.workers > 0 and res.running:
@@ -390,7 +396,8 @@ class SlotLoop:
         view = P.build_view(number, rows, nodes, slot_seconds=self.slot_seconds,
                             speed_factor=JS.speed_factor_estimate(hist),
                             shared_gpu={j: "shared_gpu" in f for j, f in flags.items()},
-                            worker_bound=self.max_workers)
+                            worker_bound=self.max_workers, placed=self._placed,
+                            observed={j: st.nodes for j, st in statuses.items()})
         self._remember_beliefs(view)
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
@@ -473,6 +480,7 @@ class SlotLoop:
             for m in measured:
                 self._job_hist[m.job_id] = [*self._job_hist.get(m.job_id, []), m][-JS.HISTORY_SLOTS:]
             self._job_hist = {j: h for j, h in self._job_hist.items() if j in before}
+            self._placed = {j: p for j, p in self._placed.items() if j in before}
             self.reconcile(s, statuses, now)
             self._count_jobs(s)
         self.crash("closed")

@@ -106,18 +106,19 @@ class DemoFeeder:
     """Submits the jobs of a demo trace as they arrive (slot k of the daemon = trace slot first + k).
 
     ``world`` (dl2d.sim.worlds): ``today`` (the default) draws a seeded workload of all-reduce jobs from the
-    Philly trace at load 1 for the cluster's GPUs (dl2d.workload.philly, dl2d.sim.trace.from_workload), each
+    Philly trace at ``load`` for the cluster's GPUs (dl2d.workload.philly, dl2d.sim.trace.from_workload), each
     job submitted with its model, total batch and the GPUs it asked for (one GPU per worker); ``dl2`` generates
     a DL2 trace of PS jobs (``job_types``: only these of its eight types)."""
 
     def __init__(self, num_jobs: int, seed: int, job_types: tuple[str, ...] | None = None, world: str = "today",
-                 slot_seconds: float | None = None, cluster_gpus: int = 64):
+                 slot_seconds: float | None = None, cluster_gpus: int = 64, load: float = 1.0):
         from dl2d.daemon.sim_backend import Hidden
         from dl2d.sim.worlds import world as world_of
 
         if world not in DEMO_WORLDS:
             raise ValueError(f"unknown world {world!r}; choose one of {', '.join(DEMO_WORLDS)}")
         self.world = world
+        self.load = float(load) if world == "today" else None  # the DL2 world's traces have their own arrivals
         self.max_workers = world_of(world).max_workers
         if world == "dl2":
             from dl2d.sim.trace import TraceConfig, generate
@@ -131,7 +132,7 @@ class DemoFeeder:
             from dl2d.sim.trace import from_workload
             from dl2d.workload import philly
 
-            jobs = philly.generate(num_jobs, load=1.0, cluster_gpus=cluster_gpus, seed=seed,
+            jobs = philly.generate(num_jobs, load=load, cluster_gpus=cluster_gpus, seed=seed,
                                    max_gpus=self.max_workers)
             self.trace = from_workload(jobs, slot_seconds or world_of(world).slot_seconds, seed=seed)
         self.first = int(self.trace.arrival_slot.min())
@@ -172,6 +173,16 @@ class DemoFeeder:
 
     def exhausted(self) -> bool:
         return self.submitted is not None and len(self.submitted) == len(self.names)
+
+
+#: The demo's trace where the command line does not say (``--demo-jobs``, ``--demo-load``), by world. Today's
+#: world: 40 Philly jobs arriving at 3 times the Pollux workloads' rate (60 jobs an hour on the 64 GPUs of
+#: t4-16), so that they contend for the cluster. Why not fewer or slower: each of these jobs is fastest on 1-4
+#: GPUs at its own batch, so 20 of them at load 1 need 44 GPUs of the 64 even all at once (38 at the busiest
+#: slot): every one starts at its fastest size, and no schedule has a reason to resize one (the bare simulator
+#: makes no resize either). The DL2 world: 20 jobs.
+DEMO_JOBS = {"today": 40, "dl2": 20}
+DEMO_LOAD = {"today": 3.0}
 
 
 def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | None) -> dict[str, Any]:
@@ -381,12 +392,19 @@ def _safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+#: The demo's resizes of running jobs, by how the backend carried them out (the simulated cluster: a shrink or
+#: stop is a resize, a growth a hot scaling, a move to other nodes a relaunch, a checkpoint-restart), each a row
+#: of its report.
+RESIZE_LABELS = {"resize": "resizes: shrink or stop", "hot_scale": "resizes: grown in place",
+                 "relaunch": "resizes: relaunched"}
+
+
 def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> dict[str, Any]:
     """The demo's result: JCTs from the daemon's DB, and the bare simulator on the same trace for reference."""
     import numpy as np
 
     from dl2d.db.engine import session_scope
-    from dl2d.db.events import SIZE_EVENT_KINDS, count_events
+    from dl2d.db.events import count_events
     from dl2d.db.jobs import jobs_with_name_prefix
     from dl2d.db.models import DecisionSource, JobState
     from dl2d.db.slots import count_decisions, count_slots
@@ -396,15 +414,16 @@ def demo_report(loop, cfg: DaemonConfig, feeder: DemoFeeder, compare: bool) -> d
         done = [j for j in jobs if j.state == JobState.COMPLETED]
         jct_h = np.array([(j.finished_at - j.submitted_at).total_seconds() / 3600 for j in done])
         slots = count_slots(s)
-        resizes = count_events(s, SIZE_EVENT_KINDS)
+        starts = count_events(s, ["start"])
+        resizes = {kind: count_events(s, [kind]) for kind in RESIZE_LABELS}
         fallbacks = count_decisions(s, DecisionSource.FALLBACK)
         first = min(j.submitted_at for j in jobs) if jobs else None
         last = max((j.finished_at for j in done), default=None)
     out = {"world": feeder.world, "cluster": cfg.sim.cluster, "policy": cfg.policy.name, "jobs": len(jobs),
-           "completed": len(done),
+           **({"load": feeder.load} if feeder.load is not None else {}), "completed": len(done),
            "avg_jct_hours": round(float(jct_h.mean()), 3) if len(done) else None,
            "makespan_hours": round((last - first).total_seconds() / 3600, 3) if last else None,
-           "slots": slots, "resize_events": resizes, "fallback_slots": fallbacks,
+           "slots": slots, "starts": starts, "resizes": resizes, "fallback_slots": fallbacks,
            "tick_ms_mean": round(float(np.mean(loop.state.tick_ms)), 2) if loop.state.tick_ms else None,
            "tick_ms_max": round(float(np.max(loop.state.tick_ms)), 2) if loop.state.tick_ms else None,
            "db_url": _safe_url(cfg.database_url)}
@@ -445,15 +464,20 @@ def print_report(out: dict[str, Any]) -> None:
     t = Table(title="dl2d demo: simulated cluster, real daemon, SQLite")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    labels = {"world": "world", "cluster": "cluster", "policy": "policy", "jobs": "jobs submitted", "completed": "jobs completed",
+    labels = {"world": "world", "cluster": "cluster", "policy": "policy", "jobs": "jobs submitted",
+              "load": "arrival load (x Pollux's rate)", "completed": "jobs completed",
               "avg_jct_hours": "avg JCT (h, from the DB)", "bare_sim_avg_jct_hours": "avg JCT, bare simulator (h)",
               "best_heuristic": "best heuristic", "best_heuristic_avg_jct_hours": "its avg JCT, bare simulator (h)",
-              "makespan_hours": "makespan (h)", "slots": "slots run", "resize_events": "start/resize events",
+              "makespan_hours": "makespan (h)", "slots": "slots run", "starts": "job starts",
               "fallback_slots": "guardrail fallbacks", "online": "online learning", "tick_ms_mean": "tick mean (ms)", "tick_ms_max": "tick max (ms)",
               "db_url": "database"}
     for k, label in labels.items():
-        if k in out:
-            t.add_row(label, str(out[k]))
+        if k not in out:
+            continue
+        t.add_row(label, str(out[k]))
+        if k == "starts":
+            for kind, n in out["resizes"].items():
+                t.add_row(RESIZE_LABELS[kind], str(n))
     Console().print(t)
     db = out["db_url"]
     print(f"Reports: dl2ctl report --db {db}\nJobs:    dl2ctl queue --db {db}")
@@ -486,14 +510,17 @@ def print_report(out: dict[str, Any]) -> None:
 @click.option("--world", type=click.Choice(DEMO_WORLDS), default="today", show_default=True,
               help="Demo: today's all-reduce jobs on 16 x 4 T4 GPUs, 60 s slots, a Philly workload; or dl2, the "
                    "DL2 paper's PS jobs (dl2d.sim.worlds).")
-@click.option("--demo-jobs", type=int, default=20, show_default=True, help="Jobs in the demo trace.")
+@click.option("--demo-jobs", type=int, help="Jobs in the demo trace [default: today 40, dl2 20].")
+@click.option("--demo-load", type=float,
+              help="Demo, today's world: the Philly trace's arrival rate, 1 = 20 jobs an hour per 64 GPUs "
+                   "[default: 3].")
 @click.option("--demo-seed", type=int, default=0, show_default=True, help="Seed of the demo trace.")
 @click.option("--demo-types", metavar="T1,T2", help="Demo, --world dl2: only these job types (default: all 8).")
 @click.option("--compare/--no-compare", default=True, show_default=True,
               help="Demo: also run the bare simulator with the same policy and trace, for reference.")
 def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster, slot_seconds, policy, placement,
-         checkpoint, online_rl, metrics_port, no_metrics, max_slots, log_level, demo, world, demo_jobs, demo_seed,
-         demo_types, compare) -> None:
+         checkpoint, online_rl, metrics_port, no_metrics, max_slots, log_level, demo, world, demo_jobs, demo_load,
+         demo_seed, demo_types, compare) -> None:
     """The dl2d scheduler daemon: every slot, decide each job's workers and parameter servers and resize them."""
     restrict_umask()
     if demo and state_dir is None and not db_url:
@@ -508,8 +535,12 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
                  "metrics.port": metrics_port, "max_slots": max_slots, "log_level": log_level}
     if no_metrics or (demo and metrics_port is None):
         overrides["metrics.enabled"] = False
+    demo_jobs = DEMO_JOBS[world] if demo_jobs is None else demo_jobs
     if demo and demo_jobs < 1:
         raise click.UsageError("--demo-jobs must be >= 1")
+    if demo_load is not None and (world != "today" or not 0 < demo_load < float("inf")):
+        raise click.UsageError("--demo-load is a number > 0, for today's world (--world today)")
+    demo_load = DEMO_LOAD.get(world, 1.0) if demo_load is None else demo_load
     if check_config:
         sys.exit(check_configuration(config_path, overrides))
     try:
@@ -517,8 +548,8 @@ def main(config_path, check_config, state_dir, db_url, backend, use_sim, cluster
         setup_logging(cfg.log_level)
         types = tuple(t.strip() for t in demo_types.split(",") if t.strip()) if demo_types else None
         try:
-            feeder = DemoFeeder(demo_jobs, demo_seed, types, world, cfg.slot_seconds, demo_cluster_gpus(cfg)) \
-                if demo else None
+            feeder = DemoFeeder(demo_jobs, demo_seed, types, world, cfg.slot_seconds, demo_cluster_gpus(cfg),
+                                demo_load) if demo else None
         except ValueError as e:
             raise ConfigError(f"--demo-types: {e}") from None
         try:

@@ -88,11 +88,44 @@ def view_max_workers(jobs: Sequence[JobRow], bound: int) -> int:
     return max(1, min(int(bound), max((j.max_workers for j in jobs), default=MAX_WORKERS)))
 
 
+#: Where a job's tasks run, by node name: (its workers' nodes, its PS's nodes), one name per task.
+Placement = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def known_servers(jobs: Sequence[JobRow], nodes: Sequence[NodeInfo], placed: Mapping[int, Placement],
+                  observed: Mapping[int, Sequence[str]] | None = None
+                  ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """(workers' servers, PS's servers) of each job (in the order of ``jobs``), as node indices, for the view's
+    ``prev_worker_servers`` / ``prev_ps_servers``: its recorded placement (``placed``: the nodes of the last target
+    carried out for it) where that still describes the job, else () (not known: placed afresh, as a job that
+    starts). A record describes it when it holds one node per task of the job's current size, every node is one
+    of ``nodes``, and, where the backend reports the job's nodes (``observed``, JobStatus.nodes), all are among
+    them (a backend that chose its own nodes, as Slurm does unless told the target's, makes the record wrong).
+
+    Why: the policy places every task afresh each slot. Without where the running jobs are, its placement is of an
+    empty cluster: a job whose size does not change is not moved (no target), yet the policy put another job's
+    new workers on the servers it still holds (on 4 x 4 GPUs, a 3-worker start on the node a 4-worker job filled).
+    The simulator's view has them (dl2d.sim.engine.view_of); the placement then keeps running jobs where they are
+    and fills what is really free."""
+    index = {n.name: i for i, n in enumerate(nodes)}
+    workers, ps = [], []
+    for j in jobs:
+        rec = placed.get(j.id)
+        seen = None if observed is None or j.id not in observed else set(observed[j.id])
+        ok = rec is not None and len(rec[0]) == j.workers and len(rec[1]) == j.ps and \
+            all(n in index and (seen is None or n in seen) for n in (*rec[0], *rec[1]))
+        workers.append(tuple(index[n] for n in rec[0]) if ok else ())
+        ps.append(tuple(index[n] for n in rec[1]) if ok else ())
+    return tuple(workers), tuple(ps)
+
+
 def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
                max_workers: int | None = None, max_ps: int = MAX_PS, *, slot_seconds: float = 1200.0,
                speed_factor: Mapping[int, float] | None = None,
                shared_gpu: Mapping[int, bool] | None = None,
-               worker_bound: int = ALLREDUCE_MAX_WORKERS) -> SlotView:
+               worker_bound: int = ALLREDUCE_MAX_WORKERS,
+               placed: Mapping[int, Placement] | None = None,
+               observed: Mapping[int, Sequence[str]] | None = None) -> SlotView:
     """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
 
     The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived). Each job's
@@ -101,8 +134,11 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
     nodes, the stated prior for a model never seen (dl2d.daemon.jobmodel). ``max_workers`` None:
     :func:`view_max_workers` within ``worker_bound``. ``speed_factor`` / ``shared_gpu`` (by job id, from
     dl2d.daemon.jobstats) become the view's optional ``job_speed_factor`` (NaN for jobs not measured) /
-    ``job_shared_gpu`` (False for jobs not seen)."""
+    ``job_shared_gpu`` (False for jobs not seen). ``placed`` (by job id, the nodes of each job's last target
+    carried out) and ``observed`` (the backend's nodes of each job) give the view each job's servers
+    (:func:`known_servers`); None: none known."""
     jobs = sorted(jobs, key=lambda j: j.id)
+    prev_w, prev_p = known_servers(jobs, nodes, placed, observed) if placed is not None else (None, None)
     if max_workers is None:
         max_workers = view_max_workers(jobs, worker_bound)
     cap = np.array([[n.gpus, n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
@@ -128,7 +164,7 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
         est_speed=jobmodel.speed_estimate(models, [j.demand.worker.gpus for j in jobs], max_ps, max_workers,
                                           gpus_per_node),
         requested_workers=np.array([m.requested for m in models], int),
-        slot_seconds=slot_seconds,
+        slot_seconds=slot_seconds, prev_worker_servers=prev_w, prev_ps_servers=prev_p,
     )
 
 
@@ -255,18 +291,22 @@ def target_from_json(d: Mapping[str, Any]) -> Target:
 
 def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
                  job_limits: Mapping[int, tuple[int, int]] | None = None) -> tuple[list[PlannedTarget], dict[int, tuple[int, int]]]:
-    """(targets for jobs whose size changes, shrinks/stops first; the final (workers, ps) of every job).
+    """(targets for jobs whose size changes, or that move, shrinks/stops and moves first; the final (workers, ps)
+    of every job).
 
-    Per-job limits from the submission (max_workers, max_ps) cap the policy's counts (extra tasks dropped)."""
+    Per-job limits from the submission (max_workers, max_ps) cap the policy's counts (extra tasks dropped). A
+    job moves when it keeps its size but the allocation places it elsewhere than where the view says it runs
+    (:func:`moves`)."""
     limits = job_limits or {}
     planned: list[PlannedTarget] = []
     sizes: dict[int, tuple[int, int]] = {}
+    moved = moves(view, alloc)
     for j, job_id in enumerate(int(x) for x in view.job_ids):
         mw, mp = limits.get(job_id, (view.max_workers, view.max_ps))
         w, p = min(int(alloc.workers[j]), mw), min(int(alloc.ps[j]), mp)
         sizes[job_id] = (w, p)
         prev = (int(view.prev_workers[j]), int(view.prev_ps[j]))
-        if (w, p) == prev:
+        if (w, p) == prev and not moved[j]:
             continue
         wn = tuple(node_names[s] for s in alloc.worker_servers[j][:w]) if alloc.worker_servers is not None else ()
         pn = tuple(node_names[s] for s in alloc.ps_servers[j][:p]) if alloc.ps_servers is not None else ()
@@ -274,6 +314,25 @@ def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
         planned.append(PlannedTarget(job_id, kind, Target(w, p, wn, pn), prev))
     planned.sort(key=lambda t: (0 if t.target.workers <= t.prev[0] and t.target.ps <= t.prev[1] else 1, t.job_id))
     return planned, sizes
+
+
+def moves(view: SlotView, alloc: Allocation) -> np.ndarray:
+    """[jobs] whether the allocation moves a job that keeps its size: an all-reduce job whose servers the view
+    knows (``prev_worker_servers``) placed on others (as a multiset), as dl2d.sim.allreduce.moved counts it.
+
+    Why the daemon carries a move out: the simulator does (a checkpoint-restart, charged its restart cost), and
+    the policy placed the other jobs around it. A move left undone leaves the job where it was while another
+    job's new workers go to those servers (two jobs on one node's GPUs), and a spread job that the policy packs
+    again stays spread, training slower (on 4 x 4 GPUs a 2-worker job held two nodes to its end and took 362
+    slots against the simulator's 276). A PS job is not moved: its tasks are placed afresh every slot, with no
+    restart for it in the simulator either."""
+    n = len(view)
+    prev = view.prev_worker_servers
+    if prev is None or alloc.worker_servers is None:
+        return np.zeros(n, bool)
+    return np.array([bool(view.allreduce[j] and prev[j] and int(alloc.workers[j]) == len(prev[j])
+                          and int(view.prev_workers[j]) == len(prev[j])
+                          and sorted(alloc.worker_servers[j]) != sorted(prev[j])) for j in range(n)], bool)
 
 
 def advice_record(policy: str, advised: Mapping[int, tuple[int, int]], ran: Mapping[int, tuple[int, int]],

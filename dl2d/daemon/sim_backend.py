@@ -48,6 +48,7 @@ from dl2d.daemon.backend import (
     HOT,
     NOOP,
     PENDING,
+    RESTART,
     RUNNING,
     SHRINK,
     START,
@@ -234,13 +235,16 @@ class SimBackend:
         if same:
             return ApplyResult(job.job_id, NOOP, ref)
         resized = (j["workers"], j["ps"]) != (target.workers, target.ps)
-        if resized or (self._allreduce(j) and w_nodes and sorted(w_nodes) != sorted(j["worker_nodes"])):
+        moved = bool(self._allreduce(j) and w_nodes and sorted(w_nodes) != sorted(j["worker_nodes"]))
+        if resized or moved:
             # what the simulator charges: a size change, or an all-reduce job moved (a checkpoint-restart)
             j["debt"] = j.get("debt", 0.0) + self.resize_overhead_s
         if target.workers == 0 and target.ps == 0:
             method = STOP
         elif j["workers"] == 0 and j["ps"] == 0:
             method = START
+        elif not resized and moved:  # the same size on other nodes: a checkpoint-restart there
+            method = RESTART
         elif target.workers <= j["workers"] and target.ps <= j["ps"]:
             method = SHRINK
         else:

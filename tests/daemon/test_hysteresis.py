@@ -106,3 +106,19 @@ def test_the_daemon_stops_a_flip_flop(tmp_path):
     assert changes and all(b - a >= 4 for a, b in zip(changes, changes[1:]))  # at most one change per 4 slots
     assert len(changes) <= 3
     assert any(f and any("min_resize_slots 4" in x for x in f.get("1", [])) for f in flags)
+
+
+def test_a_held_growth_stays_on_the_servers_it_runs_on():
+    """The policy grows job 1 and places it afresh on node n1; held, it keeps its size on n0 where it runs (the
+    daemon would carry out the same size on n1 as a move, a restart), since n0 has room for it."""
+    rows = [P.job_row(1, "cifar10", 100.0, 0.0, 2, 0, 3, {"kind": "allreduce", "batch_size": 128.0}, "j0")]
+    nodes = [NodeInfo(f"n{k}", 4, 48, 192.0) for k in range(2)]
+    v = P.build_view(10, rows, nodes, placed={1: (("n0", "n0"), ())})
+    grown = Allocation(np.array([4]), np.array([0]), ((1, 1, 1, 1),), ((),))
+    a, held = damp(v, grown, {1: 9}, Hysteresis(min_slots=3))
+    assert 1 in held and a.workers.tolist() == [2] and a.worker_servers == ((0, 0),)
+    assert not P.moves(v, a).any()
+    crowded = Allocation(np.array([4]), np.array([0]), ((1, 1, 1, 1),), ((),))
+    full = P.build_view(10, rows, [NodeInfo("n0", 0, 48, 192.0), nodes[1]], placed={1: (("n0", "n0"), ())})
+    a, _ = damp(full, crowded, {1: 9}, Hysteresis(min_slots=3))  # n0 has no GPU free now: where the policy put it
+    assert a.worker_servers == ((1, 1),)

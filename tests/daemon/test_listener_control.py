@@ -189,7 +189,10 @@ def test_root_is_answered_at_once_while_nobody_fills_the_strangers_pool_and_a_li
     busy = [d for line, d in heard if '"busy": true' in line]
     timed_out = [d for line, d in heard if "no request within the read timeout" in line]
     assert len(heard) == 40 and not [h for h in heard if h[0] == "open"], heard
-    assert len(busy) >= 40 - control.MAX_PER_UID - lim.replaced and len(busy) + len(timed_out) == 40, heard
+    # the rest gave their place to a newcomer (their reads were shut: closed without the deadline's answer, or
+    # with another error line), as many as the limiter counts replaced
+    rest = [h for h in heard if '"busy": true' not in h[0] and "no request within the read timeout" not in h[0]]
+    assert len(busy) >= 40 - control.MAX_PER_UID - lim.replaced and len(rest) <= lim.replaced, (heard, lim.replaced)
     # the ones held sent a byte every half second and were dropped by the 3 s deadline all the same
     assert sum(d >= 3.0 - 0.3 for d in timed_out) >= 1 and max(timed_out) < 15
     assert during <= before + 2 + 12  # the server's threads: at most its slots (here 12), and its own
