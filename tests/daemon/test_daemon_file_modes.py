@@ -53,8 +53,11 @@ def test_the_daemon_started_with_umask_0_writes_nothing_others_can_read(tmp_path
     cmd = [sys.executable, "-m", "dl2d.daemon.main", "--sim", "--cluster", "tiny", "--state-dir", str(open_dir),
            "--config", str(tmp_path / "dl2d.toml"), "--policy", "drf", "--slots", "2", "--slot-seconds", "0.2",
            "--no-metrics"]
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=open_dir,
-                        preexec_fn=lambda: os.umask(0))
+    old = os.umask(0)  # the daemon inherits it (no preexec_fn: forking a process that runs JAX's threads warns)
+    try:
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=open_dir)
+    finally:
+        os.umask(old)
     assert cp.returncode == 0, cp.stderr[-3000:]
     made = [p for p in open_dir.rglob("*") if not p.is_socket()]
     assert any(p.name == "dl2d.sqlite" for p in made), made
