@@ -179,6 +179,35 @@ def ensure_secret_file(path: str | os.PathLike, *, what: str = "secret file", ow
 
 # ------------------------------------------------------------------------------------------ bounded file inputs
 
+class LockHeld(Exception):
+    """Another process holds the lock file; ``pid`` is what it wrote there ("unknown" when nothing)."""
+
+    def __init__(self, path, pid: str):
+        super().__init__(f"{path} is held by pid {pid}")
+        self.path, self.pid = str(path), pid
+
+
+def hold_lock(path: str | os.PathLike) -> IO:
+    """An exclusive lock on the file ``path`` (made if missing), held while the returned open file is: this
+    process's pid is written in it. LockHeld names the holder's pid when another process has it; OSError when the
+    file cannot be opened. One daemon per state dir is this rule."""
+    import fcntl
+
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise LockHeld(path, pid) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 class InputFileError(ValueError):
     """A file input that cannot be read, is no regular file or is larger than its bound. The message is one line
     naming the path; ``reason`` is why in a few words (for callers that word their own error), ``missing`` says

@@ -327,26 +327,16 @@ def restrict_umask() -> None:
 def lock_state_dir(state_dir: str):
     """An exclusive lock on ``<state_dir>/dl2d.lock`` held while the daemon runs (the open file is returned:
     keep it); a second daemon on the same state dir is refused, naming the first one's pid."""
-    import fcntl
+    from dl2d.core.files import LockHeld, hold_lock
 
     path = Path(state_dir) / "dl2d.lock"
     try:
-        f = open(path, "a+")
+        return hold_lock(path)
+    except LockHeld as e:
+        raise ConfigError(f"another dl2d (pid {e.pid}) is running with state dir {state_dir}; stop it first, or "
+                          "give this one its own state_dir") from None
     except OSError as e:
         raise ConfigError(f"config error: state_dir {state_dir}: cannot open {path.name}: {e.strerror}") from None
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "unknown"
-        f.close()
-        raise ConfigError(f"another dl2d (pid {pid}) is running with state dir {state_dir}; stop it first, or "
-                          "give this one its own state_dir") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
 
 
 def serve_metrics(metrics, cfg: DaemonConfig) -> str | None:

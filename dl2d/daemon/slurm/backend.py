@@ -20,7 +20,6 @@ observation fails in any other way, fails alone, with the reason: the others' sl
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -29,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from dl2d.core.files import SecretFileError
+from dl2d.core.files import LockHeld, SecretFileError, hold_lock
 from dl2d.daemon.backend import (
     FAILED,
     FINISHED,
@@ -183,21 +182,11 @@ class SlurmBackend:
         """Hold an exclusive lock on the state dir (``<state_dir>/dl2d-slurm.lock``) while this backend lives:
         two daemons on one state dir would each take the other's jobs for their own. ValueError names the other
         holder's pid."""
-        path = self.config.state_dir / "dl2d-slurm.lock"
-        f = open(path, "a+")
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            pid = f.read().strip() or "unknown"
-            f.close()
-            raise ValueError(f"slurm.state_dir {self.config.state_dir} is in use by another dl2d (pid {pid}); give "
+            self._lock = hold_lock(self.config.state_dir / "dl2d-slurm.lock")
+        except LockHeld as e:
+            raise ValueError(f"slurm.state_dir {self.config.state_dir} is in use by another dl2d (pid {e.pid}); give "
                              "each daemon its own [slurm] state_dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._lock = f
 
     # -- Slurm access -------------------------------------------------------------------------
     @contextlib.contextmanager
