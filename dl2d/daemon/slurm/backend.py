@@ -293,9 +293,9 @@ class SlurmBackend:
             record = self._ended_when_done(job_id, record, live, now)
         status = status_from(job_id, record, live or latest, progress, mtime, now)
         # Remember how and when a job ended: Slurm forgets finished jobs after MinJobAge.
-        if status.state in (FINISHED, FAILED) and not record.get("final") and not record.get("cancelled"):
-            ended = status.finished_at.timestamp() if status.finished_at else None
-            self._save(job_id, {**record, "final": status.state, "message": status.message, "finished_at": ended})
+        if status.state in (FINISHED, FAILED) and not ended:
+            at = status.finished_at.timestamp() if status.finished_at else None
+            self._save(job_id, {**record, "final": status.state, "message": status.message, "finished_at": at})
         return status
 
     def _ended_when_done(self, job_id: int, record: dict[str, Any], live: SlurmJob, now: float) -> dict[str, Any]:
@@ -323,11 +323,13 @@ class SlurmBackend:
         except BackendError as e:
             log.warning("job %s: cannot cancel its Slurm job %s yet: %s", job_id, live.job_id, e)
 
-    def _fail_job(self, job_id: int, message: str, jobs: list[SlurmJob] | None = None) -> JobStatus:
+    def _fail_job(self, job_id: int, message: str, jobs: list[SlurmJob] | None = None,
+                  record: dict[str, Any] | None = None) -> JobStatus:
         """Fail one job for good, with the reason (FAILED in the record, so in the database, its event and
-        ``dl2ctl show``), and cancel its Slurm job; the daemon goes on with the others."""
-        record = self._record(job_id)
-        live, latest = self._live_job(job_id, record, jobs if jobs is not None else self._jobs(fresh=True))
+        ``dl2ctl show``), and cancel its Slurm job; the daemon goes on with the others. ``record``: the caller's
+        newer one than the file's, where it has one."""
+        record = record if record is not None else self._record(job_id)
+        live, latest = self._live_job(job_id, record, jobs if jobs is not None else self._jobs())
         log.error("job %s failed: %s", job_id, message)
         record = {**record, "job_id": job_id, "final": FAILED, "message": message, "finished_at": time.time(),
                   "submitting": False}
@@ -566,7 +568,7 @@ class SlurmBackend:
         except (OSError, SecretFileError) as e:
             # What the job's user left there (a link, a FIFO) is not retried every slot: the job fails with it.
             message = f"cannot prepare its directory {jd.owned_dir}: {e}"
-            self._fail_job(job.job_id, message)
+            self._fail_job(job.job_id, message, record=record)
             raise BackendError(f"job {job.job_id}: {message}", retryable=False) from e
         script_path = jd.write_user_script(str(spec["script"])) if command is None else None
         self._write_target(job.job_id, target)
@@ -623,9 +625,7 @@ class SlurmBackend:
             return lookup_user(owner)
         except UnknownUserError as e:
             message = f"cannot run as its owner: {e}"
-            self._save(job.job_id, {**record, "job_id": job.job_id, "final": FAILED, "message": message,
-                                    "finished_at": time.time(), "submitting": False})
-            log.error("job %s failed: %s", job.job_id, message)
+            self._fail_job(job.job_id, message, record=record)
             raise BackendError(f"job {job.job_id}: {message}", retryable=False) from None
 
     def _contract_env(self, job: JobRequest) -> dict[str, str]:
