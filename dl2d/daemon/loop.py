@@ -405,6 +405,11 @@ class SlotLoop:
         alloc, held = damp(view, g.allocation, self._last_change, self.hysteresis, self._predicted_speed(view))
         for job_id, why in held.items():
             flags.setdefault(job_id, []).append(why)
+        if getattr(self.backend, "even_gres", False):  # Slurm: a job's nodes all get the same GPUs
+            alloc, cut = P.even_gres(view, alloc)
+            for job_id, why in cut.items():
+                flags.setdefault(job_id, []).append(why)
+            held = {**held, **cut}
         advised = alloc
         if self.carried_out is not None:  # advise mode: what the cluster does without dl2d runs instead
             alloc = self.carried_out(view)

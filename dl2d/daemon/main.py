@@ -215,7 +215,9 @@ def demo_cluster_gpus(cfg: DaemonConfig) -> int:
     return int(spec.gpus * (cfg.sim.servers or spec.num_servers))
 
 
-def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=None, metrics=None):
+def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=None, metrics=None, backend=None):
+    """The daemon's slot loop for ``cfg``; ``backend``: one made by the caller (the conformance twin's simulated
+    copy of a real cluster) instead of the config's."""
     from dl2d.daemon.loop import SlotLoop
     from dl2d.daemon.metrics import Metrics
     from dl2d.daemon.notify import Notifier
@@ -225,7 +227,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
 
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
     engine = open_database(cfg.database_url, make_engine, upgrade)
-    backend = make_backend(cfg, hidden=feeder.hidden if feeder else None)
+    backend = backend or make_backend(cfg, hidden=feeder.hidden if feeder else None)
     policy, learner = make_policy(cfg)
     poller = make_poller(cfg)
     clock = getattr(backend, "now", None)

@@ -168,6 +168,45 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
     )
 
 
+def even_workers(workers: int, per_node: int) -> int:
+    """The most workers, at most ``workers``, that Slurm's request for them holds exactly: ``--nodes=N
+    --gres=gpu:G`` gives every node the same GPUs, so ``W`` workers on the fewest nodes of ``per_node`` workers
+    each hold ``N x ceil(W / N)`` (10 on 4-worker nodes: 3 nodes of 4, 12 GPUs for 10 workers)."""
+    per_node = max(int(per_node), 1)
+    for w in range(int(workers), 0, -1):
+        nodes = -(-w // per_node)
+        if w % nodes == 0:
+            return w
+    return 0
+
+
+def even_gres(view: SlotView, alloc: Allocation) -> tuple[Allocation, dict[int, str]]:
+    """The allocation with every all-reduce job's workers cut to :func:`even_workers` on the cluster's nodes
+    (its last tasks dropped from a placement), and why each was cut (by job id): on a backend whose requests
+    give each node of a job the same GPUs (Slurm's), a size in between would hold GPUs that dl2d counts free."""
+    if len(view) == 0 or not len(view.capacity):
+        return alloc, {}
+    w = np.asarray(alloc.workers, int).copy()
+    ws = [list(x) for x in alloc.worker_servers] if alloc.worker_servers is not None else None
+    node_gpus = float(view.capacity[:, 0].max())
+    cut: dict[int, str] = {}
+    for j in range(len(view)):
+        gpw = float(view.worker_demand[j, 0])
+        if view.kind[j] != JobKind.ALLREDUCE.value or w[j] <= 1 or gpw <= 0:
+            continue
+        even = even_workers(int(w[j]), int(node_gpus // gpw))
+        if even < w[j]:
+            cut[int(view.job_ids[j])] = (f"sized {int(w[j])}, run at {even} workers: Slurm gives each node of a job "
+                                         f"the same GPUs, and {int(w[j])} would hold more than {int(w[j])}")
+            w[j] = even
+            if ws is not None:
+                ws[j] = ws[j][:even]
+    if not cut:
+        return alloc, {}
+    return Allocation(w, np.asarray(alloc.ps, int).copy(), None if ws is None else tuple(tuple(x) for x in ws),
+                      alloc.ps_servers), cut
+
+
 def view_digest_input(view: SlotView) -> dict[str, Any]:
     """The policy input as plain JSON (hashed into decisions.state_digest)."""
     return {"slot": int(view.slot), "jobs": view.job_ids.tolist(), "type": view.type_idx.tolist(),

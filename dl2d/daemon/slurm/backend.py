@@ -115,6 +115,9 @@ class SlurmBackend:
     """
 
     name = "slurm"
+    #: a job's request gives each of its nodes the same GPUs (``--gres`` is per node): the daemon sizes all-reduce
+    #: jobs so that they hold no GPU beyond their workers' (dl2d.daemon.plan.even_gres)
+    even_gres = True
 
     def __init__(self, driver: SlurmDriver, config: SlurmBackendConfig, *, retry: bool = True,
                  scaler: Scaler | None = None, sleep: Callable[[float], None] = time.sleep,
