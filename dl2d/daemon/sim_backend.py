@@ -91,11 +91,8 @@ class SimBackend:
     def __init__(self, cluster: ClusterSpec = ClusterSpec(40), slot_seconds: float = 1200.0, noise: float = 0.1,
                  seed: int = 0, speed_model: str = "measured", state_file: str | Path | None = None,
                  hidden: Mapping[str, Hidden] | None = None, start_time: float | None = None,
-                 resize_overhead_s: float = 0.0, shared_node_slowdown: float = 0.0, even_gres: bool = False):
+                 resize_overhead_s: float = 0.0, shared_node_slowdown: float = 0.0):
         self.heartbeat = lambda: None  # the simulated cluster never waits inside apply
-        # the conformance twin of a Slurm: jobs sized for its per-node requests (dl2d.daemon.plan.even_gres) and
-        # laid out as it lays them out, whatever nodes a target names
-        self.even_gres = even_gres
         if slot_seconds <= 0:
             raise ValueError("slot_seconds must be > 0")
         if not 0 <= noise < 1:
@@ -217,8 +214,6 @@ class SimBackend:
         if j is not None and j["state"] in (FINISHED, FAILED):
             return ApplyResult(job.job_id, NOOP, ref)
         w_nodes, p_nodes = list(target.worker_nodes), list(target.ps_nodes)
-        if self.even_gres:  # Slurm places the tasks (placement = "slurm"): a target's nodes are no placement
-            w_nodes, p_nodes = [], []
         if j is None:
             if target.workers == 0 and target.ps == 0:
                 return ApplyResult(job.job_id, NOOP, ref)
@@ -298,8 +293,6 @@ class SimBackend:
         if len(nodes) == j["workers"] and all(n in self._index for n in nodes):
             return [self._index[n] for n in nodes]
         per_server = max(int(self.cluster.gpus // jobmodel.gpus_per_worker(self._demand(j))), 1)
-        if self.even_gres and j["workers"] > 0:  # as Slurm lays them out: the fewest nodes, spread evenly
-            per_server = -(-j["workers"] // -(-j["workers"] // per_server))
         return [w // per_server for w in range(j["workers"])]
 
     @staticmethod

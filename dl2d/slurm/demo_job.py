@@ -10,8 +10,8 @@ atomically (``{"epoch", "epochs", "status", "resumed_from", "runs", "slurm_job_i
 ``time``: unix seconds of the record, so the daemon knows when the job said it was done).
 
 With ``--speed`` it trains at a declared speed curve instead: epochs per second by its number of workers
-(``$DL2D_WORKERS``, what dl2d sized it to; a size the curve does not name trains at the nearest smaller one's
-speed), and its progress is fractional, written every ``--report-s``: a twin given the same curve (the
+(``$DL2D_WORKERS``, what dl2d sized it to, or the target file's when dl2d shrinks it in place; a size the
+curve does not name trains at the nearest smaller one's speed), and its progress is fractional, written every ``--report-s``: a twin given the same curve (the
 conformance harness, dl2d.daemon.conform) trains it exactly as fast, and a checkpoint keeps the fraction.
 On SIGUSR1 or SIGTERM it finishes the current step, writes the checkpoint (write-then-rename),
 marks the progress ``"checkpointed"`` and exits with status 0 (SIGUSR1) or 143 (SIGTERM).
@@ -60,19 +60,30 @@ def speed_at(curve: dict[int, float], workers: int) -> float:
     return curve[max(known)] if known else curve[min(curve)]
 
 
-def train_by_curve(epoch: float, epochs: float, rate: float, report_s: float, stop: list[int],
-                   report) -> float:
-    """Train from ``epoch`` to ``epochs`` at ``rate`` epochs/s, reporting every ``report_s``, until done or a
-    signal (in ``stop``); returns the epoch reached (fractional: what was trained until the signal)."""
-    last, t_last = epoch, time.monotonic()
+def target_workers(path: str | None, default: int) -> int:
+    """The workers of the job's target file (``$DL2D_TARGET_FILE``: dl2d rewrites it when it shrinks the job in
+    place), or ``default`` where it names none."""
+    try:
+        workers = int(json.loads(Path(path).read_text())["workers"]) if path else default
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+    return workers if workers >= 1 else default
+
+
+def train_by_curve(epoch: float, epochs: float, rate, report_s: float, stop: list[int], report) -> float:
+    """Train from ``epoch`` to ``epochs`` at ``rate()`` epochs/s (asked again at every report), reporting every
+    ``report_s``, until done or a signal (in ``stop``); returns the epoch reached (fractional: what was trained
+    until the signal)."""
+    speed, t_last = rate(), time.monotonic()
     next_report = t_last + report_s
     while epoch < epochs and not stop:
         time.sleep(min(0.02, max(next_report - time.monotonic(), 0.0)))
         now = time.monotonic()
-        epoch = min(last + rate * (now - t_last), epochs)
+        epoch, t_last = min(epoch + speed * (now - t_last), epochs), now
         if now >= next_report or epoch >= epochs:
             report(epoch)
             next_report = now + report_s
+            speed = rate()
     return epoch
 
 
@@ -109,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     step = 0.05  # check for signals this often within an epoch
     if args.speed:
         workers = int(os.environ.get("DL2D_WORKERS") or 1)
-        epoch = train_by_curve(epoch, args.epochs, speed_at(args.speed, workers), args.report_s, stop,
+        target = os.environ.get("DL2D_TARGET_FILE")
+        epoch = train_by_curve(epoch, args.epochs, lambda: speed_at(args.speed, target_workers(target, workers)),
+                               args.report_s, stop,
                                lambda e: write_json_atomic(args.progress, {**state, "epoch": e, "time": time.time()}))
     while epoch < args.epochs and not stop:
         t_end = time.monotonic() + args.seconds_per_epoch

@@ -11,11 +11,14 @@ import time
 
 import pytest
 
-from dl2d.daemon.conform.compare import WorldRecord, compare, ordering
+from dl2d.daemon.backend import PENDING, RESTART, RUNNING, START, JobRequest, Target
+from dl2d.daemon.conform.compare import Costs, WorldRecord, compare, ordering, restart_costs
+from dl2d.daemon.conform.twin import WAITING, SlurmTwin
 from dl2d.daemon.conform.trace import make_trace, slurm_layout, speed_curve
 from dl2d.daemon.conform.worlds import ClusterShape, run_twin
 from dl2d.daemon.plan import even_workers
 from dl2d.sim import allreduce
+from dl2d.sim.cluster import ClusterSpec
 
 
 def test_the_trace_is_seeded_and_its_curves_are_the_measured_throughput_on_slurms_layout():
@@ -51,7 +54,7 @@ def test_compare_counts_job_slots_and_names_the_first_divergence():
 
 def test_the_twin_runs_the_daemon_and_sizes_jobs_as_slurm_holds_them(tmp_path):
     jobs = make_trace(seed=0)
-    rec = run_twin(jobs, "drf", 3.0, ClusterShape(4, 4, 16, 15.625), tmp_path, restart_s=1.0)
+    rec = run_twin(jobs, "drf", 3.0, ClusterShape(4, 4, 16, 15.625), tmp_path, Costs(1.0, 1.5, 0.5))
     assert len(rec.jct_s) == len(jobs)  # every job finished
     assert all(w == even_workers(w, 4) for w in rec.alloc.values())  # no size Slurm would round up
     per_slot = {}
@@ -60,6 +63,47 @@ def test_the_twin_runs_the_daemon_and_sizes_jobs_as_slurm_holds_them(tmp_path):
     assert max(per_slot.values()) <= 16
     s = rec.summary()
     assert s["starts"] >= len(jobs) and sum(s["resizes"].values()) > 0
+
+
+def _request(job_id: int, epochs: float, workers: int = 1) -> JobRequest:
+    return JobRequest(job_id, "cifar10", epochs, {"name": f"j{job_id}", "kind": "allreduce", "batch_size": 128.0,
+                                                  "workers": workers, "launch": "once",
+                                                  "worker": {"gpus": 1, "cpus": 1, "mem_gb": 0.1}})
+
+
+def test_the_twin_places_as_slurm_a_job_waits_for_a_node_and_starts_when_one_frees_mid_slot():
+    twin = SlurmTwin(ClusterSpec(2, 4, 16, 16.0), 10.0, start_time=0.0, costs=Costs(1.0, 2.0))
+    rate3 = allreduce.epoch_rates(["cifar10"], [128.0], [[0, 0, 0]], [1])[0]
+    with twin.batch():
+        twin.apply(_request(1, rate3 * 4.0), Target(3, 0))  # ends 1 s (start) + 4 s into the first slot
+        twin.apply(_request(2, 100.0), Target(3, 0))
+        twin.apply(_request(3, 100.0), Target(2, 0))  # 2 GPUs free in all, 1 on each node: waits
+    st = twin.observe()
+    assert (st[1].state, st[2].state, st[3].state) == (RUNNING, RUNNING, PENDING)
+    assert st[1].nodes == ("sim001",) and st[2].nodes == ("sim002",) and st[3].message == WAITING
+    twin.end_slot(10.0)
+    st = twin.observe()
+    assert st[1].state == "finished" and st[1].finished_at.timestamp() == pytest.approx(5.0)
+    assert st[3].state == RUNNING and st[3].nodes == ("sim001",)  # started when job 1 left, at 5 s
+    rate2 = allreduce.epoch_rates(["cifar10"], [128.0], [[0, 0]], [1])[0]
+    assert st[3].epochs_done == pytest.approx(rate2 * (10.0 - 5.0 - 1.0))  # the rest of the slot, less its start
+    # a job that cannot scale in place changes size by a restart, and waits for its new allocation
+    res = twin.apply(_request(3, 100.0), Target(6, 0))  # 3 on each node: sim002 has 1 free (job 2 holds 3)
+    assert res.method == RESTART and not res.running and twin.observe()[3].state == PENDING
+    assert twin.apply(_request(4, 1.0), Target(1, 0)).method == START
+
+
+def test_restart_costs_are_the_slot_less_the_training_its_epochs_took():
+    rec = _world("real", {(0, "a"): 2, (1, "a"): 2, (2, "a"): 1}, {"a": 100.0})
+    rec.slot_s = 3.0
+    rec.ran = {(0, "a"): 2, (1, "a"): 2, (2, "a"): 1}
+    rec.epochs = {(0, "a"): 2.0, (1, "a"): 8.0, (2, "a"): 9.5}  # 2 epochs/s at 2 workers, 1 at 1
+    rec.events = [(0, "a", "start"), (2, "a", "relaunch")]
+    costs = restart_costs(rec, {"a": {1: 1.0, 2: 2.0}})
+    assert (costs.start_s, costs.restart_s, costs.release_s) == pytest.approx((2.0, 1.5, 0.0))
+    rec.job_apply_at = {(0, "a"): 0.5, (2, "a"): 1.0}  # the daemon carried them out that far into the slots
+    costs = restart_costs(rec, {"a": {1: 1.0, 2: 2.0}})
+    assert (costs.start_s, costs.restart_s) == pytest.approx((1.5, 0.5))
 
 
 def _demo(tmp_path, epochs: float, speed: str, workers: int):
@@ -91,3 +135,13 @@ def test_the_demo_job_trains_at_its_declared_speed_for_its_workers_and_checkpoin
     assert p.wait(timeout=30) == 0
     again = json.loads((tmp_path / "p.json").read_text())
     assert again["resumed_from"] == pytest.approx(saved) and again["epoch"] == pytest.approx(saved + 0.2)
+
+
+def test_the_twin_shrinks_in_place_where_the_nodes_kept_hold_just_the_new_size():
+    twin = SlurmTwin(ClusterSpec(4, 4, 16, 16.0), 10.0, start_time=0.0, costs=Costs(0.0, 2.0))
+    twin.apply(_request(1, 100.0), Target(9, 0))  # 3 nodes of 3
+    assert twin.observe()[1].nodes == ("sim001", "sim002", "sim003")
+    res = twin.apply(_request(1, 100.0), Target(6, 0))
+    assert res.method == "shrink" and res.running and twin.observe()[1].nodes == ("sim001", "sim002")
+    res = twin.apply(_request(1, 100.0), Target(4, 0))  # 2 nodes of 3 would hold 6: a relaunch on one of 4
+    assert res.method == RESTART and twin.observe()[1].nodes == ("sim001",)

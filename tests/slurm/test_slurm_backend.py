@@ -95,11 +95,11 @@ def test_shrink_restart_by_resubmit_stop_and_start(tmp_path):
     fake.on_checkpoint = lambda jid: write_progress(b, 1, epoch=3, epochs=5, status="checkpointed")
     b.apply(req(), Target(6, 1))  # 2 nodes x 3 GPUs
     fake.run()
-    assert b.apply(req(), Target(2, 1)).method == SHRINK
+    assert b.apply(req(), Target(3, 1)).method == SHRINK  # one of its nodes, all of whose 3 GPUs it uses
     assert fake.calls[-1] == ("shrink", "101", 1)
     assert b.observe()[1].nodes == ("node1",)
-    assert json.loads((b.job_dir(1) / "target.json").read_text()) == {"workers": 2, "ps": 1}
-    assert b.apply(req(), Target(2, 1)).method == NOOP
+    assert json.loads((b.job_dir(1) / "target.json").read_text()) == {"workers": 3, "ps": 1}
+    assert b.apply(req(), Target(3, 1)).method == NOOP
 
     r = b.apply(req(), Target(8, 1))  # needs 2 nodes: checkpoint + resubmit
     assert (r.method, r.backend_ref) == (RESTART, "102")
@@ -314,8 +314,8 @@ def test_elastic_shrink_scales_down_before_releasing_nodes(tmp_path):
     b.apply(job, Target(8, 2))
     fake.run()
     (b.job_dir(1) / "job" / "checkpoint" / "coordinator.json").write_text('{"address": "node1:1"}')
-    assert b.apply(job, Target(2, 1)).method == SHRINK
-    assert order == [("scale", 2, 1), "shrink"]
+    assert b.apply(job, Target(4, 1)).method == SHRINK  # 2 nodes x 4 GPUs -> 1
+    assert order == [("scale", 4, 1), "shrink"]
 
 
 def test_failed_job_is_reported_remembered_and_not_restarted(tmp_path):
@@ -492,9 +492,9 @@ def test_changes_are_decided_on_fresh_lists_not_on_the_cached_ones(tmp_path):
     fake.run()
     a.observe()  # a caches: 2 nodes
     b = make_backend(tmp_path, fake)
-    assert b.apply(req(), Target(2, 1)).method == SHRINK
+    assert b.apply(req(), Target(3, 1)).method == SHRINK
     n = len(fake.calls)
-    assert a.apply(req(), Target(2, 1)).method == NOOP
+    assert a.apply(req(), Target(3, 1)).method == NOOP
     assert len(fake.calls) == n
 
 

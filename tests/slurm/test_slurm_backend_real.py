@@ -97,11 +97,11 @@ def test_lifecycle_start_shrink_grow_stop_start_and_daemon_restart(slurm, wait_f
     slurm_job = next(j for j in slurm.driver().jobs() if j.job_id == r.backend_ref)
     assert (slurm_job.state, slurm_job.num_nodes, slurm_job.restarts) == ("RUNNING", 2, 0)
 
-    # Shrink in place: 2 workers fit on one of its nodes.
-    assert b2.apply(job, Target(2, 1)).method == SHRINK
-    st = status_when(b2, 301, wait_for, 15, "the job on one node", state=RUNNING, workers=2)
+    # Shrink in place: 3 workers use all of one of its nodes (2 would leave a GPU held there: a relaunch).
+    assert b2.apply(job, Target(3, 1)).method == SHRINK
+    st = status_when(b2, 301, wait_for, 15, "the job on one node", state=RUNNING, workers=3)
     assert len(st.nodes) == 1 and st.backend_ref == r.backend_ref
-    assert b.apply(job, Target(2, 1)).method == NOOP  # the first instance agrees
+    assert b.apply(job, Target(3, 1)).method == NOOP  # the first instance agrees
 
     # Grow beyond the allocation: checkpoint, resubmit at 2 nodes x 4 GPUs, resume.
     t0 = time.monotonic()

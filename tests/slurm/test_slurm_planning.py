@@ -132,10 +132,14 @@ def test_a_grow_beyond_the_held_nodes_restarts_even_when_the_runtime_could_scale
     assert plan_apply(cur, Target(4, 1), SlurmAllocation(1, 4), None) == Plan(RESTART, SlurmAllocation(1, 4))
 
 
-def test_shrink_keeps_the_fewest_nodes_that_host_the_target():
+def test_shrink_keeps_the_fewest_nodes_that_host_the_target_when_they_hold_no_gpu_it_does_not_use():
     cur = Current("RUNNING", SlurmAllocation(3, 3), (9, 1))
-    assert plan(cur, Target(5, 1)) == Plan(SHRINK, SlurmAllocation(2, 3))
-    assert plan(cur, Target(1, 1)) == Plan(SHRINK, SlurmAllocation(1, 3))
+    assert plan(cur, Target(6, 1)) == Plan(SHRINK, SlurmAllocation(2, 3))
+    assert plan(cur, Target(5, 1)) == Plan(SHRINK, SlurmAllocation(2, 3))  # a fresh request holds as many
+    assert plan(cur, Target(3, 1)) == Plan(SHRINK, SlurmAllocation(1, 3))
+    # 4 workers would keep 2 nodes of 3 GPUs, 6 GPUs: a relaunch on one node of 4 instead
+    assert plan(cur, Target(4, 1)).method == RESTART
+    assert plan(cur, Target(1, 1)).method == RESTART
     # A placed target keeps its spread: 1 worker + 1 PS placed on 2 nodes do not shrink to one.
     placed = Current("RUNNING", SlurmAllocation(2, 1), (1, 1))
     assert plan(placed, Target(1, 1), needed=SlurmAllocation(2, 1)) == Plan(NOOP)

@@ -36,6 +36,13 @@ class WorldRecord:
     #: real only: (slot, GPUs Slurm held for dl2d's jobs, GPUs dl2d counted in use) where Slurm held more
     over_held: list[tuple[int, int, int]] = field(default_factory=list)
     checked_slots: int = 0  # real only: slots at which Slurm's holding was compared with dl2d's
+    #: slot -> seconds into it at which its starts and resizes were carried out (the median of its events')
+    apply_at: dict[int, float] = field(default_factory=dict)
+    #: (slot, job) -> seconds into the slot at which the job's start or resize was carried out
+    job_apply_at: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    def applied_at(self, slot: int, job: str) -> float:
+        return self.job_apply_at.get((slot, job), self.apply_at.get(slot, 0.0))
 
     def active(self, slot: int, job: str) -> bool:
         arr = self.arrival.get(job)
@@ -61,6 +68,50 @@ class WorldRecord:
                 "idle_gpu_slots": int(round(float((self.gpus - used).clip(0).sum()))), "slots": self.slots}
 
 
+def trained(rec: WorldRecord, slot: int, job: str) -> float:
+    """Epochs ``job`` trained in ``slot``."""
+    return rec.epochs.get((slot, job), 0.0) - rec.epochs.get((slot - 1, job), 0.0)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What starting a job costs on the real cluster, in seconds of training lost beyond the moment the daemon
+    carried the start out: a start on free nodes, a restart, and the wait of a start on nodes that a job stopped
+    or restarted in the same slot is still leaving (Slurm's completing job, its next scheduling pass)."""
+
+    start_s: float = 0.0
+    restart_s: float = 0.0
+    release_s: float = 0.0
+
+
+def restart_costs(real: WorldRecord, speed: Mapping[str, Mapping[int, float]]) -> Costs:
+    """:class:`Costs` from the real run: medians, over the slots in which a job started (or restarted) and trained
+    without finishing, of the slot's length less when in it the daemon applied the start and less the seconds
+    its epochs take at its declared speed (``speed``: job -> workers -> epochs per second). A start after another
+    job's stop or restart in the same slot counts toward ``release_s`` (beyond ``start_s``). 0 where no slot
+    shows one."""
+    lost: dict[str, list[float]] = {"start": [], "relaunch": [], "release": []}
+    leaving: dict[int, list[float]] = {}  # slot -> when in it jobs were stopped or restarted
+    for slot, job, kind in real.events:
+        if kind in ("relaunch", "resize"):
+            leaving.setdefault(slot, []).append(real.applied_at(slot, job))
+    for slot, job, kind in real.events:
+        workers = real.ran.get((slot, job), 0)
+        rate = speed.get(job, {}).get(workers)
+        done = real.finish_s.get(job)
+        if kind not in lost or not rate or (done is not None and done < (slot + 1) * real.slot_s):
+            continue
+        at = real.applied_at(slot, job)
+        gone = min(max(real.slot_s - at - trained(real, slot, job) / rate, 0.0), real.slot_s)
+        after_release = kind == "start" and any(t < at for t in leaving.get(slot, []))
+        lost["release" if after_release else kind].append(gone)
+    med = {k: float(np.median(v)) if v else None for k, v in lost.items()}
+    start = med["start"] if med["start"] is not None else 0.0
+    restart = med["relaunch"] if med["relaunch"] is not None else start
+    release = max(med["release"] - start, 0.0) if med["release"] is not None else 0.0
+    return Costs(start, restart, release)
+
+
 @dataclass(frozen=True)
 class Divergence:
     slot: int
@@ -75,14 +126,14 @@ def _cause(real: WorldRecord, twin: WorldRecord, slot: int, job: str) -> str:
     if real.active(slot, job) != twin.active(slot, job):
         where = "real" if real.active(slot, job) else "twin"
         return f"the job is in the system only in the {where} world (an arrival or finish a slot apart)"
-    pending = [f for f in real.flags.get((slot - 1, job), []) if f.startswith("pending")]
+    pending = [f for f in real.flags.get((slot - 1, job), []) if f.startswith("pending: Slurm")]
     if pending:
         return f"Slurm held it: {pending[0]}"
     ran_apart = sorted(o for o in set(real.arrival) | set(twin.arrival)
                        if real.ran.get((slot - 1, o), 0) != twin.ran.get((slot - 1, o), 0))
     if ran_apart:
         o = job if job in ran_apart else ran_apart[0]
-        why = [f for f in real.flags.get((slot, o), []) if f.startswith("pending")]
+        why = [f for f in real.flags.get((slot, o), []) if f.startswith("pending: Slurm")]
         return (f"in slot {slot - 1} {o} ran with {real.ran.get((slot - 1, o), 0)} workers on Slurm, "
                 f"{twin.ran.get((slot - 1, o), 0)} in the twin" + (f" ({why[0]})" if why else ""))
     worst, what = 0.0, ""
@@ -94,7 +145,7 @@ def _cause(real: WorldRecord, twin: WorldRecord, slot: int, job: str) -> str:
             continue
         rel = abs(e_r - e_t) / max(abs(e_t), 1e-12)
         if rel > worst:
-            why = [f for f in real.flags.get((slot, other), []) if f.startswith("pending")]
+            why = [f for f in real.flags.get((slot, other), []) if f.startswith("pending: Slurm")]
             worst, what = rel, (f"{other} had {e_r:.4g} epochs done on Slurm, {e_t:.4g} in the twin"
                                 + (f"; {why[0]}" if why else ""))
     others = sorted(o for (s, o), w in real.alloc.items() if s == slot and twin.alloc.get((s, o), 0) != w)

@@ -4,9 +4,10 @@ wall-clock time, the trace's jobs submitted as they arrive); each is read back f
 :class:`~dl2d.daemon.conform.compare.WorldRecord`.
 
 Both worlds are the same daemon code with the same configuration but for the backend: the same policy, slot
-length, guardrails, worker bound and job specs. The twin's cluster is the real one's shape (nodes, and each
-node's GPUs, CPUs and memory as Slurm reports them), with no speed noise, no shared-node slowdown and a restart
-costing ``restart_s`` of training (what a checkpoint-restart costs on the real cluster).
+length, guardrails, worker bound and job specs. The twin's cluster (dl2d.daemon.conform.twin) is the real one's
+shape (nodes, and each node's GPUs, CPUs and memory as Slurm reports them) under Slurm's rules of placement and
+waiting, with no speed noise and no shared-node slowdown; a start and a restart cost what they cost in the real
+run (:func:`~dl2d.daemon.conform.compare.restart_costs`): :func:`conform` runs the real world first.
 """
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 from sqlalchemy import select
 
-from dl2d.daemon.conform.compare import WorldRecord
+from dl2d.daemon.conform.compare import Costs, WorldRecord
 from dl2d.daemon.conform.trace import ConformJob, submission
 
 log = logging.getLogger("dl2d.conform")
@@ -117,11 +119,15 @@ def read_world(engine, world: str, policy: str, jobs: Sequence[ConformJob], gpus
             for job_id, fl in (d.job_flags or {}).items():
                 if int(job_id) in names:
                     flags[(rel[d.slot_id], names[int(job_id)])] = list(fl)
-        events = []
+        events, offsets, job_apply_at = [], {}, {}
         for e in s.execute(select(Event.job_id, Event.ts, Event.kind).where(Event.job_id.is_not(None))):
             kind = e.kind.value if hasattr(e.kind, "value") else str(e.kind)
             if kind in ("start", "hot_scale", "relaunch", "resize"):
-                events.append((max(bisect.bisect_right(starts, _utc(e.ts)) - 1, 0), names[e.job_id], kind))
+                slot = max(bisect.bisect_right(starts, _utc(e.ts)) - 1, 0)
+                events.append((slot, names[e.job_id], kind))
+                offsets.setdefault(slot, []).append(_utc(e.ts) - starts[slot])
+                job_apply_at[(slot, names[e.job_id])] = _utc(e.ts) - starts[slot]
+        apply_at = {slot: float(np.median(v)) for slot, v in offsets.items()}
         finish_s, jct_s = {}, {}
         for j in s.execute(select(Job.name, Job.finished_at, Job.state)):
             if j.name in arrival and j.finished_at is not None and getattr(j.state, "value", j.state) == "COMPLETED":
@@ -131,7 +137,7 @@ def read_world(engine, world: str, policy: str, jobs: Sequence[ConformJob], gpus
                 jct_s[j.name] = _utc(j.finished_at) - start_a
     return WorldRecord(world=world, policy=policy, gpus=gpus, slots=len(slots), alloc=alloc, ran=ran, epochs=epochs,
                        flags=flags, events=sorted(events), arrival=arrival, finish_s=finish_s, jct_s=jct_s,
-                       slot_s=slot_s)
+                       slot_s=slot_s, apply_at=apply_at, job_apply_at=job_apply_at)
 
 
 def _overrides(state_dir: Path, policy: str, slot_s: float, max_workers: int) -> dict[str, Any]:
@@ -140,20 +146,19 @@ def _overrides(state_dir: Path, policy: str, slot_s: float, max_workers: int) ->
 
 
 def run_twin(jobs: Sequence[ConformJob], policy: str, slot_s: float, shape: ClusterShape, state_dir: Path,
-             restart_s: float, python: str = sys.executable, owner: str = "root", max_slots: int = 400,
-             max_workers: int = 16) -> WorldRecord:
+             costs: Costs, python: str = sys.executable, owner: str = "root", max_slots: int = 400,
+             max_workers: int = 16, real: WorldRecord | None = None) -> WorldRecord:
     """The trace in the twin: the daemon's slot loop over a simulated copy of the cluster."""
     from dl2d.daemon.config import load_config
     from dl2d.daemon.main import build_loop
-    from dl2d.daemon.sim_backend import SimBackend
+    from dl2d.daemon.conform.twin import SlurmTwin
     from dl2d.sim.cluster import ClusterSpec
 
     state_dir.mkdir(parents=True, exist_ok=True)
     cfg = load_config(None, env={}, overrides={**_overrides(state_dir, policy, slot_s, max_workers), "backend": "sim",
-                                               "sim.noise": 0.0, "sim.resize_overhead_s": restart_s,
-                                               "sim.shared_node_slowdown": 0.0})
-    backend = SimBackend(ClusterSpec(shape.nodes, shape.gpus, shape.cpus, shape.mem_gb), slot_s, noise=0.0,
-                         resize_overhead_s=restart_s, start_time=0.0, even_gres=True)
+                                               "sim.noise": 0.0})
+    backend = SlurmTwin(ClusterSpec(shape.nodes, shape.gpus, shape.cpus, shape.mem_gb), slot_s, start_time=0.0,
+                        costs=costs, applied_at=real.applied_at if real is not None else None)
     feeder = TraceFeeder(jobs, python, owner)
     loop = build_loop(cfg, feeder, backend=backend)
     loop.run(max_slots=max_slots, until_idle=lambda: feeder.exhausted() and loop.idle())
@@ -299,3 +304,19 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def default_state_root() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"dl2d-conform-{os.getpid()}"
+
+
+def conform(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf: str, root: Path, driver,
+            python: str = sys.executable, env: dict[str, str] | None = None, timeout_s: float = 300.0
+            ) -> dict[str, Any]:
+    """One policy in both worlds: the real run, the twin run with the real run's start and restart costs, and
+    the comparison (dl2d.daemon.conform.compare.compare), with the costs the twin was given."""
+    from dl2d.daemon.conform.compare import compare, restart_costs
+
+    shape = slurm_shape(driver)
+    real = run_real(jobs, policy, slot_s, slurm_conf, root / policy / "real", driver, shape.total_gpus,
+                    python=python, env=env, timeout_s=timeout_s, prefix=f"cf-{policy}-")
+    costs = restart_costs(real, {j.name: dict(j.speed) for j in jobs})
+    twin = run_twin(jobs, policy, slot_s, shape, root / policy / "twin", costs, python=python, real=real)
+    return {**compare(real, twin), "costs": {k: round(v, 3) for k, v in asdict(costs).items()}}
+

@@ -163,8 +163,10 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
     * running, its nodes cannot host the target: RESTART (checkpoint, then requeue or resubmit) —
       Slurm adds neither nodes nor GPUs to a running allocation;
     * running, fewer of its nodes host the target (and no fewer than ``needed`` has, so a placed
-      target keeps its spread): SHRINK (``scontrol update NumNodes``); an elastic job is scaled down
-      hot first, so one whose runtime cannot be resized now is restarted instead;
+      target keeps its spread): SHRINK (``scontrol update NumNodes``) when the nodes kept hold just the
+      GPUs the target needs (each keeps its GPUs: 9 workers on 3 nodes of 3 shrink in place to 6, not to 4,
+      which would keep 6 GPUs for 4 workers), else RESTART; an elastic job is scaled down hot first, so one
+      whose runtime cannot be resized now is restarted instead;
     * running, its nodes host the target: NOOP when (W, P) is what was applied. A job that is not elastic
       took its size when its processes started, and Slurm takes nothing from a node in place: recording a
       new size on the allocation it keeps would count resources free that Slurm holds. So it is RESTARTed
@@ -193,6 +195,8 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
     if keep < cur.allocation.nodes:
         if cur.elastic and not hot:
             return Plan(RESTART, needed)
+        if keep * cur.allocation.gpus_per_node != needed.nodes * needed.gpus_per_node:
+            return Plan(RESTART, needed)  # the nodes kept would hold GPUs the new size does not use
         return Plan(SHRINK, replace(cur.allocation, nodes=keep))
     if want == cur.applied:
         return Plan(NOOP)
