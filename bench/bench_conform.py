@@ -22,10 +22,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dl2d.daemon.conform.compare import ordering  # noqa: E402
+from dl2d.daemon.conform.compare import compare, ordering  # noqa: E402
 from dl2d.daemon.conform.trace import make_trace  # noqa: E402
-from dl2d.daemon.conform.worlds import clean_env, conform  # noqa: E402
+from dl2d.daemon.conform.worlds import clean_env, conform, run_real, slurm_shape  # noqa: E402
 from dl2d.slurm.cli_driver import CliDriver  # noqa: E402
+
+
+def real_twice(jobs, policy, slot, conf, root, driver, env) -> dict:
+    """Two runs of one policy on Slurm, compared as real against "twin": how far the real world repeats itself."""
+    shape = slurm_shape(driver)
+    runs = [run_real(jobs, policy, slot, conf, root / policy / f"real-{k}", driver, shape.total_gpus, env=env,
+                     prefix=f"cf-{policy}-{k}-") for k in (0, 1)]
+    runs[1].world = "twin"
+    return {**compare(*runs), "costs": {}}
 
 
 def main() -> int:
@@ -37,6 +46,8 @@ def main() -> int:
     p.add_argument("--local", action="store_true", help="start a local 4 x 4 GPU Slurm for the run")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "conform.json")
     p.add_argument("--keep", type=Path, help="run both worlds' daemons under this directory and keep it")
+    p.add_argument("--real-twice", action="store_true",
+                   help="the noise floor instead: run each policy on Slurm twice and compare the two real runs")
     args = p.parse_args()
     local = Path(tempfile.mkdtemp(prefix="dl2d-slurm-")) if args.local else None
     if local is not None:
@@ -53,7 +64,10 @@ def main() -> int:
         reports = []
         for policy in args.policies.split(","):
             t0 = time.monotonic()
-            rep = conform(jobs, policy, args.slot, conf, root, driver, env=env)
+            if args.real_twice:
+                rep = real_twice(jobs, policy, args.slot, conf, root, driver, env)
+            else:
+                rep = conform(jobs, policy, args.slot, conf, root, driver, env=env)
             reports.append(rep)
             r, t = rep["real"], rep["twin"]
             print(f"{policy}: agreement {rep['agreement']:.1%} of {rep['job_slots']} job-slots; avg JCT real "

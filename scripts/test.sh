@@ -31,6 +31,13 @@ echo "== checking the import contracts (docs/ARCHITECTURE.md)"
 lint-imports --no-cache
 
 # Two processes (pytest-xdist): a module runs whole on one, the local Slurm cluster's tests all on one
-# (tests/conftest.py). DL2D_TEST_WORKERS=0 runs everything in this process.
+# (tests/conftest.py). DL2D_TEST_WORKERS=0 runs everything in this process. The conformance harness (real
+# Slurm against its twin, slot by slot in wall-clock time) runs after them, alone on the machine: other tests'
+# load on the same cores would be its noise.
+ALONE=tests/slurm/test_conformance_real.py
 echo "== running the test suite"
-exec python3 -m pytest -q -n "${DL2D_TEST_WORKERS:-2}" --dist loadgroup "$@"
+python3 -m pytest -q -n "${DL2D_TEST_WORKERS:-2}" --dist loadgroup --deselect "$ALONE" "$@"
+if [ "$#" -eq 0 ]; then
+  echo "== running the conformance harness alone"
+  python3 -m pytest -q "$ALONE"
+fi

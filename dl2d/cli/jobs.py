@@ -190,7 +190,9 @@ def _submit_flags(f: Any) -> Any:
                           "resnet50, vgg16, ctc)."),
         click.option("--batch-size", type=float,
                      help="All-reduce: the total batch of all workers together (required for a measured model)."),
-        click.option("--workers", type=int, help="The workers you ask for (what Slurm alone would give the job)."),
+        click.option("--workers", metavar="N|MIN-MAX",
+                     help="The workers you ask for (what Slurm alone would give the job); MIN-MAX, as Slurm's "
+                          "--nodes=MIN-MAX: ask for MAX, never run with fewer than MIN (the job waits instead)."),
         click.option("--epoch-seconds", type=float,
                      help="All-reduce, a model dl2d does not know: seconds per epoch on one GPU (a hint for "
                           "the scheduler's speed prior)."),

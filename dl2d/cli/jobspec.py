@@ -8,6 +8,7 @@ A spec file holds the keys of `validate_submission` (see docs/cli.md). An all-re
     job_type = "bert"             # any model name; bert, cifar10, deepspeech2, imagenet, ncf, yolov3 are measured
     batch_size = 96               # total batch, all workers together (required for a measured model)
     workers = 8                   # optional: the workers you ask for (Slurm as it is gives exactly these)
+    min_workers = 2               # optional: never run with fewer (it waits instead); default 1
     epoch_seconds = 600           # optional, a model dl2d does not know: seconds per epoch on one GPU
     total_epochs = 2              # your estimate of the epochs to train
     command = "python train.py"   # or `script`; see docs/jobs.md for what the program is handed
@@ -114,6 +115,22 @@ def parse_mem(value: str) -> float:
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
+def parse_workers(value: str | int) -> int | tuple[int, int]:
+    """``--workers``: ``N`` (the workers asked for) or ``MIN-MAX`` (Slurm's ``--nodes=MIN-MAX`` form: asked for
+    MAX, never run with fewer than MIN)."""
+    text = str(value).strip()
+    lo, sep, hi = text.partition("-")
+    try:
+        if not sep:
+            return int(text)
+        low, high = int(lo), int(hi)
+    except ValueError:
+        raise ValueError(f"workers must be N or MIN-MAX, got {value!r}") from None
+    if not 1 <= low <= high:
+        raise ValueError(f"workers MIN-MAX needs 1 <= MIN <= MAX, got {value!r}")
+    return low, high
+
+
 def parse_time(value: str) -> int:
     """sbatch's --time syntax -> whole minutes (rounded up).
 
@@ -177,7 +194,7 @@ FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
     "owner": (("owner",), None),
     "arch": (("kind",), None),
     "batch_size": (("batch_size",), None),
-    "workers": (("workers",), None),
+    "workers": (("workers",), parse_workers),
     "epoch_seconds": (("epoch_seconds",), None),
     "launch": (("launch",), None),
     "label": (("label",), None),
@@ -218,6 +235,10 @@ def merge_submission(spec: Mapping[str, Any], flags: Mapping[str, Any], user: st
             except ValueError as e:
                 errors.append(f"{FLAG_NAMES[flag]}: {e}")
                 continue
+        if flag == "workers" and isinstance(value, tuple):  # MIN-MAX: asked for MAX, at least MIN
+            out["min_workers"], value = value
+            if flags.get("max_workers") is None:
+                out["max_workers"] = value
         if path == ("command",):
             out.pop("script", None)  # --wrap replaces the spec's command, whatever its key
         target = out

@@ -410,6 +410,11 @@ class SlotLoop:
             for job_id, why in cut.items():
                 flags.setdefault(job_id, []).append(why)
             held = {**held, **cut}
+        alloc, cut = P.below_minimum(view, alloc, {r.id: int(r.spec["min_workers"]) for r in rows
+                                                   if (r.spec or {}).get("min_workers")})
+        for job_id, why in cut.items():
+            flags.setdefault(job_id, []).append(why)
+        held = {**held, **cut}
         advised = alloc
         if self.carried_out is not None:  # advise mode: what the cluster does without dl2d runs instead
             alloc = self.carried_out(view)
@@ -418,7 +423,8 @@ class SlotLoop:
         self.state.starved = P.update_starved(view, alloc, self.state.starved)
         usage = place(view, alloc)[0]  # the guardrails checked it fits
         for job_id, why in P.pending_reasons(view, alloc, usage).items():
-            flags.setdefault(job_id, []).append(f"pending: {why}")
+            if not any(f.startswith("pending: ") for f in flags.get(job_id, [])):  # a reason said already wins
+                flags.setdefault(job_id, []).append(f"pending: {why}")
         self.node_report = P.node_report(view, nodes, usage, self.poller.health() if self.poller is not None else {})
         self.metrics.set_cluster(self.node_report)
         names, limits = [n.name for n in nodes], {r.id: (r.max_workers, r.max_ps) for r in rows}

@@ -207,6 +207,30 @@ def even_gres(view: SlotView, alloc: Allocation) -> tuple[Allocation, dict[int, 
                       alloc.ps_servers), cut
 
 
+def below_minimum(view: SlotView, alloc: Allocation, minimum: Mapping[int, int]) -> tuple[Allocation, dict[int, str]]:
+    """The allocation with every job given fewer workers than its minimum (by job id: its submission's
+    ``min_workers``, ``dl2ctl submit --workers MIN-MAX``) given none, and why (by job id): such a job waits
+    rather than run at a size its program does not take."""
+    w = np.asarray(alloc.workers, int).copy()
+    p = np.asarray(alloc.ps, int).copy()
+    ws = [list(x) for x in alloc.worker_servers] if alloc.worker_servers is not None else None
+    ps = [list(x) for x in alloc.ps_servers] if alloc.ps_servers is not None else None
+    cut: dict[int, str] = {}
+    for j, job_id in enumerate(int(i) for i in view.job_ids):
+        least = int(minimum.get(job_id, 1))
+        if 0 < w[j] < least:
+            cut[job_id] = f"pending: sized {int(w[j])}, below its minimum of {least} workers: it waits"
+            w[j] = p[j] = 0
+            if ws is not None:
+                ws[j] = []
+            if ps is not None:
+                ps[j] = []
+    if not cut:
+        return alloc, {}
+    return Allocation(w, p, None if ws is None else tuple(tuple(x) for x in ws),
+                      None if ps is None else tuple(tuple(x) for x in ps)), cut
+
+
 def view_digest_input(view: SlotView) -> dict[str, Any]:
     """The policy input as plain JSON (hashed into decisions.state_digest)."""
     return {"slot": int(view.slot), "jobs": view.job_ids.tolist(), "type": view.type_idx.tolist(),

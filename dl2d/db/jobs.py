@@ -85,6 +85,7 @@ class JobSubmission:
     kind: str = "ps"  # one of KINDS
     batch_size: float | None = None  # total batch of an all-reduce job
     workers: int | None = None  # workers the user asks for (Slurm as it is would give exactly these)
+    min_workers: int | None = None  # the fewest workers it may run with (None: 1); below them it waits
     epoch_seconds: float | None = None  # one-GPU seconds per epoch of a model dl2d does not know (a hint)
     launch: str | None = None  # "srun" (one process per worker, by dl2d) or "once"; None: the kind's default
     label: str | None = None  # the job's class for dl2ctl calibrate (None: its model)
@@ -95,7 +96,8 @@ class JobSubmission:
 
     def spec(self) -> dict[str, Any]:
         """The JSON stored in `jobs.spec` (the optional fields only where given)."""
-        optional = {"batch_size": self.batch_size, "workers": self.workers, "epoch_seconds": self.epoch_seconds,
+        optional = {"batch_size": self.batch_size, "workers": self.workers, "min_workers": self.min_workers,
+                    "epoch_seconds": self.epoch_seconds,
                     "launch": self.launch, "label": self.label, "account": self.account, "qos": self.qos,
                     "partition": self.partition, "env": dict(self.env) if self.env else None}
         return {
@@ -114,7 +116,8 @@ class JobSubmission:
 _SUBMISSION_KEYS = {
     "name", "owner", "job_type", "total_epochs", "command", "script",
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
-    "kind", "batch_size", "workers", "epoch_seconds", "launch", "label", "account", "qos", "partition", "env",
+    "kind", "batch_size", "workers", "min_workers", "epoch_seconds", "launch", "label", "account", "qos",
+    "partition", "env",
 }
 
 
@@ -315,6 +318,12 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
         workers = _number(errors, "workers", workers, 1, MAX_TASKS, integer=True)
         if workers is not None and max_workers is not None and workers > max_workers:
             errors.append(f"workers ({workers}) must be <= max_workers ({max_workers})")
+    min_workers = data.get("min_workers")
+    if min_workers is not None:
+        min_workers = _number(errors, "min_workers", min_workers, 1, MAX_TASKS, integer=True)
+        for other, value in (("max_workers", max_workers), ("workers", workers)):
+            if min_workers is not None and value is not None and min_workers > value:
+                errors.append(f"min_workers ({min_workers}) must be <= {other} ({value})")
     batch, epoch_seconds = _allreduce_fields(errors, data, kind, job_type)
     launch = data.get("launch")
     if launch is not None and launch not in LAUNCHES:
@@ -344,7 +353,8 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     return JobSubmission(
         name=name, owner=owner, job_type=job_type, total_epochs=epochs, command=command.strip(),
         worker=worker, ps=ps, max_workers=max_workers, max_ps=max_ps, sync=sync, time_limit_min=time_limit,
-        kind=kind, batch_size=batch, workers=workers, epoch_seconds=epoch_seconds, launch=launch, label=label,
+        kind=kind, batch_size=batch, workers=workers, min_workers=min_workers, epoch_seconds=epoch_seconds,
+        launch=launch, label=label,
         account=account, qos=qos, partition=partition, env=env or None,
     )
 

@@ -223,6 +223,15 @@ def test_submit_an_all_reduce_job_that_launches_its_own_processes(dl2ctl, db_url
     assert spec["launch"] == "once"
 
 
+def test_submit_a_range_of_workers_as_slurms_min_max(dl2ctl, db_url):
+    """--workers 2-8, as Slurm's --nodes=2-8: asked for 8 (the most it may get), never run with fewer than 2."""
+    r = dl2ctl("submit", "-J", "rng", "--arch", "allreduce", "--type", "cifar10", "--batch-size", "512", "--workers",
+               "2-8", "--epochs", "1", "--wrap", "run", "--cpus-per-worker", "1", "--mem-per-worker", "1G")
+    assert r.exit_code == 0, r.output
+    [(*_, spec)] = jobs_in(db_url)
+    assert (spec["workers"], spec["min_workers"], spec["max_workers"]) == (8, 2, 8)
+
+
 def test_submit_a_model_dl2d_has_never_seen(dl2ctl, db_url, tmp_path):
     """Any model name is an all-reduce job (no --arch needed); its speed hint is kept for the scheduler's prior."""
     f = tmp_path / "llm.toml"
@@ -240,6 +249,9 @@ def test_submit_a_model_dl2d_has_never_seen(dl2ctl, db_url, tmp_path):
     (("--type", "bert", "--batch-size", "0"), "batch_size must be > 0"),
     (("--type", "bert", "--batch-size", "96", "--epoch-seconds", "60"), "epoch_seconds: bert's speed is measured"),
     (("--type", "bert", "--batch-size", "96", "--workers", "80"), "workers (80) must be <= max_workers (64)"),
+    (("--type", "x", "--workers", "8-2"), "--workers: workers MIN-MAX needs 1 <= MIN <= MAX, got '8-2'"),
+    (("--type", "x", "--workers", "two"), "--workers: workers must be N or MIN-MAX, got 'two'"),
+    (("--type", "x", "--workers", "2-8", "--max-workers", "4"), "workers (8) must be <= max_workers (4)"),
     (("--type", "x", "--gpus-per-worker", "0.5"), "worker.gpus must be an integer, got 0.5 (an all-reduce worker"),
     (("--type", "x", "--gpus-per-worker", "0"), "worker.gpus must be >= 1"),
     (("--arch", "allreduce", "--type", "x", "--cpus-per-ps", "2"), "ps: an all-reduce job has no parameter servers"),

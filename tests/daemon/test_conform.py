@@ -145,3 +145,37 @@ def test_the_twin_shrinks_in_place_where_the_nodes_kept_hold_just_the_new_size()
     assert res.method == "shrink" and res.running and twin.observe()[1].nodes == ("sim001", "sim002")
     res = twin.apply(_request(1, 100.0), Target(4, 0))  # 2 nodes of 3 would hold 6: a relaunch on one of 4
     assert res.method == RESTART and twin.observe()[1].nodes == ("sim001",)
+
+
+def test_in_the_twin_a_start_on_nodes_a_stopped_job_is_leaving_waits_for_their_release():
+    twin = SlurmTwin(ClusterSpec(1, 4, 16, 16.0), 10.0, start_time=0.0, costs=Costs(1.0, 1.0, 2.0),
+                     applied_at=lambda slot, job: 0.5)
+    twin.apply(_request(1, 100.0, workers=4), Target(4, 0))
+    twin.end_slot(10.0)
+    with twin.batch():
+        twin.apply(_request(1, 100.0), Target(0, 0))  # stopped at 0.5 s: its GPUs are free at 2.5 s
+        twin.apply(_request(2, 100.0), Target(4, 0))
+    assert twin.observe()[2].state == PENDING and twin.observe()[2].message == WAITING
+    twin.end_slot(10.0)
+    rate4 = allreduce.epoch_rates(["cifar10"], [128.0], [[0, 0, 0, 0]], [1])[0]
+    st = twin.observe()[2]
+    assert st.state == RUNNING and st.epochs_done == pytest.approx(rate4 * (10.0 - 2.5 - 1.0))  # then its launch
+
+
+def test_the_demo_job_follows_its_target_file_when_shrunk_or_grown_in_place(tmp_path):
+    target = tmp_path / "target.json"
+    target.write_text('{"workers": 1, "ps": 0}')
+    env = {**os.environ, "DL2D_WORKERS": "1", "DL2D_TARGET_FILE": str(target)}
+    p = subprocess.Popen([sys.executable, "-m", "dl2d.slurm.demo_job", "--epochs", "1.2", "--speed", "1:0.5,2:2.0",
+                          "--checkpoint", str(tmp_path / "ckpt.json"), "--progress", str(tmp_path / "p.json"),
+                          "--report-s", "0.05"], env=env)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "p.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    t0 = time.monotonic()  # its first record is written as it starts training
+    target.write_text('{"workers": 2, "ps": 0}')  # dl2d rewrote it: 4 times as fast from here
+    assert p.wait(timeout=30) == 0
+    # at 1 worker's 0.5 epochs/s alone the 1.2 epochs take 2.4 s: it finished sooner, at 2 workers' speed
+    assert time.monotonic() - t0 < 2.4
+    assert json.loads((tmp_path / "p.json").read_text())["status"] == "done"

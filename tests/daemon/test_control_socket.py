@@ -166,6 +166,11 @@ def test_the_server_survives_garbage_floods_and_stalls_and_a_stale_socket_is_rep
         assert raw(b"{" * 5000 + b"\n")["ok"] is False  # nesting too deep for json: a clean error
         big = raw(b"[" + b"1," * (MAX_REQUEST_BYTES // 2 + 8) + b"1]\n")
         assert big == {"ok": False, "error": f"request larger than {MAX_REQUEST_BYTES} bytes"}
+        # the requests above are answered; their threads may still be letting their slots go (on a loaded machine)
+        end = time.monotonic() + 10
+        while srv._server.limiter.in_use and time.monotonic() < end:
+            time.sleep(0.01)
+        assert srv._server.limiter.in_use == 0
         # 40 clients (this test's uid) that connect and send nothing: the server keeps answering meanwhile
         idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(40)]
         for c in idle:

@@ -39,3 +39,41 @@ def test_even_gres_cuts_all_reduce_jobs_and_their_placements_only():
     assert list(cut) == [1] and "5 would hold more than 5" in cut[1]
     same, none = P.even_gres(view, out)
     assert same is out and none == {}
+
+
+def test_a_job_sized_below_its_minimum_waits_instead():
+    nodes = [NodeInfo(f"n{i}", 4, 16, 64.0) for i in range(2)]
+    rows = [_row(1, JobKind.ALLREDUCE), _row(2, JobKind.ALLREDUCE)]
+    view = P.build_view(0, rows, nodes)
+    alloc = Allocation(np.array([2, 3]), np.array([0, 0]), ((0, 0), (1, 1, 1)), ((), ()))
+    out, cut = P.below_minimum(view, alloc, {1: 3, 2: 3})
+    assert out.workers.tolist() == [0, 3] and out.worker_servers == ((), (1, 1, 1))
+    assert cut == {1: "pending: sized 2, below its minimum of 3 workers: it waits"}
+    assert P.below_minimum(view, out, {1: 3, 2: 3}) == (out, {})
+
+
+def test_the_daemon_never_runs_a_job_below_its_minimum(tmp_path):
+    from dl2d.daemon.loop import SlotLoop
+    from dl2d.daemon.sim_backend import SimBackend
+    from dl2d.db.engine import make_engine, session_scope, upgrade
+    from dl2d.db.jobs import submit_job
+    from dl2d.db.models import Job, JobState
+    from dl2d.db.slots import pending_reasons
+    from dl2d.policy.registry import make_heuristic
+    from dl2d.sim.cluster import ClusterSpec
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'dl2d.sqlite'}")
+    upgrade(engine)
+    spec = {"owner": "u", "kind": "allreduce", "job_type": "cifar10", "batch_size": 512.0, "command": "run",
+            "total_epochs": 100.0, "worker": {"gpus": 1, "cpus": 1, "mem_gb": 1}}
+    with session_scope(engine) as s:
+        small = submit_job(s, {**spec, "name": "small", "workers": 2}).id
+        ranged = submit_job(s, {**spec, "name": "ranged", "workers": 8, "min_workers": 4, "max_workers": 8}).id
+    backend = SimBackend(ClusterSpec(1, 4, 16, 64.0), 60.0, noise=0.0, start_time=0.0)
+    loop = SlotLoop(engine, backend, None, make_heuristic("drf"), slot_seconds=60.0, pace=False)
+    loop.run(max_slots=1)  # DRF shares the 4 GPUs: 2 each, below the ranged job's minimum
+    with session_scope(engine) as s:
+        assert s.get(Job, small).workers == 2
+        assert (s.get(Job, ranged).state, s.get(Job, ranged).workers) == (JobState.PENDING, 0)
+        assert "below its minimum of 4 workers" in pending_reasons(s)[ranged]
+    assert ranged not in backend.observe()  # never started

@@ -263,9 +263,10 @@ def run_real(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf:
                 slot = number - first
                 # slot decided (its row is written with its decision): the next slot's arrivals go in now
                 submit([j for j in jobs if 0 < j.arrival <= slot + 1 and j.name not in submitted])
-                # just before the next slot begins: what Slurm holds against what dl2d counts
+                # just before the next slot begins, once the slot's plan is carried out: what Slurm holds
+                # against what dl2d counts
                 left = _utc(started) + slot_s - time.time()
-                if slot not in checked and left < 0.5:
+                if slot not in checked and left < 0.5 and _carried_out(engine, number):
                     watch.check(engine, number, slot)
                     checked.add(slot)
                     if on_slot:
@@ -292,6 +293,16 @@ def run_real(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf:
     record.over_held, record.checked_slots = watch.over, watch.checked
     engine.dispose()
     return record
+
+
+def _carried_out(engine, number: int) -> bool:
+    """Whether every intent of slot ``number`` has been carried out (or has failed)."""
+    from dl2d.db.engine import session_scope
+    from dl2d.db.models import Intent, IntentState, Slot
+
+    with session_scope(engine) as s:
+        return s.execute(select(Intent.id).join(Slot, Slot.id == Intent.slot_id).where(
+            Slot.number == number, Intent.state.in_([IntentState.PLANNED, IntentState.ISSUED]))).first() is None
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
