@@ -222,9 +222,6 @@ class SlurmJob:
 ACTIVE_JOB_STATES = frozenset(
     {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED",
      "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
-#: The states in which a job holds its nodes' resources (allocated, not yet released).
-HOLDING_STATES = frozenset(
-    {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,10 @@ def slurm(local_slurm: LocalSlurm) -> LocalSlurm:
     for job in driver.jobs():
         if job.active:
             driver.cancel(job.job_id)
+    # cancelled is not gone: a job still completing holds its nodes, and the next test starts from free ones
+    deadline = time.monotonic() + 30
+    while any(j.active for j in driver.jobs()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for node in driver.nodes():
         if node.drained:
             driver.resume_node(node.name)

@@ -79,7 +79,6 @@ from dl2d.daemon.slurm.settings import (
 )
 from dl2d.slurm.backoff import RetryingDriver
 from dl2d.slurm.driver import (
-    HOLDING_STATES,
     JobSpec,
     SlurmDriver,
     SlurmError,
@@ -258,38 +257,7 @@ class SlurmBackend:
 
     # -- ClusterBackend -----------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:
-        """Slurm's nodes, each with what Slurm jobs that are not this daemon's hold on it taken off: the GPUs and
-        CPUs dl2d may hand out (a user's own ``sbatch``, another scheduler's jobs: dl2d never counts them free)."""
-        foreign = self._foreign_use(self._jobs())
-        out = []
-        for n in self._slurm_nodes(fresh=True):
-            info = node_info(n)
-            gpus, cpus = foreign.get(n.name, (0, 0))
-            out.append(replace(info, gpus=max(info.gpus - gpus, 0), cpus=max(info.cpus - cpus, 0)) if gpus or cpus
-                       else info)
-        return out
-
-    def _ours(self, job: SlurmJob) -> bool:
-        """Whether a Slurm job is one this daemon submitted: its comment names a dl2d job whose record lists it."""
-        if job.dl2d_job_id is None or not job.name.startswith(self.config.job_name_prefix) \
-                or not job.dl2d_job_id.isdigit():
-            return False
-        try:
-            record = self._record(int(job.dl2d_job_id))
-        except (OSError, ValueError):
-            return False
-        return job.job_id in {str(i) for i in record.get("slurm_job_ids") or []}
-
-    def _foreign_use(self, jobs: list[SlurmJob]) -> dict[str, tuple[int, int]]:
-        """(GPUs, CPUs) per node held by Slurm jobs that are not this daemon's."""
-        use: dict[str, tuple[int, int]] = {}
-        for job in jobs:
-            if job.state not in HOLDING_STATES or self._ours(job):
-                continue
-            for node in job.nodes:
-                g, c = use.get(node, (0, 0))
-                use[node] = (g + job.gpus_per_node, c + job.cpus_per_node)
-        return use
+        return [node_info(n) for n in self._slurm_nodes(fresh=True)]
 
     def observe(self) -> dict[int, JobStatus]:
         """Every job's status. One job's bad files, or any other failure to observe one job, fail that job with
