@@ -24,7 +24,6 @@ from dl2d.workload.philly import STYLES as WORKLOAD_STYLES
 
 #: Every registered policy (dl2d.policy.registry); learned ones need --checkpoint.
 POLICIES = registry.names()
-BASELINE_NAMES = registry.names(heuristic=True)
 LEARNED = registry.names(learned=True)
 CLUSTERS = tuple(PRESETS)
 #: Options that only shape a generated trace: rejected together with --trace.
@@ -48,10 +47,11 @@ def finite_number(ctx, param, value):
 
 
 def parse_policies(text: str) -> list[str]:
-    """`a,b,c` (or `all`) -> a list of known, distinct policy names; BadParameter otherwise."""
+    """`a,b,c` (or `all`: every registered policy) -> a list of known, distinct policy names; BadParameter
+    otherwise."""
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if names == ["all"]:
-        return list(BASELINE_NAMES)
+        return list(POLICIES)
     if not names:
         raise click.BadParameter("give a comma-separated list of policies, e.g. drf,tetris,optimus",
                                  param_hint="--compare")
@@ -64,9 +64,10 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
-def parse_checkpoints(values, names: list[str], world: str = "today") -> dict[str, Path]:
+def parse_checkpoints(values, names: list[str], world: str = "today", strict: bool = True) -> dict[str, Path]:
     """`--checkpoint PATH` (one learned policy) or `--checkpoint NAME=PATH` (several) -> {name: path}; a learned
-    policy that ships a trained one for ``world`` (dl2-target, elastic-chooser) needs none."""
+    policy that ships a trained one for ``world`` (dl2-target, elastic-chooser) needs none. ``strict``: a learned
+    policy with neither is a usage error (else its build fails, and a comparison gives it a row saying why)."""
     learned = [n for n in names if n in LEARNED]
     out: dict[str, Path] = {}
     for v in values:
@@ -80,7 +81,7 @@ def parse_checkpoints(values, names: list[str], world: str = "today") -> dict[st
             raise click.UsageError(f"--checkpoint {v}: {name} is not among the policies to run")
         out[name] = Path(path)
     for n in learned:
-        if n not in out and registry.problems(n, registry.PolicyOptions(world=world)):
+        if strict and n not in out and registry.problems(n, registry.PolicyOptions(world=world)):
             raise click.UsageError(f"--policy {n} needs --checkpoint PATH (trained with "
                                    f"{registry.get(n).trained_by})")
     return out
@@ -161,7 +162,8 @@ def sparkline(values, width: int = 24) -> str:
                    "bench/bench_chic.py); NAME=PATH, repeated, when several learned policies run.")
 @click.option("--compare", "compare", metavar="A,B,...", default=None,
               help="Run several policies on the same trace and cluster and print one table, e.g. "
-                   "drf,tetris,optimus,fifo,srtf ('all' = those five).")
+                   "drf,tetris,optimus,fifo,srtf; 'all': every registered policy (one that cannot be built "
+                   "or does not finish gets a row saying why).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read the jobs from a trace file (.json or .csv, see docs/simulator.md) instead of generating them.")
 @click.option("--world", type=click.Choice(tuple(WORLDS)), default=DEFAULT_WORLD, show_default=True,
@@ -254,7 +256,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     names = parse_policies(compare) if compare is not None else [(policy or "drf").lower()]
     if checkpoints and not any(n in LEARNED for n in names):
         raise click.UsageError(f"--checkpoint only applies to the learned policies ({', '.join(LEARNED)})")
-    checkpoint = parse_checkpoints(checkpoints, names, world)
+    every = compare is not None and compare.strip().lower() == "all"
+    checkpoint = parse_checkpoints(checkpoints, names, world, strict=not every)
     if whole_nodes:  # before anything is written (--save-trace)
         users = registry.names(reads="whole_nodes")
         ignore = [n for n in names if n not in users]
@@ -343,9 +346,18 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
         trace.check_site(site)
     except T.TraceError as e:
         raise click.BadParameter(str(e), param_hint="--trace") from None
-    schedulers = [make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world, whole_nodes) for n in names]
+    # a comparison never dies for one row: a policy that cannot be built or does not finish gets a row saying why
+    failed: dict[str, str] = {}  # policy -> why it has no result
+    schedulers = {}
+    for n in names:
+        try:
+            schedulers[n] = make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world, whole_nodes)
+        except click.ClickException as e:
+            if compare is None:
+                raise
+            failed[n] = f"not built: {e.message}"
     limits = {}
-    for s in schedulers:  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
+    for s in schedulers.values():  # the DL2 policy's output layer fixes its per-job maxima; use them for every policy
         cfg = getattr(s, "cfg", None)
         if cfg is not None:
             limits = {"max_workers": cfg.max_workers, "max_ps": cfg.max_ps}
@@ -364,11 +376,11 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
             raise click.UsageError(f"--lp-bound: {e}") from None
 
     n_jobs = len(trace)
-    results = []
+    results = {}
     columns = (TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs done"),
                TextColumn("slot {task.fields[slot]}"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), disable=as_json) as progress:
-        for name, scheduler in zip(names, schedulers):
+        for name, scheduler in schedulers.items():
             label = getattr(scheduler, "name", name)
             task = progress.add_task(label, total=n_jobs, slot=0)
 
@@ -376,12 +388,16 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                 progress.update(task, completed=int(np.sum(~np.isnan(state.finish_time))), slot=state.slot)
 
             try:
-                results.append(E.run(trace, scheduler, sim_cfg, seed=seed, on_slot=on_slot, name=label))
-            except RuntimeError as e:  # the engine's give-up after SimConfig.max_slots is a plain RuntimeError
-                if "did not finish" not in str(e):
+                results[name] = E.run(trace, scheduler, sim_cfg, seed=seed, on_slot=on_slot, name=label)
+            except E.DidNotFinish as e:
+                why = f"{e}: its jobs are too long or too slow for this cluster and slot length, or it starves one"
+                if compare is None:
+                    raise click.ClickException(f"{label}: {why}") from None
+                failed[name] = why
+            except Exception as e:  # noqa: BLE001 (a policy's own failure: its row says it, the others run)
+                if compare is None:
                     raise
-                raise click.ClickException(f"{label}: {e}: its jobs are too long or too slow for this cluster "
-                                           "and slot length") from None
+                failed[name] = f"failed: {type(e).__name__}: {e}"
 
     if trace_path is not None:
         trace_setting = {"file": str(trace_path)}
@@ -411,8 +427,10 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                                "lp_slots": round(lp.lp_slots, 3), "bucket_seconds": lp.bucket_s,
                                "solve_seconds": round(lp.solve_s, 1)}
     if as_json:
-        out = {**setting, "results": [{**r.summary(), "gpu_util_per_slot": [round(float(u), 4) for u in r.gpu_util]}
-                                      for r in results]}
+        out = {**setting, "results": [
+            {**results[n].summary(), "finished": True,
+             "gpu_util_per_slot": [round(float(u), 4) for u in results[n].gpu_util]} if n in results else
+            {"policy": n, "finished": False, "error": failed[n]} for n in names]}
         click.echo(json.dumps(out, indent=2))
         return
 
@@ -436,19 +454,24 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                 "GPU util over time", "ms/slot", "wall s"):
         table.add_column(col, justify="left" if col in ("policy", "GPU util over time") else "right",
                          no_wrap=col == "policy", min_width=12 if col == "GPU util over time" else None)
-    for r in results:
-        s = r.summary()
+    for n in names:
+        if n not in results:
+            table.add_row(n, "[yellow]-[/]", "", "", "", "", "", "[yellow]see below[/]", "", "")
+            continue
+        s = results[n].summary()
         table.add_row(s["policy"], f"{s['avg_jct_hours']:.2f}", f"{s['p99_jct_hours']:.2f}",
                       f"{s['avg_jct_slots']:.2f}", f"{s['makespan_hours']:.1f}", f"{s['gpu_util']:.3f}",
-                      str(s["resizes"]), sparkline(r.gpu_util, 12), f"{s['decision_ms']:.2f}", f"{s['wall_s']:.1f}")
+                      str(s["resizes"]), sparkline(results[n].gpu_util, 12), f"{s['decision_ms']:.2f}", f"{s['wall_s']:.1f}")
     console.print(table)
-    if per_type:
+    for n, why in failed.items():
+        console.print(f"[yellow]{n}:[/] {why}", highlight=False)
+    if per_type and results:
         pt = Table(title="Average JCT per job type (hours)", box=box.SIMPLE_HEAD)
         pt.add_column("job type")
         pt.add_column("jobs", justify="right")
-        for r in results:
+        for r in results.values():
             pt.add_column(r.policy, justify="right")
-        per = [r.per_type_jct_hours() for r in results]
+        per = [r.per_type_jct_hours() for r in results.values()]
         from dl2d.workload.catalog import MODEL_NAMES
 
         for t, tname in enumerate(MODEL_NAMES):
@@ -456,8 +479,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
             if count:
                 pt.add_row(tname, str(count), *(f"{p[tname]:.2f}" for p in per))
         console.print(pt)
-    if any(r.unplaced for r in results):
+    if any(r.unplaced for r in results.values()):
         console.print("[yellow]note:[/] some requested tasks fit on no server and were not placed: "
-                      + ", ".join(f"{r.policy} {r.unplaced}" for r in results if r.unplaced))
+                      + ", ".join(f"{r.policy} {r.unplaced}" for r in results.values() if r.unplaced))
     if save_trace is not None:
         console.print(f"trace written to {save_trace}")

@@ -353,6 +353,16 @@ def run_slot(trace: Trace, state: SimState, scheduler: Callable[[SlotView], Allo
     return nxt, reward, {**info, "view": view, "allocation": alloc, "decide_s": decide_s}
 
 
+class DidNotFinish(RuntimeError):
+    """The engine's give-up: ``SimConfig.max_slots`` passed with jobs left (a scheduler that starves some job,
+    or jobs too long for the cluster and slot). Carries how far the run got, for a comparison's row."""
+
+    def __init__(self, max_slots: int, jobs_done: int, jobs: int):
+        super().__init__(f"simulation did not finish within {max_slots} slots (a starving scheduler?): "
+                         f"{jobs_done} of {jobs} jobs done")
+        self.max_slots, self.jobs_done, self.jobs = max_slots, jobs_done, jobs
+
+
 def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfig = SimConfig(), seed: int = 0,
         on_slot: Callable[[SimState], None] | None = None, name: str | None = None) -> SimResult:
     """Simulate the whole trace with one scheduler until every job finishes."""
@@ -367,7 +377,7 @@ def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfi
     state = replace(state, slot=first)
     while not state.done():
         if state.slot - first > cfg.max_slots:
-            raise RuntimeError(f"simulation did not finish within {cfg.max_slots} slots (a starving scheduler?)")
+            raise DidNotFinish(cfg.max_slots, int(np.sum(~np.isnan(state.finish_time))), len(trace))
         state, r, info = run_slot(trace, state, scheduler, cfg, rng, table)
         decide_s += info["decide_s"]
         rewards.append(r)

@@ -77,7 +77,7 @@ def test_dl2ctl_sim_reports_a_simulation_that_cannot_finish_as_one_line(tmp_path
     from dl2d.sim import engine
 
     def starving(*_a, **_k):
-        raise RuntimeError("simulation did not finish within 50000 slots (a starving scheduler?)")
+        raise engine.DidNotFinish(50000, 0, 1)
 
     monkeypatch.setattr(engine, "run", starving)
     path = write(tmp_path, "ok.csv", CSV_HEAD + "0,wlm,1,1,1\n")
