@@ -42,7 +42,7 @@ from dl2d.sim import engine as E  # noqa: E402
 from dl2d.sim import hetero  # noqa: E402
 from dl2d.policy.registry import make_heuristic, names as policy_names  # noqa: E402
 from dl2d.sim.cluster import ClusterSpec, preset  # noqa: E402
-from dl2d.policy.dltap import with_dltap  # noqa: E402
+from dl2d.policy.seeds.dltap import with_dltap  # noqa: E402
 from dl2d.sim.trace import TraceConfig, generate  # noqa: E402
 
 LEARNED = ("dl2", "chic", "chic-pair")
@@ -66,11 +66,11 @@ def train_dl2(args, path: Path, log) -> dict:
     import jax
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dl2d.policy import train as TR
-    from dl2d.policy import learn as LN
+    from dl2d.policy.dl2 import train as TR
+    from dl2d.policy.dl2 import learn as LN
     from dl2d.policy.checkpoint import Checkpoint, make_optimizer, save
-    from dl2d.policy.config import PolicyConfig
-    from dl2d.policy.nets import init_params
+    from dl2d.policy.dl2.config import PolicyConfig
+    from dl2d.policy.dl2.nets import init_params
 
     t0 = time.time()
     cfg = PolicyConfig(max_jobs=max(40, args.jobs))
@@ -116,8 +116,7 @@ def train_dl2(args, path: Path, log) -> dict:
 
 
 def train_chic(args, pol: str, path: Path, log) -> dict:
-    from dl2d.policy import chic as CH
-
+    from dl2d.policy.seeds import chic as CH
     t0 = time.time()
     cfg = CH.ChicConfig(pair=(pol == "chic-pair"), num_jobs=args.chic_num_jobs, episodes=args.chic_episodes,
                         fit_steps=args.chic_fit_steps, lr=args.chic_lr, dropout=args.chic_dropout, common_trace=True)
@@ -140,7 +139,7 @@ def checkpoint_meta(pol: str, path: Path) -> dict:
         from dl2d.policy.checkpoint import load
         meta = load(path).meta
     else:
-        from dl2d.policy.chic import load_checkpoint
+        from dl2d.policy.seeds.chic import load_checkpoint
         meta = load_checkpoint(path)[2]
     return meta.get("bench_all_policies", {"note": "checkpoint not trained by this script", "meta": meta})
 
@@ -185,7 +184,7 @@ def headline(rows: list[dict]) -> dict:
 def evaluate(args, ckpts: dict, log) -> list[dict]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dl2d.policy.dual_agent import DualAgent
+    from dl2d.policy.seeds.dual_agent import DualAgent
 
     tc = trace_config(args)
     policies = [p for p in args.policies.split(",") if p]

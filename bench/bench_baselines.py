@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dl2d.policy import heuristics as B
+from dl2d.policy.baselines import heuristics as B
 from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from dl2d.policy import chic as CH  # noqa: E402
-from dl2d.policy import chic_train as CT  # noqa: E402
+from dl2d.policy.seeds import chic as CH  # noqa: E402
+from dl2d.policy.seeds import chic_train as CT  # noqa: E402
 from dl2d.sim import cluster as C  # noqa: E402
 from dl2d.sim import engine as E  # noqa: E402
 from dl2d.sim import trace as T  # noqa: E402

@@ -1,8 +1,8 @@
-"""Fit the learned rule chooser ``elastic-chooser`` (dl2d.policy.rule_chooser) to the lookahead's costs, choose its
+"""Fit the learned rule chooser ``elastic-chooser`` (dl2d.policy.elastic.chooser) to the lookahead's costs, choose its
 regularisation on held-out generated workloads, and read it on the Pollux workloads.
 
 Why: bench/bench_mpc.py chooses elastic's rule every 10 slots by simulating each rule ahead, at a second or two a
-choice. ``--record`` there keeps every choice's cluster state (dl2d.policy.rule_chooser.state_features) and each
+choice. ``--record`` there keeps every choice's cluster state (dl2d.policy.elastic.chooser.state_features) and each
 rule's cost; this script fits a linear softmax of least expected regret to them (one per ``--l2``), runs each as
 a policy (its rule kept 10 slots) on the validation workloads (generated, seeds never recorded: 104-105 by
 default, both styles, loads 1 and 2), keeps the best, writes it (``--out``, with the validation figures in its
@@ -10,7 +10,7 @@ meta, which a test checks), and then, with ``--pollux``, runs it beside every fi
 workloads, which no step here chose anything on. Average JCT in hours, as is.
 
     python bench/bench_chooser.py --records docs/bench/mpc_oracle_generated_stop52.npz
-        [--l2 1e-4,1e-3,1e-2,1e-1] [--seeds 104-105] [--loads 1,2] [--out dl2d/policy/pretrained/chooser-today.json]
+        [--l2 1e-4,1e-3,1e-2,1e-1] [--seeds 104-105] [--loads 1,2] [--out dl2d/policy/elastic/pretrained/chooser-today.json]
         [--pollux] [--rows FILE.jsonl] [--workers 2]
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from dl2d.policy import rule_chooser as RC
+from dl2d.policy.elastic import chooser as RC
 from dl2d.sim import engine as E
 from dl2d.sim.worlds import world
 

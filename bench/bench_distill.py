@@ -1,13 +1,13 @@
-"""Distil a teacher on the measured speeds into the target-size network (dl2d.policy.plan_distill) in the DL2
+"""Distil a teacher on the measured speeds into the target-size network (dl2d.policy.planning.plan_distill) in the DL2
 world: behaviour cloning on the teacher's own runs, then DAgger rounds (the network drives, the teacher labels,
 all slots kept), choosing the round (and, with ``--iters A,B,..``, the number of Adam steps in it) by the
 validation traces (NumPy simulator), and scoring the chosen network on the held-out traces.
 
     python bench/bench_distill.py --presets small:40,testbed:30 --traces 32 --rounds 2 --iters 3000 \
-        --init dl2d/policy/pretrained/target-dl2.msgpack --out FILE.msgpack --curve-out FILE.json
+        --init dl2d/policy/target/pretrained/target-dl2.msgpack --out FILE.msgpack --curve-out FILE.json
 
-The teacher: ``--teacher plan``, the planner on the measured speeds (dl2d.policy.lp_plan.on_measured_speeds);
-``--teacher lookahead``, its one-slot lookahead over roundings (dl2d.policy.lp_lookahead; ``--candidates``,
+The teacher: ``--teacher plan``, the planner on the measured speeds (dl2d.policy.planning.lp_plan.on_measured_speeds);
+``--teacher lookahead``, its one-slot lookahead over roundings (dl2d.policy.planning.lp_lookahead; ``--candidates``,
 ``--horizon``; 4-12 minutes a `testbed` trace on the 2-core development CPU). ``--in-bucket N``: either's
 program with the bound's in-bucket term. ``--presets`` are collected on, ``--score-presets`` (default: the same)
 validated and scored on.
@@ -31,14 +31,14 @@ from concurrent.futures import ProcessPoolExecutor
 import jax
 import numpy as np
 
-from dl2d.policy import plan_distill as D
+from dl2d.policy.planning import plan_distill as D
 from dl2d.policy import registry
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
-from dl2d.policy import target_train as TT
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
-from dl2d.policy.lp_lookahead import Lookahead
-from dl2d.policy.lp_plan import on_measured_speeds
+from dl2d.policy.planning.lp_lookahead import Lookahead
+from dl2d.policy.planning.lp_plan import on_measured_speeds
 from dl2d.sim import engine as E
 from dl2d.workload.speed import speed_table
 
@@ -141,7 +141,7 @@ def main() -> None:
                          "heuristic) and scored on; default: --presets")
     ap.add_argument("--teacher", choices=("plan", "lookahead"), default="plan",
                     help="plan: the planner on the measured speeds; lookahead: its one-slot lookahead over "
-                         "roundings (dl2d.policy.lp_lookahead)")
+                         "roundings (dl2d.policy.planning.lp_lookahead)")
     ap.add_argument("--candidates", type=int, default=8, help="the lookahead's roundings a slot")
     ap.add_argument("--horizon", type=int, default=3, help="the slots the lookahead simulates")
     ap.add_argument("--starts", type=int, default=0,

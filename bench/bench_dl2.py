@@ -17,11 +17,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from dl2d.policy import train as TR
-from dl2d.policy import learn as LN
+from dl2d.policy.dl2 import train as TR
+from dl2d.policy.dl2 import learn as LN
 from dl2d.policy.checkpoint import Checkpoint, make_optimizer, save
-from dl2d.policy.config import PolicyConfig
-from dl2d.policy.nets import init_params
+from dl2d.policy.dl2.config import PolicyConfig
+from dl2d.policy.dl2.nets import init_params
 from dl2d.sim import cluster as C
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T

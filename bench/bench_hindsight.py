@@ -7,7 +7,7 @@ every size and the cluster's demand, so it might tell. On each training trace (g
 jobs, both styles: even seeds as submitted, odd tuned) elastic runs at every ``--efficiencies`` value and the best
 on that trace is that trace's teacher (hindsight: known only after the run). The network (dl2-target's, its
 teacher feature elastic's pair) is fitted to the teacher's pairs on every slot in ``--rounds`` rounds, the teacher
-driving the first and the network the later ones (dl2d.policy.plan_distill.collect, as the planner's
+driving the first and the network the later ones (dl2d.policy.planning.plan_distill.collect, as the planner's
 distillation), rows where the label departs from the feature's pair weighted ``--departure-weight``. It is then
 run on held-out generated tuned traces and on the 16 Pollux workloads beside elastic at its default and at 0.8.
 Seeded (the network's initialisation, the minibatches): the same arguments give the same figures on one machine.
@@ -27,11 +27,11 @@ import time
 import jax
 import numpy as np
 
-from dl2d.policy import plan_distill as D
-from dl2d.policy import target as T
-from dl2d.policy import target_train as TT
-from dl2d.policy import target_view as TV
-from dl2d.policy.elastic import EFFICIENCY, elastic_srtf
+from dl2d.policy.planning import plan_distill as D
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import train as TT
+from dl2d.policy.target import view as TV
+from dl2d.policy.elastic.srtf import EFFICIENCY, elastic_srtf
 from dl2d.sim import engine as E
 from dl2d.sim.trace import from_workload
 from dl2d.workload.workloads import WORKLOADS, packaged_workload

@@ -1,6 +1,6 @@
 """How far below Optimus can any scheduler get on this simulator? The speed oracle's JCT bound per trace.
 
-Runs the speed oracle (dl2d.policy.oracle: every job its fastest configuration on the simulator's own speed
+Runs the speed oracle (dl2d.policy.baselines.oracle: every job its fastest configuration on the simulator's own speed
 table) beside Optimus and DRF on the same traces, with the configured slot noise and with none. Where the
 oracle never had to give a job less than its fastest configuration ("binding job-slots" 0), its average JCT
 is a lower bound for every scheduler on that trace, so "oracle vs Optimus" is the most any scheduler (DL2
@@ -21,7 +21,7 @@ from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import preset
-from dl2d.policy.oracle import SpeedOracle
+from dl2d.policy.baselines.oracle import SpeedOracle
 
 
 def one_trace(cluster: str, jobs: int, seed: int, slot_noise: float) -> dict:

@@ -1,8 +1,8 @@
-"""Learn the DL2 world's speed table from simulated runs (dl2d.policy.learned_speeds) and write the artefact the
+"""Learn the DL2 world's speed table from simulated runs (dl2d.policy.planning.learned_speeds) and write the artefact the
 registered ``lp-lookahead`` plans on.
 
     python bench/bench_learned_speeds.py --cluster testbed --jobs 30 --traces 1600 --first-seed 3000 \
-        --processes 2 --out dl2d/policy/pretrained/speeds-dl2.npz
+        --processes 2 --out dl2d/policy/planning/pretrained/speeds-dl2.npz
 
 Each trace (seeds FIRST .. FIRST + TRACES - 1: none of the held-out 0-19 nor the validation 500-504) is run once
 under the explorer (every job a random pair every slot), and the speed each PS job trained at in each slot it ran
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.policy import learned_speeds as LS
-from dl2d.policy import lp_plan as LP
-from dl2d.policy import target_train as TT
+from dl2d.policy.planning import learned_speeds as LS
+from dl2d.policy.planning import lp_plan as LP
+from dl2d.policy.target import train as TT
 from dl2d.sim import engine as E
 from dl2d.workload.speed import speed_table
 

@@ -25,7 +25,7 @@ is the simulator as is (restarts, noise, shared-node slowdown), as every other t
 
 ``--generated`` runs generated Philly workloads of those styles instead of the Pollux folders (160 jobs on
 `t4-16`, bench/bench_styles.py's ``generated_trace``: elastic's tuning set by default). ``--record`` keeps, for
-every choice, the cluster's state as dl2d.policy.rule_chooser reads it and each rule's cost: what
+every choice, the cluster's state as dl2d.policy.elastic.chooser reads it and each rule's cost: what
 bench/bench_chooser.py fits the learned chooser ``elastic-chooser`` to. ``--driver CHOOSER.json``: the real run
 follows that chooser's choices, the costs still recorded (a DAgger round: labels on the learner's own states).
 """
@@ -40,11 +40,11 @@ import time
 
 import numpy as np
 
-from dl2d.policy.elastic import EFFICIENCY
-from dl2d.policy.heuristics import remaining_time_estimate
+from dl2d.policy.elastic.srtf import EFFICIENCY
+from dl2d.policy.baselines.heuristics import remaining_time_estimate
 from dl2d.sim import engine as E
 from dl2d.sim.trace import Trace, from_workload
-from dl2d.policy.rule_chooser import Chooser, state_features
+from dl2d.policy.elastic.chooser import Chooser, state_features
 from dl2d.sim.worlds import world
 from dl2d.workload import philly
 from dl2d.workload.speed import speed_table
@@ -113,7 +113,7 @@ def run_mpc(trace: Trace, schedulers: list, cfg, seed: int, mode: str, horizon: 
             lookback: int, record: list | None = None, driver=None) -> tuple[float, list[int]]:
     """(average JCT in hours, slots each scheduler ran) of the real run, choosing every ``every`` slots; each
     choice's (state features, costs) appended to ``record`` when given. ``driver``: a
-    dl2d.policy.rule_chooser.Chooser whose choice the real run follows instead (the costs are still computed
+    dl2d.policy.elastic.chooser.Chooser whose choice the real run follows instead (the costs are still computed
     and recorded: DAgger's labels on the learner's own states)."""
     plan_cfg = dataclasses.replace(cfg, slot_noise=0.0)
     table = speed_table(cfg.speed_model)

@@ -1,4 +1,4 @@
-"""The target-size policy learning online (dl2d.policy.target_online), in the NumPy simulator of today's world:
+"""The target-size policy learning online (dl2d.policy.target.online), in the NumPy simulator of today's world:
 on held-out traces (never trained or validated on), one learner per trace from the shipped checkpoint,
 sampling its pairs and updating every --window slots as the daemon does; beside it the shipped policy
 greedy, the same sampling without updates, the fallback heuristic and --heuristics on the same trace and
@@ -39,11 +39,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from dl2d.policy import registry
-    from dl2d.policy import target_train as TT
+    from dl2d.policy.target import train as TT
     from dl2d.policy.checkpoint import load_target
-    from dl2d.policy.dl2_target import pretrained
+    from dl2d.policy.target.entry import pretrained
     from dl2d.policy.registry import PolicyOptions
-    from dl2d.policy.target_online import as_scheduler
+    from dl2d.policy.target.online import as_scheduler
     from dl2d.sim import engine as E
 
     setup = TT.TrainSetup(world=args.world, jobs=args.jobs, **({"cluster": args.cluster} if args.cluster else {}))

@@ -5,7 +5,7 @@ Why: issue 16 asks for 15 % below the best heuristic (elastic) on the Pollux wor
 (bench/bench_lp_bound.py) leaves 35 % of room on the tuned ones, but how tight that bound is there is not known;
 the planner built on it is no better than elastic there. This searches, for one workload at a time, elastic's
 rule with a priority per job (its remaining work in the order times exp(priority)) and a cap on its workers
-(``dl2d.policy.elastic.elastic_srtf``'s ``priority`` and ``cap``), scored by the true simulator on that very
+(``dl2d.policy.elastic.srtf.elastic_srtf``'s ``priority`` and ``cap``), scored by the true simulator on that very
 workload and seed: a hill climb from elastic itself (priority 0, no cap), each step changing 1-3 jobs' priority
 (+ N(0, 1)) or cap (one of a few sizes), kept when the workload's average JCT is lower. With ``--knobs`` each
 job's efficiency and keep thresholds (elastic's two settings) may be searched too: the cap can only make a job
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.policy.elastic import EFFICIENCY, KEEP_GAIN, elastic_srtf
+from dl2d.policy.elastic.srtf import EFFICIENCY, KEEP_GAIN, elastic_srtf
 from dl2d.sim import engine as E
 from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world

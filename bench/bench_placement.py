@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dl2d.policy.dual_agent import DualAgent
-from dl2d.policy.dual_agent_train import train_ordering_cem
+from dl2d.policy.seeds.dual_agent import DualAgent
+from dl2d.policy.seeds.dual_agent_train import train_ordering_cem
 from dl2d.sim import engine as E
 from dl2d.sim import hetero
 from dl2d.policy.registry import make_heuristic, names as policy_names
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.policy.dltap import with_dltap
+from dl2d.policy.seeds.dltap import with_dltap
 from dl2d.sim.trace import TraceConfig, generate
 
 VARIANTS = {

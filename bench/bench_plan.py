@@ -1,4 +1,4 @@
-"""The planning scheduler (`lp-plan`, dl2d.policy.lp_plan) against the best heuristics and the LP bound, and the
+"""The planning scheduler (`lp-plan`, dl2d.policy.planning.lp_plan) against the best heuristics and the LP bound, and the
 same planner on the speeds the simulator trains with (a reference: what a scheduler that knew them would get).
 
 In the DL2 world a scheduler believes a PS job's speed by its type's parametric fit (the view's est_speed); the
@@ -18,8 +18,9 @@ import time
 import numpy as np
 
 from dl2d.policy import registry
-from dl2d.policy import target_train as TT
-from dl2d.policy.lp_plan import on_measured_speeds
+from dl2d.policy.target import train as TT
+from dl2d.policy.baselines.optimus import FittedOptimus
+from dl2d.policy.planning.lp_plan import lp_plan, on_measured_speeds
 from dl2d.sim import engine as E
 from dl2d.sim.lp_bound import lp_lower_bound
 
@@ -45,7 +46,10 @@ def main() -> None:
     cfg = TT.sim_config(setup)
     seeds = seed_range(args.seeds)
     traces = [TT.make_trace(setup, cfg, s) for s in seeds]
-    makers = {n: (lambda n=n: registry.build(n)) for n in args.policies.split(",") if n}
+    # lp-plan: the program every slot on the fitted Optimus's speeds (no longer registered: the relative Optimus
+    # does better on testbed's held-out traces, docs/ARCHITECTURE.md)
+    makers = {n: (lambda n=n: FittedOptimus(rule=lp_plan, name="lp-plan") if n == "lp-plan" else
+                  registry.build(n, registry.PolicyOptions(world=args.world))) for n in args.policies.split(",") if n}
     makers["lp-plan-measured"] = lambda: on_measured_speeds(cfg)
     out = {}
     for name, make in makers.items():

@@ -1,7 +1,7 @@
 """A better teacher than the planner on the measured speeds? One-slot lookahead over roundings of its plan, and
 each job's speed measured from what it trained (DL2 world; issue 16's `testbed` bar).
 
-The lookahead (dl2d.policy.lp_lookahead, the policy and why) against the planner it rounds anew, on the
+The lookahead (dl2d.policy.planning.lp_lookahead, the policy and why) against the planner it rounds anew, on the
 measured table.
 
 ``--measured-factor``: each PS job's speeds are the table's times the mean over the slots it ran of what it
@@ -27,10 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from dl2d.policy import learned_speeds as LS
-from dl2d.policy import lp_plan as LP
-from dl2d.policy import target_train as TT
-from dl2d.policy.lp_lookahead import Lookahead
+from dl2d.policy.planning import learned_speeds as LS
+from dl2d.policy.planning import lp_plan as LP
+from dl2d.policy.target import train as TT
+from dl2d.policy.planning.lp_lookahead import Lookahead
 from dl2d.sim import engine as E
 from dl2d.workload.speed import speed_table
 
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--in-bucket", type=int, default=0,
                     help="the program's in-bucket term, its tangent lines (dl2d.sim.lp_bound; 0: without it)")
     ap.add_argument("--table", default=None,
-                    help="plan on this learned table (dl2d.policy.learned_speeds; 'shipped': the package's) instead "
+                    help="plan on this learned table (dl2d.policy.planning.learned_speeds; 'shipped': the package's) instead "
                          "of the measured one; the planner's run too")
     ap.add_argument("--out", default=None, help="append the JSON lines here too")
     args = ap.parse_args()

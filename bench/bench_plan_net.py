@@ -1,4 +1,4 @@
-"""Train the network that reads the planner's plan (dl2d.policy.plan_net, ``dl2-plan``) in the DL2 world: the
+"""Train the network that reads the planner's plan (dl2d.policy.planning.plan_net, ``dl2-plan``) in the DL2 world: the
 lookahead on the learned speed table (lp_lookahead.REGISTERED) drives training traces and labels every slot, the
 network starts as the planner (the shipped DL2 network's trunk, pair logits and relative head at 0, ``--prior``)
 and learns the lookahead's pairs, its departures from the planner weighing ``--departure-weight``; it is then
@@ -31,15 +31,15 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from dl2d.policy import learned_speeds as LS
-from dl2d.policy import plan_distill as D
-from dl2d.policy import plan_net as PN
-from dl2d.policy import target_train as TT
+from dl2d.policy.planning import learned_speeds as LS
+from dl2d.policy.planning import plan_distill as D
+from dl2d.policy.planning import plan_net as PN
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
 
 from bench_plan import seed_range
 
-INIT = "dl2d/policy/pretrained/target-dl2.msgpack"
+INIT = "dl2d/policy/target/pretrained/target-dl2.msgpack"
 
 
 def setup(cluster: str, jobs: int):
@@ -56,8 +56,7 @@ def collect_one(args) -> tuple[int, str | None, D.Samples, float, float]:
     """One worker: (seed, driver, its Samples, the run's JCT, seconds), from the cache where it holds them; the
     run is driven by the lookahead or, with ``driver`` (a checkpoint's path), by that network."""
     seed, cluster, jobs, tcfg_dict, table_path, cache, driver = args
-    from dl2d.policy import target as T
-
+    from dl2d.policy.target import policy as T
     tcfg = T.TargetConfig.from_dict(tcfg_dict)
     table, _, meta = LS.load(table_path)
     kind = "lookahead" if driver is None else f"dagger-{file_digest(driver)[:12]}"
@@ -96,8 +95,7 @@ def run_policy(policy, cluster: str, jobs: int, seed: int) -> float:
 def score_row(pol, table, cluster: str, jobs: int, seed: int, planner: bool) -> dict:
     """One trace's JSON row: the network's JCT and how often it departed (with its check: how many departures
     the model kept and turned down), and the planner's beside it where ``planner``."""
-    from dl2d.policy import lp_plan as LP
-
+    from dl2d.policy.planning import lp_plan as LP
     t0 = time.perf_counter()
     row = {"seed": seed, "network": round(run_policy(pol, cluster, jobs, seed), 3),
            "departures": round(pol.departures / max(pol.jobs, 1), 4), "seconds": round(time.perf_counter() - t0, 1)}

@@ -1,6 +1,6 @@
-"""What one solve of the planner's program costs as the jobs grow (dl2d.policy.lp_plan.plan, the in-bucket term
+"""What one solve of the planner's program costs as the jobs grow (dl2d.policy.planning.lp_plan.plan, the in-bucket term
 on): J jobs of the DL2 world all waiting at once (the worst slot: every job planned from scratch), on the
-learned speed table (dl2d.policy.learned_speeds), the `small` cluster up to 100 jobs and the `dl2` one above.
+learned speed table (dl2d.policy.planning.learned_speeds), the `small` cluster up to 100 jobs and the `dl2` one above.
 What a network that reads the program's first slot as features would pay each slot.
 
     python bench/bench_plan_scale.py --jobs 40 100 200 400 1000
@@ -12,8 +12,8 @@ import json
 import time
 from dataclasses import replace
 
-from dl2d.policy import learned_speeds as LS
-from dl2d.policy import lp_plan as LP
+from dl2d.policy.planning import learned_speeds as LS
+from dl2d.policy.planning import lp_plan as LP
 from dl2d.sim import engine as E
 from dl2d.sim.cluster import preset
 from dl2d.sim.trace import TraceConfig, generate

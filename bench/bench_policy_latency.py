@@ -36,9 +36,9 @@ def main() -> None:
     import jax
     import numpy as np
 
-    from dl2d.policy.config import PolicyConfig
-    from dl2d.policy.nets import init_params
-    from dl2d.policy.slot import SAMPLE, pad_window, run_window
+    from dl2d.policy.dl2.config import PolicyConfig
+    from dl2d.policy.dl2.nets import init_params
+    from dl2d.policy.dl2.slot import SAMPLE, pad_window, run_window
     from dl2d.sim.cluster import ClusterSpec
     from dl2d.workload.jobtypes import demand_fields
 
@@ -80,8 +80,8 @@ def main() -> None:
     result = {"device": f"{dev.platform} {dev.device_kind}", "latency": rows}
 
     if not args.skip_rl:
-        from dl2d.policy import train as T
-        from dl2d.policy import learn as LN
+        from dl2d.policy.dl2 import train as T
+        from dl2d.policy.dl2 import learn as LN
         from dl2d.policy.checkpoint import make_optimizer
         from dl2d.sim.cluster import preset
         from dl2d.sim.engine import SimConfig

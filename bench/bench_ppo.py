@@ -1,14 +1,14 @@
-"""Slot-level PPO of the target-size policy (dl2d/policy/ppo.py) on the JAX environment: training throughput
+"""Slot-level PPO of the target-size policy (dl2d/policy/target/ppo.py) on the JAX environment: training throughput
 and learning curves on held-out traces.
 
-The training itself is dl2d.policy.target_train's (what `dl2ctl train --policy dl2-target` runs). Training
+The training itself is dl2d.policy.target.train's (what `dl2ctl train --policy dl2-target` runs). Training
 traces: traces of the --world of --jobs jobs, seeds 1000.. (one per parallel cluster; every cluster restarts its
 trace when it finishes). Validation traces: seeds 500.. (--val-traces): the policy kept is the one with the
 lowest validation JCT among the evaluations. Held-out test traces: seeds 0.. (--eval-traces), never trained on
 nor used to choose: they are what is reported. Every --eval-every iterations the greedy policy (argmax) runs
 each validation and test trace to its end in the same environment; the teacher (Optimus's allocation through
 the same fill) runs there too. For reference the NumPy simulator's heuristics run the test traces (their own
-placement and allocation), and so does the chosen learned policy (dl2d.policy.target_view.TargetPolicy: the same
+placement and allocation), and so does the chosen learned policy (dl2d.policy.target.view.TargetPolicy: the same
 parameters, its tasks placed on the servers). One JSON line per evaluation, then a summary line.
 
     python bench/bench_ppo.py                              # RL only, DL2 world, small preset, J = 40
@@ -28,11 +28,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from dl2d.policy import ppo as P
+from dl2d.policy.target import ppo as P
 from dl2d.policy import registry
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
-from dl2d.policy import target_train as TT
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, save_target
 from dl2d.sim import engine as E
 from dl2d.sim import jaxenv as X
@@ -49,7 +49,7 @@ def main():
     ap.add_argument("--iters", type=int, default=300, help="RL iterations")
     ap.add_argument("--sl-iters", type=int, default=0, help="supervised warm-up iterations (towards the teacher) first")
     ap.add_argument("--teacher", default="optimus", choices=T.TargetConfig.TEACHERS,
-                    help="the heuristic whose pair the features show and the warm-up imitates (dl2d.policy.teachers)")
+                    help="the heuristic whose pair the features show and the warm-up imitates (dl2d.policy.target.teachers)")
     ap.add_argument("--prior", type=float, default=0.0, help="added to the teacher's pair's logit")
     ap.add_argument("--lr", type=float, default=1e-3, help="RL learning rate")
     ap.add_argument("--sl-lr", type=float, default=1e-3)

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from dl2d.policy.elastic import EFFICIENCY, elastic_srtf
+from dl2d.policy.elastic.srtf import EFFICIENCY, elastic_srtf
 from dl2d.sim import engine as E
 from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world

@@ -2,10 +2,10 @@
 the NumPy simulator (tasks placed on servers): the traces `dl2ctl train --policy dl2-target` draws (the
 checkpoint's meta says which world, cluster, jobs and load), at seeds no training or validation used.
 
-    python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds 20000-20004
+    python bench/bench_target_heldout.py dl2d/policy/target/pretrained/target-today.msgpack --seeds 20000-20004
         [--allreduce-placement spread]
-    python bench/bench_target_heldout.py dl2d/policy/pretrained/target-today.msgpack --seeds validation
-    python bench/bench_target_heldout.py dl2d/policy/pretrained/target-dl2.msgpack --seeds 0-4 --cluster testbed \
+    python bench/bench_target_heldout.py dl2d/policy/target/pretrained/target-today.msgpack --seeds validation
+    python bench/bench_target_heldout.py dl2d/policy/target/pretrained/target-dl2.msgpack --seeds 0-4 --cluster testbed \
         --jobs 30     # another preset of the checkpoint's world than it trained on
 
 The summary line gives the traces' LP lower bound on the average JCT (dl2d.sim.lp_bound: at nominal speed and at
@@ -23,9 +23,9 @@ import numpy as np
 
 from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
-from dl2d.policy import target_train as TT
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import load_target
-from dl2d.policy.target_view import TargetPolicy
+from dl2d.policy.target.view import TargetPolicy
 from dl2d.sim import engine as E
 
 
@@ -67,12 +67,13 @@ def main() -> None:
         cfg = dataclasses.replace(cfg, allreduce_placement=args.allreduce_placement)
     traces = [TT.make_trace(setup, cfg, s) for s in seeds]
     others = [n for n in args.heuristics.split(",") if n]
+    options = registry.PolicyOptions(world=setup.world)
     for n in others:
         try:
-            registry.build(n)
+            registry.build(n, options)
         except ValueError as e:  # PolicyBuildError included
             ap.error(f"--heuristics: {e}")
-    makers = {n: (lambda n=n: registry.build(n)) for n in others}
+    makers = {n: (lambda n=n: registry.build(n, options)) for n in others}
     makers["learned"] = lambda: TargetPolicy(ck.config, ck.params)
     out = {}
     for name, make in makers.items():

@@ -4,7 +4,7 @@ A view of J DL2 jobs (types round-robin, remaining work spread over 1-200 epochs
 preset cut to max(J, 40) servers, with the pretrained checkpoint (or --checkpoint). Timed, median of
 --repeats calls after the compiling first call: the observation from the view (NumPy), the jitted decision
 (Optimus's allocation, the features, the network, the argmax; padded to a power of two), and the fill that
-places every task on the servers (dl2d.policy.heuristics.AllocationBuilder), and the whole call.
+places every task on the servers (dl2d.policy.baselines.heuristics.AllocationBuilder), and the whole call.
 
     python bench/bench_target_latency.py [--jobs 40 200 1000] [--checkpoint FILE]
 """
@@ -29,7 +29,7 @@ def main() -> None:
 
     from dl2d.core.contract import SlotView
     from dl2d.policy import registry
-    from dl2d.policy import target_view as TV
+    from dl2d.policy.target import view as TV
     from dl2d.sim.cluster import preset
     from dl2d.workload.catalog import view_fields
 

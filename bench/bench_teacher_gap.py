@@ -2,7 +2,7 @@
 (DL2 world; issue 16's `testbed` bar.)
 
 The network drives every slot; in the variants it does not decide alone, the planner on the measured speeds
-(dl2d.policy.lp_plan.on_measured_speeds, with the bound's in-bucket term: the teacher the shipped network
+(dl2d.policy.planning.lp_plan.on_measured_speeds, with the bound's in-bucket term: the teacher the shipped network
 learned) labels the same slot, and the jobs of one kind of disagreement take the planner's pair instead of the
 network's, placed by the network's own fill (TargetPolicy.place). The kinds, per job and slot:
 
@@ -12,9 +12,9 @@ network's, placed by the network's own fill (TargetPolicy.place). The kinds, per
 * ``all``: every disagreement (the network's fill carrying out the planner's pairs);
 * ``none``: the network alone (no planner is run).
 
-``teacher`` runs the planner itself (its own rounding and placement, dl2d.policy.lp_plan.carry_out).
+``teacher`` runs the planner itself (its own rounding and placement, dl2d.policy.planning.lp_plan.carry_out).
 
-    python bench/bench_teacher_gap.py dl2d/policy/pretrained/target-dl2.msgpack --seeds 500-504,0-4 \
+    python bench/bench_teacher_gap.py dl2d/policy/target/pretrained/target-dl2.msgpack --seeds 500-504,0-4 \
         --variants none,all,ps,start,size,teacher [--cluster testbed --jobs 30 --in-bucket 8 --workers 2]
 
 Prints a JSON line per variant: the mean and per-trace average JCT (slots) and, where the planner labels, how
@@ -29,12 +29,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
-from dl2d.policy import target_train as TT
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import CheckpointError, load_target
-from dl2d.policy.lp_plan import on_measured_speeds
-from dl2d.policy.plan_distill import pair_labels
+from dl2d.policy.planning.lp_plan import on_measured_speeds
+from dl2d.policy.planning.plan_distill import pair_labels
 from dl2d.sim import engine as E
 
 from bench_plan import seed_range

@@ -55,7 +55,7 @@ def contended_util(trace, res, gpus: float) -> tuple[float, float]:
 def build(name: str, seed: int):
     """A registered policy; ``NAME@online`` (``NAME@online:T``, ``NAME@online:T:EXPLORE``): that learned policy
     learning online from the shipped checkpoint (sampling at temperature T, for the jobs EXPLORE says:
-    ``policy.online_explore``), one learner per workload (dl2d.policy.target_online), as the daemon runs it with
+    ``policy.online_explore``), one learner per workload (dl2d.policy.target.online), as the daemon runs it with
     ``policy.online_rl``; ``NAME+whole``: with whole nodes for multi-node jobs (``policy.whole_nodes``)."""
     name, whole, rest = name.partition("+whole")
     if rest:
@@ -65,7 +65,7 @@ def build(name: str, seed: int):
         raise ValueError(f"{base} cannot give whole nodes (+whole)")
     if not online:
         return registry.build(name, registry.PolicyOptions(whole_nodes=bool(whole)))
-    from dl2d.policy.target_online import as_scheduler
+    from dl2d.policy.target.online import as_scheduler
 
     _, _, rest = online.partition(":")
     temperature, _, explore = rest.partition(":")

@@ -204,7 +204,7 @@ def train(ctx, policy, world, speed_model, load, style, clusters, slots, sl_iter
     if val_seed is None:
         val_seed = seed + 10_000
     if policy == "dl2-target":
-        from dl2d.policy.teachers import TEACHERS as TARGET_TEACHERS
+        from dl2d.policy.target.teachers import TEACHERS as TARGET_TEACHERS
 
         teacher = teacher or WORLDS[world].best_heuristic
         if teacher not in TARGET_TEACHERS:
@@ -254,10 +254,10 @@ def train(ctx, policy, world, speed_model, load, style, clusters, slots, sl_iter
     from rich.table import Table
 
     from dl2d.policy import checkpoint as C
-    from dl2d.policy import learn as LN
-    from dl2d.policy import train as T
-    from dl2d.policy.config import PolicyConfig
-    from dl2d.policy.nets import init_params
+    from dl2d.policy.dl2 import learn as LN
+    from dl2d.policy.dl2 import train as T
+    from dl2d.policy.dl2.config import PolicyConfig
+    from dl2d.policy.dl2.nets import init_params
     from dl2d.policy.registry import make_heuristic
     from dl2d.sim import engine as E
     from dl2d.sim.cluster import ClusterSpec, preset

@@ -1,5 +1,5 @@
 """`dl2ctl train --policy dl2-target` (the default policy): the target-size policy trained in either world
-(dl2d.policy.target_train): a warm-up from its teacher and slot-level PPO in the simulator's JAX environment, with
+(dl2d.policy.target.train): a warm-up from its teacher and slot-level PPO in the simulator's JAX environment, with
 rounds of learning the planner on the measured speeds between them (``--plan-rounds``; by default in the DL2
 world), on a site's own speed model when one is given (`--speed-model FILE` from `dl2ctl calibrate`: a twin of
 the cluster it was measured on).
@@ -7,7 +7,7 @@ the cluster it was measured on).
 The options it reads are checked here, before anything is built; the training is the library's. The result is a
 ``dl2d-target-policy`` checkpoint that `dl2ctl sim --policy dl2-target --checkpoint FILE` and the daemon
 (``policy = "dl2-target"``, ``checkpoint = FILE``) load; its meta records how it was made and its validation JCT
-beside the teacher's (``--teacher``: Optimus or elastic, dl2d.policy.teachers, through the same fill, on the same
+beside the teacher's (``--teacher``: Optimus or elastic, dl2d.policy.target.teachers, through the same fill, on the same
 traces). The report adds the validation traces' lower bound (dl2d.sim.lp_bound), which says how much room the
 teacher left: at load 1 in today's world both come within about 2 % of it, so a policy can only tie there.
 """
@@ -60,8 +60,7 @@ def load_site(value: str | None, world: str):
 
 def validation_bound(setup, cfg) -> dict | None:
     """The validation traces' LP lower bound (target_train.lower_bound): how much room the teacher left."""
-    from dl2d.policy import target_train as TT
-
+    from dl2d.policy.target import train as TT
     return TT.lower_bound([TT.make_trace(setup, cfg, s) for s in setup.validation_seeds()], cfg)
 
 
@@ -70,8 +69,7 @@ def run(*, world: str, teacher: str, cluster: str | None, servers: int | None, j
         plan_rounds: int, plan_traces: int, plan_iters: int, credit: str,
         seed: int, val_seed: int, val_traces: int, eval_every: int, speed_model: str | None, init_path: Path | None,
         out_path: Path, as_json: bool, command: str, rescue) -> None:
-    from dl2d.policy import target_train as TT
-
+    from dl2d.policy.target import train as TT
     try:
         setup = TT.TrainSetup(world=world, cluster=cluster, servers=servers, jobs=jobs, load=load, style=style,
                               clusters=clusters, teacher=teacher, slots=slots, sl_iters=sl_iters, rl_iters=rl_iters,

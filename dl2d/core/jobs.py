@@ -28,6 +28,15 @@ class JobKind(str, enum.Enum):
     ALLREDUCE = "allreduce"  # workers only, gradients all-reduced among them
 
 
+class IntentKind(str, enum.Enum):
+    """What a journalled action asks for (the daemon's plan makes them, the journal keeps them). How the
+    backend carries a resize out (in place, hot, or a relaunch) is its choice, recorded as the event kind."""
+
+    RESIZE = "resize"
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+
+
 #: How a job's processes are started (a spec's ``launch``, docs/jobs.md): ``srun``, one process per worker by
 #: dl2d's own ``srun`` (each learns its rank from Slurm: the all-reduce jobs' default); ``once``, the command
 #: runs once on the first node and starts its own processes (dl2-run, torchrun, the PS jobs' default).

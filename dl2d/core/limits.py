@@ -4,3 +4,6 @@ from __future__ import annotations
 
 MAX_WORKERS = 16
 MAX_PS = 16
+#: Most workers of an all-reduce job when its submission does not say: the largest measured job (64 GPUs,
+#: dl2d/workload/data/pollux); a PS job's default stays DL2's 16.
+ALLREDUCE_MAX_WORKERS = 64

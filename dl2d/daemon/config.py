@@ -67,7 +67,7 @@ class SimSection:
 class PolicySection:
     name: str = "drf"  # one of POLICIES
     checkpoint: str = ""  # dl2: trained policy (dl2ctl train), required unless allow_untrained; chic/chic-pair: required
-    placement: str = "balance"  # balance | dltap (dl2d.policy.dltap.with_dltap around the policy)
+    placement: str = "balance"  # balance | dltap (dl2d.policy.seeds.dltap.with_dltap around the policy)
     allow_untrained: bool = False  # dl2 without a checkpoint: random initial parameters (tests, benchmarks)
     online_rl: bool = False  # learn from every slot's reward (DL2 section 4.2)
     checkpoint_every: int = 10  # slots between saves of the online policy
@@ -179,8 +179,6 @@ class DaemonConfig:
 
 def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
     """(key path, problem) for every invalid value."""
-    from dl2d.sim.cluster import MAX_SERVERS, PRESETS
-
     bad: list[tuple[str, str]] = []
 
     def need(ok: bool, key: str, msg: str) -> None:
@@ -207,9 +205,12 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
         except ArgumentError:
             bad.append(("db_url", f"not a database URL: {cfg.db_url!r}"))
     s = cfg.sim
-    need(s.cluster in PRESETS, "sim.cluster", f"must be one of {', '.join(PRESETS)}, got {s.cluster!r}")
-    need(0 <= s.servers <= MAX_SERVERS, "sim.servers",
-         f"must be in 0..{MAX_SERVERS} (0: the preset's count), got {s.servers}")
+    if cfg.backend == "sim":  # the simulated cluster's presets are the simulator's: a Slurm daemon never loads it
+        from dl2d.sim.cluster import MAX_SERVERS, PRESETS
+
+        need(s.cluster in PRESETS, "sim.cluster", f"must be one of {', '.join(PRESETS)}, got {s.cluster!r}")
+        need(0 <= s.servers <= MAX_SERVERS, "sim.servers",
+             f"must be in 0..{MAX_SERVERS} (0: the preset's count), got {s.servers}")
     need(0 <= s.noise < 1, "sim.noise", f"must be in [0, 1), got {s.noise}")
     need(s.speed_model in ("measured", "parametric"), "sim.speed_model",
          f"must be measured or parametric, got {s.speed_model!r}")

@@ -73,7 +73,7 @@ def make_policy(cfg: DaemonConfig):
     """(policy, online learner or None), built by the policy registry; policy.placement = "dltap" wraps the
     policy with DLTAP (trimmed to the tasks placed, as the guardrails require)."""
     from dl2d.policy import registry
-    from dl2d.policy.dltap import DLTAP
+    from dl2d.policy.seeds.dltap import DLTAP
 
     try:
         policy = registry.build(cfg.policy.name, policy_options(cfg), cfg.policy.placement, trim=True)
@@ -201,8 +201,8 @@ def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | N
 
 def demo_policy(world_name: str) -> str:
     """The demo's policy when none is given: the learned target-size policy where one is shipped for the world
-    (dl2d/policy/pretrained), else drf."""
-    from dl2d.policy.dl2_target import pretrained
+    (dl2d/policy/target/pretrained), else drf."""
+    from dl2d.policy.target.entry import pretrained
 
     return "dl2-target" if pretrained(world_name).exists() else "drf"
 

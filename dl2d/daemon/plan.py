@@ -15,13 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dl2d.core.contract import Allocation, CapacityError, SlotView
-from dl2d.core.jobs import JobDemand, JobKind, demand_from_spec
-from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.core.jobs import IntentKind, JobDemand, JobKind, demand_from_spec
+from dl2d.core.limits import ALLREDUCE_MAX_WORKERS, MAX_PS, MAX_WORKERS
 from dl2d.core.placement import place
 from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
-from dl2d.db.jobs import ALLREDUCE_MAX_WORKERS
-from dl2d.db.models import IntentKind
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ class JobRow:
 def job_row(job_id: int, job_type: str, total_epochs: float, epochs_done: float, workers: int, ps: int,
             slots_run: int, spec: Mapping[str, Any], name: str = "") -> JobRow:
     """A JobRow whose limits, model and demand come from the job's submitted spec (an all-reduce job without
-    max_workers may have up to db.jobs.ALLREDUCE_MAX_WORKERS, a PS job DL2's 16)."""
+    max_workers may have up to core.limits.ALLREDUCE_MAX_WORKERS, a PS job DL2's 16)."""
     allreduce = jobmodel.spec_kind(job_type, spec) == JobKind.ALLREDUCE
     default_max = ALLREDUCE_MAX_WORKERS if allreduce else MAX_WORKERS
     return JobRow(job_id, job_type, total_epochs, epochs_done, workers, ps, slots_run,

@@ -63,7 +63,7 @@ from dl2d.daemon.backend import (
 from dl2d.sim import allreduce
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.catalog import MODEL_NAMES
-from dl2d.workload.jobtypes import JOB_TYPES, TYPE_NAMES
+from dl2d.workload.jobtypes import JOB_TYPES
 from dl2d.workload.speed import epochs_trained, speed_table
 
 STATE_FORMAT = "dl2d-sim-cluster"
@@ -348,6 +348,3 @@ class SimBackend:
         self.slot += 1
         self._save()
 
-
-def job_type_name(idx: int) -> str:
-    return TYPE_NAMES[idx]

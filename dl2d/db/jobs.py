@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from dl2d.core.jobs import ENV_NAME_RE, LAUNCHES, RESERVED_ENV_PREFIXES, TaskDemand
-from dl2d.core.limits import MAX_PS, MAX_WORKERS
+from dl2d.core.limits import ALLREDUCE_MAX_WORKERS, MAX_PS, MAX_WORKERS
 from dl2d.db.errors import (
     DBError,
     InvalidTransition,
@@ -37,9 +37,6 @@ DL2_JOB_TYPES: tuple[str, ...] = TYPE_NAMES
 #: all-reduce (DDP-style) jobs of any model. Without one, a job of a DL2 type or asking for parameter servers
 #: (a non-zero [ps] table) is ``ps``, any other ``allreduce``; the stored spec always says which.
 KINDS = ("ps", "allreduce")
-#: Most workers of an all-reduce job when its submission does not say: the largest measured job (64 GPUs,
-#: dl2d/workload/data/pollux); a PS job's default stays DL2's 16 (dl2d.core.limits).
-ALLREDUCE_MAX_WORKERS = 64
 
 # Sanity bounds: anything beyond is a typo, not a real demand.
 MAX_GPUS_PER_WORKER = 16

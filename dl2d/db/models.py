@@ -29,6 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from dl2d.core.jobs import IntentKind
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -119,15 +121,6 @@ class EventKind(str, enum.Enum):
     NODE_RECOVERED = "node_recovered"
     FALLBACK = "fallback"
     POLICY_REVERT = "policy_revert"  # the online learner put back to its last good parameters
-
-
-class IntentKind(str, enum.Enum):
-    """What a journalled action asks for. How the backend carries a resize out (in place, hot, or a
-    relaunch) is its choice, recorded as the event kind, not here."""
-
-    RESIZE = "resize"
-    SUBMIT = "submit"
-    CANCEL = "cancel"
 
 
 class IntentState(str, enum.Enum):

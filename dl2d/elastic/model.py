@@ -19,7 +19,6 @@ Everything here is pure and deterministic given :class:`TrainConfig`:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,9 +84,6 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> "TrainConfig":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
 
 
 def init_params(cfg: TrainConfig) -> np.ndarray:

@@ -68,12 +68,6 @@ class JobRun:
         agree on the step to stop at (all-reduce the flag, max) before saving."""
         return self.stop_signal is not None
 
-    def deadline_left_s(self) -> float:
-        """Seconds left to save and exit after the signal (the contract's deadline); inf before one."""
-        if self.stop_requested_at is None:
-            return float("inf")
-        return self.contract.deadline_s - (time.monotonic() - self.stop_requested_at)
-
     def resumed(self, step: int) -> None:
         """Say the run starts at global step ``step`` (what its checkpoint holds; 0: from scratch). Rank 0
         counts the steps the last run reported beyond it as lost."""

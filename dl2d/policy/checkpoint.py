@@ -2,7 +2,7 @@
 
 Layout: {"format": "dl2d-policy", "version": 1, "config": {...}, "params": ..., "opt_state": ..., "meta": {...}}
 for DL2's per-inference policy; {"format": "dl2d-target-policy", "version": 1, "config": {...}, "params": ...,
-"meta": {...}} for the target-size policy (dl2d.policy.target), the shipped pretrained ones among them.
+"meta": {...}} for the target-size policy (dl2d.policy.target.policy), the shipped pretrained ones among them.
 
 A checkpoint is untrusted input, and refusing a bad one costs no more than loading a good one:
 
@@ -34,8 +34,8 @@ import optax
 from flax import serialization
 
 from dl2d.core.files import HEAD_BYTES, InputFileError, read_bounded, write_atomic
-from dl2d.policy.config import MAX_WEIGHTS, PolicyConfig
-from dl2d.policy.nets import init_params
+from dl2d.policy.dl2.config import MAX_WEIGHTS, PolicyConfig
+from dl2d.policy.dl2.nets import init_params
 
 FORMAT = "dl2d-policy"
 VERSION = 1
@@ -197,7 +197,7 @@ TARGET_VERSION = 1
 
 @dataclass
 class TargetCheckpoint:
-    config: object  # dl2d.policy.target.TargetConfig
+    config: object  # dl2d.policy.target.policy.TargetConfig
     params: dict
     meta: dict = field(default_factory=dict)
 
@@ -212,7 +212,7 @@ def load_target(path: str | Path) -> TargetCheckpoint:
     """A target-size policy's checkpoint: checked as the module doc says (its config's bounds, then every array
     against the shapes of the network that config builds: shape, dtype, finite); CheckpointError naming what is
     wrong otherwise."""
-    from dl2d.policy.target import TargetConfig, init_params as target_params
+    from dl2d.policy.target.policy import TargetConfig, init_params as target_params
 
     path = Path(path)
     shapes: dict[TargetConfig, dict] = {}

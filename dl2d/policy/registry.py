@@ -7,24 +7,21 @@ allocation out, so every policy runs in the simulator) that also hears what happ
 (:meth:`Policy.observe`). A policy that learns online also has a ``version`` and ``save`` (:class:`Learner`).
 
 Each name maps to a :class:`PolicyEntry`: a factory from :class:`PolicyOptions`, the checks of those options
-(each problem names the option), and what kind of policy it is. A new policy is one module that calls
-:func:`register` (and one line in :data:`MODULES` so it is imported); the Kubernetes scheduler's plugin
-registry is the model: names to factories, the wiring knows no policy by name.
+(each problem names the option), and what kind of policy it is. :data:`CATALOG` lists every policy of the
+package, its factory and checks named as ``"module:function"``: a policy's module is imported only when that
+policy is checked or built, so the daemon's process holds the modules of the policy it runs and no other
+(docs/ARCHITECTURE.md: no simulator module in the daemon's decision path, at run time too). The Kubernetes
+scheduler's plugin registry is the model: names to factories, the wiring knows no policy by name;
+:func:`register` adds one from outside the package.
 """
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
 from dl2d.core.contract import Allocation, SlotView
 
-#: Modules that register policies (imported on first use of the registry).
-MODULES = ("dl2d.policy.heuristics", "dl2d.policy.optimus", "dl2d.policy.dl2", "dl2d.policy.chic",
-           "dl2d.policy.dual_agent", "dl2d.policy.oracle", "dl2d.policy.slurm_fifo", "dl2d.policy.tiresias",
-           "dl2d.policy.elastic", "dl2d.policy.lp_plan", "dl2d.policy.lp_lookahead",
-           "dl2d.policy.dl2_target", "dl2d.policy.plan_net", "dl2d.policy.rule_chooser")
 #: How tasks are placed on servers: the policy's own placement, or DLTAP re-placing the policy's tasks.
 PLACEMENTS = ("balance", "dltap")
 
@@ -79,7 +76,7 @@ class StatelessPolicy(IgnoresFeedback):
         return f"StatelessPolicy({self.name})"
 
 
-#: Which jobs an online learner samples a pair for (dl2d.policy.target_online): "every" job, or only those
+#: Which jobs an online learner samples a pair for (dl2d.policy.target.online): "every" job, or only those
 #: "resizing" anyway (not yet running, or whose greedy pair changes what they hold).
 ONLINE_EXPLORE = ("every", "resizing")
 
@@ -96,7 +93,7 @@ class PolicyOptions:
     tetris_threshold: int | None = None  # bundles Tetris gives a job before the next (default: the per-job max)
     speed_model: str = "measured"  # the speed table the oracle knows (simulator benchmarks only)
     world: str = "today"  # the world it schedules (dl2d.sim.worlds): a learned policy's pretrained default
-    fallback: str = "drf"  # the heuristic an online learner is measured against (dl2d.policy.target_online)
+    fallback: str = "drf"  # the heuristic an online learner is measured against (dl2d.policy.target.online)
     online_window: int = 8  # slots per online update, and per check of the revert rule (dl2-target)
     revert_margin: float = 0.2  # revert when a window scores below 1 - margin of the fallback's (dl2-target)
     online_temperature: float = 0.5  # dl2-target online: samples from softmax(logits / this); < 1 explores less
@@ -110,12 +107,22 @@ def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:
     return []
 
 
+def _resolve(ref):
+    """A factory or check given as ``"module:function"``, imported now; a callable as it is."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @dataclass(frozen=True)
 class PolicyEntry:
     name: str
     summary: str
-    build: Callable[[PolicyOptions], Policy]
-    check: Callable[[PolicyOptions], list[tuple[str, str]]] = no_problems  # [(option, problem)]
+    #: the factory, or its ``"module:function"`` (imported when the policy is first built)
+    build: Callable[[PolicyOptions], Policy] | str
+    #: [(option, problem)] of the options, or its ``"module:function"``
+    check: Callable[[PolicyOptions], list[tuple[str, str]]] | str = no_problems
     heuristic: bool = False  # a hand-written rule: a guardrail fallback and a teacher for supervised warm-up
     learned: bool = False  # trained parameters (a checkpoint) decide
     trained_by: str = ""  # the command that trains its checkpoint
@@ -124,34 +131,88 @@ class PolicyEntry:
     options: tuple[str, ...] = field(default=())  # the PolicyOptions fields it reads
 
 
-_ENTRIES: dict[str, PolicyEntry] = {}
-_MODULE_RANK: dict[str, int] = {}  # policy name -> index in MODULES of the module that registered it
-_loaded = False
+_P = "dl2d.policy."
+#: Every policy of the package, by room (dl2d.policy's docstring): the recommended policy and its fallback
+#: first, then the baselines, the DL2 paper's policy, planning in its world, the other seeds, the yardsticks.
+CATALOG = (
+    # dl2d's own, for today's all-reduce clusters
+    PolicyEntry("elastic", "elastic shortest-remaining-work-first: efficient sizes in SRTF order, spare GPUs by "
+                "marginal gain, few restarts", _P + "elastic.srtf:build", heuristic=True, options=("whole_nodes",)),
+    PolicyEntry("elastic-chooser", "elastic with its rule (efficiency threshold, whole nodes) chosen every 10 slots "
+                "by a learned classifier of the cluster's state, fitted to a lookahead's choices",
+                _P + "elastic.chooser:build", _P + "elastic.chooser:check", learned=True,
+                trained_by="python bench/bench_chooser.py", options=("checkpoint",)),
+    PolicyEntry("dl2-target", "DL2 target sizes: a learned (workers, PS) for every job, shortest remaining work "
+                "first; slot-level PPO in the JAX simulator, and online", _P + "target.entry:build",
+                _P + "target.entry:check", learned=True, trained_by="dl2ctl train --policy dl2-target", online=True,
+                options=("checkpoint", "seed", "allow_untrained", "online_rl", "resume", "fallback", "online_window",
+                         "revert_margin", "online_temperature", "online_explore", "whole_nodes")),
+    # the baselines
+    PolicyEntry("slurm", "Slurm as it is: each job exactly what it asked for, FIFO with EASY backfill, never "
+                "resized (the baseline without dl2d)", _P + "baselines.slurm_fifo:build", heuristic=True),
+    PolicyEntry("tiresias", "Tiresias: discretised two-dimensional least-attained-service, each job what it asked "
+                "for, preemptive, no knowledge of job length", _P + "baselines.tiresias:build", heuristic=True),
+    PolicyEntry("drf", "dominant resource fairness: progressive filling by dominant share",
+                _P + "baselines.heuristics:build_drf", heuristic=True),
+    PolicyEntry("tetris", "packing alignment + shortest remaining time, bundles up to a threshold",
+                _P + "baselines.heuristics:build_tetris", _P + "baselines.heuristics:check_tetris", heuristic=True,
+                options=("tetris_threshold",)),
+    PolicyEntry("fifo", "first in, first out: the earliest job takes all it may", _P + "baselines.heuristics:build_fifo",
+                heuristic=True),
+    PolicyEntry("srtf", "shortest remaining (estimated) time first", _P + "baselines.heuristics:build_srtf",
+                heuristic=True),
+    PolicyEntry("optimus", "Optimus: greedy marginal gain per unit of dominant resource on a speed model it fits to "
+                "what it observes of each job (PS jobs: their type's parametric fit)", _P + "baselines.optimus:build",
+                heuristic=True),
+    PolicyEntry("optimus-relative", "Optimus's greedy rule valuing a task by the share of a job's remaining time it "
+                "cuts (not the seconds), on the same fitted speed models: favours no job for being long",
+                _P + "baselines.optimus:build_relative", heuristic=True),
+    # the DL2 paper's policy network, and planning in its world
+    PolicyEntry("dl2", "DL2: a policy network trained by imitation, then reinforcement learning",
+                _P + "dl2.entry:build", _P + "dl2.entry:check", learned=True, trained_by="dl2ctl train", online=True,
+                options=("checkpoint", "seed", "online_rl", "allow_untrained", "resume")),
+    PolicyEntry("lp-lookahead", "plans every slot with the JCT bound's program on a speed table learned from "
+                "simulated runs (dl2d.policy.planning.learned_speeds), then tries local moves of that plan, each "
+                "scored by 3 slots simulated on the table; seconds a slot at tens of jobs",
+                _P + "planning.lp_lookahead:build", _P + "planning.lp_lookahead:check",
+                trained_by="python bench/bench_learned_speeds.py", options=("world",)),
+    PolicyEntry("dl2-plan-checked", "DL2 world: a target-size network reading the planner's plan on the learned "
+                "speed table and proposing departures from it, each kept only where 3 slots simulated on the table "
+                "say it helps; a few program solves a slot", _P + "planning.plan_net:build_checked",
+                _P + "planning.plan_net:check", learned=True, trained_by="python bench/bench_plan_net.py",
+                options=("checkpoint", "world")),
+    # the other seeds
+    PolicyEntry("chic", "Chic: cross-entropy-method policy over the first I jobs' workers and PS",
+                _P + "seeds.chic:build", _P + "seeds.chic:check", learned=True, trained_by="bench/bench_chic.py",
+                options=("checkpoint",)),
+    PolicyEntry("chic-pair", "Chic-Pair: Chic adding a worker and a PS together", _P + "seeds.chic:build_pair",
+                _P + "seeds.chic:check_pair", learned=True, trained_by="bench/bench_chic.py", options=("checkpoint",)),
+    PolicyEntry("dual-agent", "dual-agent: an ordering agent's priorities, a placement agent's RWGP speeds",
+                _P + "seeds.dual_agent:build", options=("seed",)),
+    # yardsticks of the simulator (they read its truth: not for a real cluster)
+    PolicyEntry("optimus-oracle", "Optimus on the measured speed table the simulator trains with (less "
+                "interference and noise): an upper reference for simulator benchmarks",
+                _P + "baselines.optimus:build_oracle", daemon=False),
+    PolicyEntry("oracle", "the speed oracle: every job its fastest configuration on the simulator's own speed "
+                "table (a JCT lower bound; simulator benchmarks only)", _P + "baselines.oracle:build", daemon=False,
+                options=("speed_model",)),
+)
+_ENTRIES: dict[str, PolicyEntry] = {e.name: e for e in CATALOG}
 
 
 def register(entry: PolicyEntry) -> PolicyEntry:
-    """Add a policy; a second entry under the same name is a bug (ValueError)."""
+    """Add a policy from outside the package (listed after the catalog's); a second entry under the same name
+    is a bug (ValueError)."""
     if entry.name in _ENTRIES and _ENTRIES[entry.name] is not entry:
         raise ValueError(f"policy {entry.name!r} is registered twice")
-    module = sys._getframe(1).f_globals.get("__name__", "")
     _ENTRIES[entry.name] = entry
-    _MODULE_RANK[entry.name] = MODULES.index(module) if module in MODULES else len(MODULES)
     return entry
 
 
-def _load() -> None:
-    global _loaded
-    if not _loaded:
-        for module in MODULES:
-            importlib.import_module(module)
-        _loaded = True
-
-
 def entries() -> dict[str, PolicyEntry]:
-    """Every registered policy by name: in the order of :data:`MODULES`, then of registration within a module
-    (so listings do not depend on which policy module some caller happened to import first)."""
-    _load()
-    return dict(sorted(_ENTRIES.items(), key=lambda item: _MODULE_RANK[item[0]]))
+    """Every registered policy by name, in :data:`CATALOG`'s order, then in the order of :func:`register`;
+    nothing is imported."""
+    return dict(_ENTRIES)
 
 
 def names(*, heuristic: bool | None = None, learned: bool | None = None, daemon: bool | None = None,
@@ -176,7 +237,7 @@ def problems(name: str, options: PolicyOptions = PolicyOptions()) -> list[tuple[
         entry = get(name)
     except ValueError as e:
         return [("name", str(e))]
-    return list(entry.check(options))
+    return list(_resolve(entry.check)(options))
 
 
 class PolicyBuildError(ValueError):
@@ -197,13 +258,13 @@ def build(name: str, options: PolicyOptions = PolicyOptions(), placement: str = 
         option, msg = found[0]
         raise PolicyBuildError(f"policy {name}: {option}: {msg}")
     try:
-        policy = get(name).build(options)
+        policy = _resolve(get(name).build)(options)
     except PolicyBuildError:
         raise
     except (OSError, ValueError, RuntimeError) as e:  # checkpoint errors and the like, never a traceback
         raise PolicyBuildError(f"policy {name}: {e}") from None
     if placement == "dltap":
-        from dl2d.policy.dltap import with_dltap
+        from dl2d.policy.seeds.dltap import with_dltap
 
         policy = with_dltap(policy, trim=trim)
     return policy

@@ -46,7 +46,7 @@ alone at its fastest; jobs that share a bucket's resources each count from its s
 of what the buckets lose there. Measured (DL2 world, seed 0, nominal speeds): whole-slot buckets with it
 are about as tight as quarter-slot buckets without it at a tenth of the time (`testbed` 40.36 -> 40.72
 against 40.72 in 62 s; `small` 25.71 -> 26.17 against 26.06), and quarter-slot ones gain 0.2-0.5 %
-(40.82, 26.18). The planner (dl2d.policy.lp_plan) solves the program without it unless asked (``in_bucket``):
+(40.82, 26.18). The planner (dl2d.policy.planning.lp_plan) solves the program without it unless asked (``in_bucket``):
 with it, on `testbed`, 32.335 against 32.399 slots on held-out traces 0-4 and 34.229 against 34.275 on
 validation traces 500-502, better on 6 of the 8.
 

@@ -12,7 +12,7 @@ curve stands in for a job that is not it:
   243 s and yolov3's 675 s).
 
 The daemon plans a model it never measured with them (dl2d.daemon.jobmodel), and Optimus, which fits each job's
-speed from what it observes (dl2d.policy.optimus), starts from them before it has seen a job run.
+speed from what it observes (dl2d.policy.baselines.optimus), starts from them before it has seen a job run.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The curve: seconds per epoch on ``n`` units (workers, or GPUs) ``T(n) = a / n + 
 the units, a fixed per-step cost, a synchronisation cost growing with the units; ``a, b, c >= 0``, Optimus's
 form without parameter servers), fitted by non-negative least squares to the mean seconds per epoch observed at
 each size, leaning on a prior curve scaled to the observations (:func:`fit_speed_params`). The fitted Optimus
-(dl2d.policy.optimus) fits one per job, in workers; ``dl2ctl calibrate`` one per job class, in GPUs.
+(dl2d.policy.baselines.optimus) fits one per job, in workers; ``dl2ctl calibrate`` one per job class, in GPUs.
 
 :func:`anchored_curve` keeps what was measured where it was measured and the fitted form between.
 

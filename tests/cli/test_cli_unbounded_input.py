@@ -154,8 +154,7 @@ def test_train_refuses_an_out_path_it_could_not_write_before_training(tmp_path, 
     from click.testing import CliRunner
 
     from dl2d.cli.main import cli
-    from dl2d.policy import learn
-
+    from dl2d.policy.dl2 import learn
     trained = []
     monkeypatch.setattr(learn, "supervised", lambda *a, **k: trained.append(1))  # must never be reached
     (tmp_path / "file").write_text("x")

@@ -173,9 +173,10 @@ def test_the_demo_job_follows_its_target_file_when_shrunk_or_grown_in_place(tmp_
     while not (tmp_path / "p.json").exists():
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    t0 = time.monotonic()  # its first record is written as it starts training
     target.write_text('{"workers": 2, "ps": 0}')  # dl2d rewrote it: 4 times as fast from here
+    first = json.loads((tmp_path / "p.json").read_text())  # its first record, written as it starts training
     assert p.wait(timeout=30) == 0
-    # at 1 worker's 0.5 epochs/s alone the 1.2 epochs take 2.4 s: it finished sooner, at 2 workers' speed
-    assert time.monotonic() - t0 < 2.4
-    assert json.loads((tmp_path / "p.json").read_text())["status"] == "done"
+    last = json.loads((tmp_path / "p.json").read_text())
+    # at 1 worker's 0.5 epochs/s alone the 1.2 epochs take 2.4 s: by its own clock (its records' times, not
+    # this test's polling) it finished well before, at 2 workers' speed (0.6 s from the rewrite)
+    assert last["status"] == "done" and last["time"] - first["time"] < 2.0, (first, last)

@@ -26,6 +26,7 @@ from dl2d.daemon.control import (
     ControlError,
     ControlServer,
     ask,
+    caller_of,
     handle,
     read_request,
     socket_path_problem,
@@ -82,6 +83,21 @@ def test_the_daemon_decides_owner_and_admin_rights(engine):
                                         "cancelled")
     assert _jobs(engine) == [(jid, "alice", "CANCELLED"), (jid + 1, "bob", "PENDING")]
     assert handle({"op": "whoami"}, carol, engine) == {"ok": True, "user": "carol", "uid": 1002, "admin": True}
+
+
+def test_uid_0_is_an_admin_whatever_its_name_and_group(engine, monkeypatch):
+    """Root's rights come from its uid, not its name: uid 0 under another login name (the BSDs' ``toor``, or
+    a passwd entry renamed) and with the admin group missing may still cancel any job and submit for anyone;
+    the same name on another uid may not."""
+    import dl2d.daemon.control as control
+
+    monkeypatch.setattr(control, "user_name", lambda uid: "toor")
+    root, other = caller_of(0, 0, 1, "no-such-group"), caller_of(4242, 4242, 2, "no-such-group")
+    assert root.admin and root.user == "toor" and not other.admin
+    jid = handle({"op": "submit", "submission": {**SPEC, "owner": "alice"}}, root, engine)["job"]["id"]
+    assert handle({"op": "whoami"}, root, engine) == {"ok": True, "user": "toor", "uid": 0, "admin": True}
+    assert not handle({"op": "cancel", "job_ids": [jid]}, other, engine)["results"][0]["cancelled"]
+    assert handle({"op": "cancel", "job_ids": [jid]}, root, engine)["results"][0]["cancelled"]
 
 
 @pytest.mark.parametrize("request_, error", [

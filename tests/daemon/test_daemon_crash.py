@@ -92,3 +92,32 @@ def test_a_slot_closed_after_a_crash_records_no_job_speeds(tmp_path):
         measured = {numbers[x.slot_id] for x in s.scalars(select(JobSlotStat))}
     engine.dispose()
     assert 2 not in measured and {0, 1, 3} <= measured, sorted(measured)
+
+
+def test_an_intent_of_a_job_that_ended_while_the_daemon_was_down_is_not_replayed(tmp_path):
+    """The daemon is killed with a slot's intents journalled and not sent; before it starts again one of their
+    jobs ends (here it is cancelled in the database, as `dl2ctl cancel --db` does with no daemon running). The
+    restart's replay marks that intent failed, naming the job's state, and the cluster never hears of it; the
+    other jobs' intents are carried out and every other job finishes."""
+    r = dl2d(tmp_path, "planned:2")
+    assert r.returncode == -9, (r.returncode, r.stderr[-2000:])
+    engine = make_engine(f"sqlite:///{tmp_path / 'dl2d.sqlite'}")
+    with session_scope(engine) as s:
+        planned = list(s.scalars(select(Intent).where(Intent.state == IntentState.PLANNED,
+                                                      Intent.kind != IntentKind.CANCEL).order_by(Intent.id)))
+        assert planned, "the crash point left no intent planned"
+        victim = s.get_one(Job, planned[0].job_id)
+        victim.state, intent_id, job_id = JobState.CANCELLED, planned[0].id, victim.id
+    before = [e for e in json.loads((tmp_path / "sim-cluster.json").read_text())["log"] if e["job"] == job_id]
+    r = dl2d(tmp_path, None)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with session_scope(engine) as s:
+        it = s.get_one(Intent, intent_id)
+        assert it.state == IntentState.FAILED and "CANCELLED; not replayed" in (it.error or ""), (it.state, it.error)
+        others = list(s.scalars(select(Job).where(Job.id != job_id)))
+        assert others and all(j.state == JobState.COMPLETED for j in others)
+        assert s.get_one(Job, job_id).state == JobState.CANCELLED
+    engine.dispose()
+    after = [e for e in json.loads((tmp_path / "sim-cluster.json").read_text())["log"] if e["job"] == job_id]
+    resized = [e for e in after[len(before):] if e["method"] != "cancel"]
+    assert resized == [], resized  # nothing of its journalled target reached the cluster

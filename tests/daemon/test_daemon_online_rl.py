@@ -13,8 +13,8 @@ from dl2d.db.engine import session_scope
 from dl2d.db.jobs import submit_job
 from dl2d.db.models import Decision, Slot
 from dl2d.policy.checkpoint import Checkpoint, load, save
-from dl2d.policy.config import PolicyConfig
-from dl2d.policy.nets import init_params
+from dl2d.policy.dl2.config import PolicyConfig
+from dl2d.policy.dl2.nets import init_params
 from dl2d.workload.jobtypes import JOB_TYPES
 
 # small networks and minibatch so that updates start after a couple of slots

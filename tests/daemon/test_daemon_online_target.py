@@ -1,4 +1,4 @@
-"""The target-size policy learning online in the daemon (dl2d.policy.target_online) on the simulated backend of
+"""The target-size policy learning online in the daemon (dl2d.policy.target.online) on the simulated backend of
 today's world: it updates from a small cluster's first slots, each decision records the version it was made
 with, it saves at stop; and an online policy that starves the jobs is put back to its last good parameters,
 with a `policy_revert` event saying why, and checkpointed at once."""
@@ -17,8 +17,8 @@ from dl2d.daemon.main import DemoFeeder, build_loop, demo_cluster_gpus
 from dl2d.db.engine import session_scope
 from dl2d.db.models import Decision, Event, EventKind, Slot
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
-from dl2d.policy.dl2_target import pretrained
-from dl2d.policy.target_online import OnlineTargetLearner, good_path
+from dl2d.policy.target.entry import pretrained
+from dl2d.policy.target.online import OnlineTargetLearner, good_path
 
 
 def leaves(params):

@@ -7,7 +7,7 @@ from dl2d.core.contract import Allocation
 from dl2d.daemon import plan as P
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
 from dl2d.db.models import IntentKind
-from dl2d.policy.heuristics import drf
+from dl2d.policy.baselines.heuristics import drf
 
 NODES = [NodeInfo(f"n{i}", 2, 8, 48.0) for i in range(4)]
 

@@ -12,8 +12,8 @@ from dl2d.daemon.config import ConfigError, build_config
 from dl2d.daemon.main import DemoFeeder, build_loop, make_policy
 from dl2d.db.engine import session_scope
 from dl2d.db.models import Decision, Job, JobState
-from dl2d.policy import chic
-from dl2d.policy.dltap import DLTAP
+from dl2d.policy.seeds import chic
+from dl2d.policy.seeds.dltap import DLTAP
 
 SHORT_TYPES = ("resnext-110", "wlm", "dssm", "resnet-50")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import pytest
 
-from dl2d.policy.config import PolicyConfig
-from dl2d.policy.nets import init_params
+from dl2d.policy.dl2.config import PolicyConfig
+from dl2d.policy.dl2.nets import init_params
 from dl2d.sim.engine import SimConfig
 from testkit.policy import CFG, MAX_P, MAX_W, SIM, tiny_trace  # noqa: F401  (re-exported)
 

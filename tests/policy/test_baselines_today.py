@@ -10,8 +10,8 @@ import pytest
 from testkit.sim import run_slots as simulate
 
 from dl2d.policy import registry
-from dl2d.policy.slurm_fifo import slurm_fifo
-from dl2d.policy.tiresias import Tiresias
+from dl2d.policy.baselines.slurm_fifo import slurm_fifo
+from dl2d.policy.baselines.tiresias import Tiresias
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.bound import srpt_completions
@@ -96,7 +96,7 @@ def test_srpt_on_one_machine():
 # ---------------------------------------------------------------- elastic (dl2d's own heuristic)
 
 def test_efficient_size_is_the_largest_that_keeps_the_efficiency_and_gets_faster():
-    from dl2d.policy.elastic import efficient_sizes
+    from dl2d.policy.elastic.srtf import efficient_sizes
     curves = np.array([[0, 1, 2, 2.9, 3.5, 3.6, 3.0],  # linear to 2, 3.5 at 4 = 0.875/GPU, 3.6 at 5 = 0.72
                        [0, 1, 0.9, 1.5, 1.6, 1.7, 1.8],  # 2 is slower than 1: never "efficient" at 2
                        [0, 1, 1.0, 1.0, 1.0, 1.0, 1.0]])
@@ -111,14 +111,14 @@ def test_elastic_orders_by_remaining_work_and_sizes_jobs_efficiently():
     tr = trace_of((0, "imagenet", 1, 1600), (0, "ncf", 1, 256))
     _, views = run_slots(tr, registry.build("elastic"), 1)
     view, alloc = views[0]
-    from dl2d.policy.elastic import efficient_sizes, size_curves
+    from dl2d.policy.elastic.srtf import efficient_sizes, size_curves
     want = efficient_sizes(size_curves(view), 0.6)
     assert alloc.workers[1] == min(want[1], 8) and alloc.workers.sum() <= 8 and np.all(alloc.ps == 0)
     assert alloc.workers.sum() == min(8, int(size_curves(view).argmax(axis=1).sum()))
 
 
 def test_elastic_keeps_a_running_size_when_a_resize_would_gain_little():
-    from dl2d.policy.elastic import elastic_srtf
+    from dl2d.policy.elastic.srtf import elastic_srtf
     tr = trace_of((0, "cifar10", 1, 512))
     state, views = run_slots(tr, elastic_srtf, 2)
     size = int(views[-1][1].workers[0])
@@ -136,7 +136,7 @@ def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_poli
     """The knobs bench/bench_oracle_search.py searches: zeros, caps at the limit and the thresholds given per job
     are the registered policy; a cap bounds a job's workers; a priority moves a job in the order (here: the long
     job served before the short one it would wait for); a threshold per job is each job's own."""
-    from dl2d.policy.elastic import efficient_sizes, elastic_srtf, size_curves
+    from dl2d.policy.elastic.srtf import efficient_sizes, elastic_srtf, size_curves
     tr = trace_of((0, "imagenet", 8, 3200), (0, "ncf", 1, 256), (0, "cifar10", 4, 512))
     _, views = run_slots(tr, elastic_srtf, 1)
     view, plain = views[0]
@@ -160,7 +160,7 @@ def test_elastic_whole_nodes_give_multi_node_jobs_whole_nodes_and_default_to_the
     that frees are not handed out as partial nodes either; 0 is the registered policy's default, and the site's
     ``whole_nodes`` turns it on there. The same jobs without it give the long job 11 GPUs over three nodes, so the
     rule is what changes them."""
-    from dl2d.policy.elastic import allowed_sizes, elastic_srtf, next_sizes, node_workers
+    from dl2d.policy.elastic.srtf import allowed_sizes, elastic_srtf, next_sizes, node_workers
     assert list(np.flatnonzero(allowed_sizes(16, 4))) == [0, 1, 2, 3, 4, 8, 12, 16]
     assert allowed_sizes(6, 0).all() and list(next_sizes(allowed_sizes(9, 4))) == [1, 2, 3, 4, 8, 8, 8, 8, 10, 10]
     four_nodes = cfg(ClusterSpec(4, gpus=4, cpus=48, mem_gb=192))

@@ -1,4 +1,4 @@
-"""Chic / Chic-Pair (dl2d.policy.chic): the cross-entropy method's pure pieces on hand-checked numbers, the
+"""Chic / Chic-Pair (dl2d.policy.seeds.chic): the cross-entropy method's pure pieces on hand-checked numbers, the
 action semantics, capacity safety over random views, checkpoints, and a short training run that must improve."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from dl2d.core.contract import SlotView, validate
 from dl2d.core.placement import place
-from dl2d.policy import chic as CH
-from dl2d.policy import chic_train as CT
+from dl2d.policy.seeds import chic as CH
+from dl2d.policy.seeds import chic_train as CT
 from dl2d.sim.cluster import ClusterSpec, preset
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import TraceConfig, generate
@@ -179,7 +179,7 @@ def test_pair_action_adds_one_worker_and_one_ps():
     view = make_view([0, 1, 2], [1.0, 1.0], 2, 4, 4)
     cfg = CH.ChicConfig(pair=True, num_jobs=3, max_workers=4, max_ps=4)
     sched = CH.ChicScheduler(cfg, CH.init_params(cfg), record=True)
-    from dl2d.policy.heuristics import AllocationBuilder
+    from dl2d.policy.baselines.heuristics import AllocationBuilder
     b = AllocationBuilder(view)
     for a in (1, 1, 0):
         before = [(b.workers(j), b.ps(j)) for j in range(3)]
@@ -196,7 +196,7 @@ def test_void_is_masked_until_some_job_can_train():
     view = make_view([0, 1], [1.0], 1, 4, 4)
     cfg = CH.ChicConfig(num_jobs=2, max_workers=4, max_ps=4)
     sched = CH.ChicScheduler(cfg, CH.init_params(cfg))
-    from dl2d.policy.heuristics import AllocationBuilder
+    from dl2d.policy.baselines.heuristics import AllocationBuilder
     b = AllocationBuilder(view)
     assert not sched._mask(view, b, 2)[cfg.void]
     b.add(0, "worker")

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dl2d.cli.main import cli
-from dl2d.policy import target_train as TT
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import load_target
 from dl2d.sim import jaxenv as X
 from dl2d.workload.catalog import ALLREDUCE_MODELS
@@ -192,10 +192,10 @@ def test_today_the_planner_is_not_learned_unless_asked(tmp_path):
 
 
 def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_path):
-    """The DL2 world's shipped policy has every whole count as a level (dl2d.policy.plan_distill.widen):
+    """The DL2 world's shipped policy has every whole count as a level (dl2d.policy.planning.plan_distill.widen):
     --init from such a checkpoint trains on its levels, not the base ones."""
     from dl2d.policy.checkpoint import TargetCheckpoint, save_target
-    from dl2d.policy.plan_distill import widen
+    from dl2d.policy.planning.plan_distill import widen
 
     base = tmp_path / "base.msgpack"
     r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "0", "--out",

@@ -32,12 +32,12 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from dl2d.policy import chic as CH
+from dl2d.policy.seeds import chic as CH
 from dl2d.policy import checkpoint as C
-from dl2d.policy import learned_speeds as LS
-from dl2d.policy.config import PolicyConfig
-from dl2d.policy.nets import init_params
-from dl2d.policy.rule_chooser import Chooser
+from dl2d.policy.planning import learned_speeds as LS
+from dl2d.policy.dl2.config import PolicyConfig
+from dl2d.policy.dl2.nets import init_params
+from dl2d.policy.elastic.chooser import Chooser
 
 #: Wall-clock bound of any one refusal: a guard against a hang, not a measurement (they take milliseconds).
 HANG_GUARD_S = 20.0
@@ -103,7 +103,7 @@ def files(tmp_path_factory):
     ccfg = CH.ChicConfig()
     CH.save_checkpoint(d / "chic.npz", ccfg, CH.init_params(ccfg), {"note": "x"})
     loads = {"dl2": lambda: C.load(d / "dl2.ckpt"),
-             "target": lambda: C.load_target(Path(C.__file__).with_name("pretrained") / "target-today.msgpack"),
+             "target": lambda: C.load_target(Path(C.__file__).parent / "target" / "pretrained" / "target-today.msgpack"),
              "chic": lambda: CH.load_checkpoint(d / "chic.npz"),
              "speeds": lambda: LS.load()}
     peaks = {}
@@ -125,7 +125,7 @@ def test_normal_loads_are_the_yardstick(files):
 
 def _no_network_built(monkeypatch):
     """Calls of the networks' init_params with a concrete key (a network built for real) are recorded."""
-    import dl2d.policy.target as T
+    import dl2d.policy.target.policy as T
 
     built = []
     for module in (C, T):

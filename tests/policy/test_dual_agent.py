@@ -6,7 +6,7 @@ import pytest
 from scipy.linalg import expm
 
 from dl2d.core.contract import SlotView
-from dl2d.policy import dual_agent as D
+from dl2d.policy.seeds import dual_agent as D
 from dl2d.sim import engine as E
 from dl2d.sim import hetero
 from dl2d.sim.cluster import ClusterSpec

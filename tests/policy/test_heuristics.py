@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from testkit.sim import make_view, server_usage
 
 from dl2d.core.placement import place
-from dl2d.policy import heuristics as B
+from dl2d.policy.baselines import heuristics as B
 from dl2d.policy import registry
-from dl2d.policy.optimus import Optimus
+from dl2d.policy.baselines.optimus import Optimus
 from dl2d.policy.registry import make_heuristic
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES

@@ -1,4 +1,4 @@
-"""The speed table learned from observations (dl2d.policy.learned_speeds) and the policy that plans on it
+"""The speed table learned from observations (dl2d.policy.planning.learned_speeds) and the policy that plans on it
 (``lp-lookahead``)."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dl2d.policy import learned_speeds as LS
-from dl2d.policy import lp_plan as LP
+from dl2d.policy.planning import learned_speeds as LS
+from dl2d.policy.planning import lp_plan as LP
 from dl2d.policy import registry
 from dl2d.sim import engine as E
 from dl2d.sim.cluster import preset
@@ -148,7 +148,7 @@ def test_the_planner_keeps_its_belief_for_a_job_type_the_table_lacks():
 def test_lp_lookahead_is_registered_on_the_shipped_table_and_schedules_a_dl2_trace():
     entry = registry.get("lp-lookahead")
     assert not entry.heuristic and entry.daemon and entry.trained_by.startswith("python bench/bench_learned_speeds")
-    policy = registry.build("lp-lookahead")
+    policy = registry.build("lp-lookahead", registry.PolicyOptions(world="dl2"))
     tr = generate(TraceConfig(num_jobs=5, max_arrivals_per_slot=3), seed=4)
     cfg = E.SimConfig(cluster=preset("tiny"), max_workers=4, max_ps=4)
     res = E.run(tr, policy, cfg, seed=0)
@@ -156,8 +156,7 @@ def test_lp_lookahead_is_registered_on_the_shipped_table_and_schedules_a_dl2_tra
 
 
 def test_the_shipped_table_gives_its_recorded_validation_jct_under_the_planner():
-    from dl2d.policy import target_train as TT
-
+    from dl2d.policy.target import train as TT
     table, _, meta = LS.load()
     v = meta["validation"]
     setup = TT.TrainSetup(world=meta["world"], cluster=meta["cluster"], jobs=meta["jobs"])

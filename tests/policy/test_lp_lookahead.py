@@ -1,4 +1,4 @@
-"""The one-slot lookahead over roundings of the planner's first slot (dl2d.policy.lp_lookahead), a teacher for
+"""The one-slot lookahead over roundings of the planner's first slot (dl2d.policy.planning.lp_lookahead), a teacher for
 plan_distill."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 
 from testkit.sim import make_view
 
-from dl2d.policy import plan_distill as D
-from dl2d.policy import target as T
-from dl2d.policy.lp_lookahead import Lookahead, after_slot, moves
-from dl2d.policy.lp_plan import carry_out, first_slot, lp_plan, on_measured_speeds, own_rounding, plan
+from dl2d.policy.planning import plan_distill as D
+from dl2d.policy.target import policy as T
+from dl2d.policy.planning.lp_lookahead import Lookahead, after_slot, moves
+from dl2d.policy.planning.lp_plan import carry_out, first_slot, lp_plan, on_measured_speeds, own_rounding, plan
 from dl2d.sim import engine as E
 from dl2d.sim import trace as TR
 from dl2d.sim.cluster import ClusterSpec, preset

@@ -1,4 +1,4 @@
-"""The planning scheduler (dl2d.policy.lp_plan): the bound's program solved from the view each slot, its plan's
+"""The planning scheduler (dl2d.policy.planning.lp_plan): the bound's program solved from the view each slot, its plan's
 first slot carried out in the order of each job's alpha point."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import numpy as np
 from testkit.sim import make_view
 
 from dl2d.policy import registry
-from dl2d.policy.lp_plan import carry_out, first_slot, lp_plan, measured_view, plan
+from dl2d.policy.baselines.optimus import FittedOptimus
+from dl2d.policy.planning.lp_plan import carry_out, first_slot, lp_plan, measured_view, plan
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import ClusterSpec, preset
@@ -63,7 +64,7 @@ def test_a_job_no_size_of_which_fits_is_left_out():
 def test_it_runs_a_contended_trace_to_the_end_and_beats_fifo():
     tr = T.generate(T.TraceConfig(num_jobs=12), seed=3)
     cfg = E.SimConfig(cluster=preset("tiny"))
-    planned = E.run(tr, registry.build("lp-plan"), cfg, seed=3)
+    planned = E.run(tr, FittedOptimus(rule=lp_plan, name="lp-plan"), cfg, seed=3)
     fifo = E.run(tr, registry.build("fifo"), cfg, seed=3)
     assert np.all(np.isfinite(planned.jct_slots)) and planned.avg_jct_slots < fifo.avg_jct_slots
 
@@ -94,7 +95,7 @@ def test_the_teacher_with_the_views_factor_plans_on_the_table_times_each_jobs_me
     measurements) reads as the table; a measured one as the table times its factor."""
     from dataclasses import replace
 
-    from dl2d.policy.lp_plan import on_measured_speeds, view_speed_factor
+    from dl2d.policy.planning.lp_plan import on_measured_speeds, view_speed_factor
     from dl2d.workload.speed import speed_table
 
     view = make_view(["resnet-50", "vgg-16", "inception-bn"], spec=ClusterSpec(3), arrival=[0, 0, 0],

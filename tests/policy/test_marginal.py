@@ -1,4 +1,4 @@
-"""Optimus's rule as a pure JAX function (dl2d.policy.marginal) gives what the NumPy Optimus gives, where
+"""Optimus's rule as a pure JAX function (dl2d.policy.target.marginal) gives what the NumPy Optimus gives, where
 aggregate capacity is the placement's (one server), and never more than the cluster holds; so does its relative
 variant (RelativeOptimus)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dl2d.policy.marginal import optimus_counts
-from dl2d.policy.optimus import Optimus, RelativeOptimus
+from dl2d.policy.target.marginal import optimus_counts
+from dl2d.policy.baselines.optimus import Optimus, RelativeOptimus
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.jobtypes import TYPE_NAMES
 from tests.testkit.sim import make_view

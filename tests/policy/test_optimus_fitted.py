@@ -1,4 +1,4 @@
-"""Optimus fits each all-reduce job's speed from what it observes (dl2d.policy.optimus), never from the table the
+"""Optimus fits each all-reduce job's speed from what it observes (dl2d.policy.baselines.optimus), never from the table the
 simulator trains with; optimus-oracle reads that table and is named as such."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from testkit.sim import run_slots
 
 from dl2d.core.contract import Allocation
 from dl2d.policy import registry
-from dl2d.policy.optimus import FittedOptimus
+from dl2d.policy.baselines.optimus import FittedOptimus
 from dl2d.workload.speedfit import fit_speed_curve
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T

@@ -1,4 +1,4 @@
-"""The speed oracle (dl2d.policy.oracle): its choice per type, what it does when the cluster binds, and that on
+"""The speed oracle (dl2d.policy.baselines.oracle): its choice per type, what it does when the cluster binds, and that on
 an uncontended cluster without slot noise no baseline finishes any job before it does."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from testkit.sim import make_view, server_usage
 
 from dl2d.policy import registry
-from dl2d.policy.oracle import SpeedOracle, fastest_configs
+from dl2d.policy.baselines.oracle import SpeedOracle, fastest_configs
 from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T

@@ -1,14 +1,14 @@
-"""Distilling the planner on the measured speeds into the target-size network (dl2d.policy.plan_distill)."""
+"""Distilling the planner on the measured speeds into the target-size network (dl2d.policy.planning.plan_distill)."""
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
 
-from dl2d.policy import plan_distill as D
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
-from dl2d.policy.lp_plan import on_measured_speeds
+from dl2d.policy.planning import plan_distill as D
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
+from dl2d.policy.planning.lp_plan import on_measured_speeds
 from dl2d.sim import engine as E
 from dl2d.sim import trace as TR
 from dl2d.sim.cluster import preset
@@ -132,11 +132,10 @@ def test_the_measured_speed_column_and_a_network_widened_to_it():
 
 
 def test_the_training_runs_planner_phase_learns_the_planners_choices():
-    """dl2d.policy.target_train's phase "plan" (`dl2ctl train --plan-rounds`): rounds of labelling the first
+    """dl2d.policy.target.train's phase "plan" (`dl2ctl train --plan-rounds`): rounds of labelling the first
     training traces by the planner, each fitted and evaluated; afterwards the network chooses the planner's
     pairs on the planner's own runs of those traces, which the untrained network does not."""
-    from dl2d.policy import target_train as TT
-
+    from dl2d.policy.target import train as TT
     setup = TT.TrainSetup(world="dl2", servers=4, jobs=6, clusters=2, slots=4, val_traces=1, sl_iters=0, rl_iters=0,
                           plan_rounds=2, plan_traces=1, plan_iters=300, plan_lr=3e-3, teacher="optimus-relative",
                           every_count=True)

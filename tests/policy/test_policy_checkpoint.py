@@ -9,7 +9,7 @@ import pytest
 from flax import serialization
 
 from dl2d.policy import checkpoint as C
-from dl2d.policy.nets import init_params
+from dl2d.policy.dl2.nets import init_params
 
 
 def trees_equal(a, b):
@@ -110,7 +110,7 @@ def test_params_missing_a_layer(tmp_path, ckpt):
 
 
 def test_load_scheduler_from_checkpoint(tmp_path, ckpt):
-    from dl2d.policy.scheduler import DL2Scheduler, load_scheduler
+    from dl2d.policy.dl2.scheduler import DL2Scheduler, load_scheduler
 
     C.save(tmp_path / "p.ckpt", ckpt)
     s = load_scheduler(str(tmp_path / "p.ckpt"))

@@ -1,4 +1,4 @@
-"""The target-size policy and its slot-level PPO (dl2d.policy.target, dl2d.policy.ppo; issue #16): the fill
+"""The target-size policy and its slot-level PPO (dl2d.policy.target.policy, dl2d.policy.target.ppo; issue #16): the fill
 respects capacity and targets, GAE matches a plain reference, a slot's log-probability is the sum over its
 active jobs, the teacher is Optimus's allocation, PPO iterations are finite and learn a tiny case as
 well as its best constant allocation (brute force), and vmapped greedy evaluation equals single runs."""
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dl2d.policy import ppo as P
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
-from dl2d.policy.elastic import efficient_sizes
+from dl2d.policy.target import ppo as P
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
+from dl2d.policy.elastic.srtf import efficient_sizes
 from dl2d.sim import jaxenv as X
 from dl2d.sim import trace as TR
 from dl2d.sim.worlds import world
@@ -385,3 +385,49 @@ def test_sampling_draws_the_softmax_and_never_a_closed_pair():
     freq = np.bincount(draws, minlength=4) / len(draws)
     assert freq[1] == 0.0
     np.testing.assert_allclose(freq, probs, atol=0.005)  # 5 standard deviations of the largest at n = 1e5
+
+
+@pytest.mark.parametrize("credit", ["job", "slot"])
+def test_the_ppo_loss_is_the_clipped_objective_value_and_entropy_computed_by_hand(credit):
+    """The loss's value against the formula computed apart in NumPy from the network's own outputs: the
+    clipped surrogate (the smaller of the plain and the clipped ratio times the advantage), half the squared
+    value error, and the entropy bonus subtracted. The batch has ratios beyond both clip bounds with either
+    sign of advantage, so a clip taken the wrong way, or an entropy added, changes the value."""
+    b = random_batch()
+    if credit == "slot":
+        b["adv"] = jnp.asarray(np.random.default_rng(1).normal(size=24), jnp.float32)
+    b["learn"] = b["active"] & jnp.asarray(np.random.default_rng(2).random(b["active"].shape) < 0.8)
+    pc = P.PPOConfig(credit=credit, ent_coef=0.05, vf_coef=0.5, clip=0.2, temperature=0.7, epochs=1, minibatches=1)
+    mb = P.minibatch(b, step_of(P.dense_plan(P.epoch_orders(pc, jax.random.PRNGKey(5), 24), 10), 0))
+    net = T.init_params(CFG, jax.random.PRNGKey(4))
+    loss, aux = P.ppo_loss(CFG, pc, net, mb)
+
+    logits, values = (np.asarray(a, np.float64) for a in P._forward(CFG, net, mb))
+    z = logits / pc.temperature
+    log_pi = z - z.max(-1, keepdims=True)
+    log_pi -= np.log(np.exp(log_pi).sum(-1, keepdims=True))
+    act, learn = np.asarray(mb["active"]), np.asarray(mb["learn"])
+    slot, n_slots = np.asarray(mb["slot"]), mb["slots"].shape[0]
+    logp = log_pi[np.arange(len(log_pi)), np.asarray(mb["idx"])]
+    old, adv = np.asarray(mb["logp"], np.float64), np.asarray(mb["adv"], np.float64)
+
+    def per_slot(x):
+        out = np.zeros(n_slots + 1)
+        np.add.at(out, slot, x)
+        return out[:n_slots]
+
+    if credit == "job":
+        ratio, mask = np.exp(logp - old), learn
+    else:
+        ratio = np.exp(per_slot(np.where(act, logp, 0)) - per_slot(np.where(act, old, 0)))
+        mask = np.ones(n_slots, bool)
+    lo, hi = ratio * adv, np.clip(ratio, 1 - pc.clip, 1 + pc.clip) * adv
+    assert np.any(mask & (lo < hi - 1e-3)) and np.any(mask & (hi < lo - 1e-3))  # the clip bites both ways
+    pg = -np.minimum(lo, hi)[mask].mean()
+    vf = 0.5 * ((values - np.asarray(mb["ret"]))[act] ** 2).mean()
+    h = -(np.exp(log_pi) * log_pi).sum(-1)
+    ent = np.mean(per_slot(np.where(learn, h, 0)) / np.maximum(per_slot(learn.astype(float)), 1))
+    assert float(aux["pg"]) == pytest.approx(pg, rel=1e-4, abs=1e-6)
+    assert float(aux["vf"]) == pytest.approx(vf, rel=1e-4)
+    assert float(aux["entropy"]) == pytest.approx(ent, rel=1e-4) and ent > 0.1
+    assert float(loss) == pytest.approx(pg + pc.vf_coef * vf - pc.ent_coef * ent, rel=1e-4, abs=1e-6)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from testkit.policy import tiny_trace
 
-from dl2d.policy import learn as LN
-from dl2d.policy import train as T
+from dl2d.policy.dl2 import learn as LN
+from dl2d.policy.dl2 import train as T
 from dl2d.policy.checkpoint import make_optimizer
-from dl2d.policy.scheduler import WindowRecord, decide
-from dl2d.policy.slot import GREEDY, SAMPLE
+from dl2d.policy.dl2.scheduler import WindowRecord, decide
+from dl2d.policy.dl2.slot import GREEDY, SAMPLE
 from dl2d.sim import engine as E
 
 

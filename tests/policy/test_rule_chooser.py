@@ -1,4 +1,4 @@
-"""The learned rule chooser (dl2d.policy.rule_chooser): the features of a cluster's state, the fit of least expected
+"""The learned rule chooser (dl2d.policy.elastic.chooser): the features of a cluster's state, the fit of least expected
 regret on a case whose best choice is known, the file's checks, and the policy keeping its rule for ``every``
 slots."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from dl2d.policy import rule_chooser as RC
-from dl2d.policy.elastic import elastic_srtf, node_workers
+from dl2d.policy.elastic import chooser as RC
+from dl2d.policy.elastic.srtf import elastic_srtf, node_workers
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import ClusterSpec

@@ -14,8 +14,8 @@ from testkit.policy import CFG, SIM, tiny_trace
 from testkit.policy_reference import reference_window
 
 from dl2d.core.placement import place
-from dl2d.policy.scheduler import decide
-from dl2d.policy.slot import (
+from dl2d.policy.dl2.scheduler import decide
+from dl2d.policy.dl2.slot import (
     GREEDY,
     SAMPLE,
     TEACHER,
@@ -28,7 +28,7 @@ from dl2d.policy.slot import (
     run_window,
     starting_bundles,
 )
-from dl2d.policy.train import make_teacher
+from dl2d.policy.dl2.train import make_teacher
 from dl2d.sim import engine as E
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.workload.jobtypes import PS_DEMAND, WORKER_DEMAND
@@ -167,7 +167,7 @@ def test_engine_accepts_sampled_allocations_over_several_windows(cfg, params, si
 @pytest.mark.parametrize("mode,epsilon,seed", [(GREEDY, 0.0, 0), (SAMPLE, 0.0, 1), (SAMPLE, 0.0, 2),
                                                (SAMPLE, 0.5, 3)])
 def test_jitted_loop_matches_slow_reference(cfg, mode, epsilon, seed):
-    from dl2d.policy.nets import init_params
+    from dl2d.policy.dl2.nets import init_params
 
     rng = np.random.default_rng(seed)
     params = init_params(cfg, jax.random.PRNGKey(100 + seed))
@@ -198,7 +198,7 @@ def test_jitted_loop_matches_slow_reference(cfg, mode, epsilon, seed):
 @pytest.mark.parametrize("mode,epsilon,seed", [(GREEDY, 0.0, 4), (SAMPLE, 0.5, 5)])
 def test_jitted_loop_matches_slow_reference_on_many_servers(cfg, mode, epsilon, seed):
     """37 servers: the slot loop's per-block fit cache spans several blocks and padding servers."""
-    from dl2d.policy.nets import init_params
+    from dl2d.policy.dl2.nets import init_params
 
     rng = np.random.default_rng(seed)
     params = init_params(cfg, jax.random.PRNGKey(100 + seed))
@@ -327,7 +327,7 @@ def test_allreduce_jobs_get_workers_only_their_ps_and_bundle_actions_masked(para
 # ---------------------------------------------------------------- jobs described by their speed, not their type
 
 def test_speed_features_of_hand_made_estimates():
-    from dl2d.policy.job_info import NUM_SPEED_FEATURES, speed_features
+    from dl2d.policy.dl2.job_info import NUM_SPEED_FEATURES, speed_features
     est = np.zeros((2, 3, 17))
     est[0, 0, 1:] = 0.01 * np.minimum(np.arange(1, 17), 4)  # all-reduce: linear to 4 workers, flat after
     est[1, 1:, 1:] = 0.02  # PS job: no gain from more workers
@@ -342,8 +342,8 @@ def test_speed_features_of_hand_made_estimates():
 def test_with_the_speed_encoding_a_model_never_seen_is_scheduled_by_what_it_is(sim):
     """Two views that differ only in the jobs' model index (one of them a model index no training saw) give the
     same state and the same decision: the policy reads speed features, not types."""
-    from dl2d.policy.nets import init_params
-    from dl2d.policy.scheduler import decide
+    from dl2d.policy.dl2.nets import init_params
+    from dl2d.policy.dl2.scheduler import decide
     from dl2d.workload.catalog import UNSEEN
     cfg = replace(CFG, job_encoding="speed")
     params = init_params(cfg, jax.random.PRNGKey(3))
@@ -363,8 +363,8 @@ def test_with_the_speed_encoding_a_model_never_seen_is_scheduled_by_what_it_is(s
 
 @pytest.mark.parametrize("mode,epsilon,seed", [(GREEDY, 0.0, 6), (SAMPLE, 0.3, 7)])
 def test_jitted_loop_matches_slow_reference_with_speed_features(mode, epsilon, seed):
-    from dl2d.policy.job_info import NUM_SPEED_FEATURES
-    from dl2d.policy.nets import init_params
+    from dl2d.policy.dl2.job_info import NUM_SPEED_FEATURES
+    from dl2d.policy.dl2.nets import init_params
     cfg = replace(CFG, job_encoding="speed")
     assert cfg.features_per_job == NUM_SPEED_FEATURES + 5
     rng = np.random.default_rng(seed)

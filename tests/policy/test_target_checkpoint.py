@@ -8,8 +8,8 @@ import pytest
 from flax import serialization
 
 from dl2d.policy import registry
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
 from dl2d.policy.checkpoint import CheckpointError, TargetCheckpoint, load_target, save_target
 from tests.testkit.sim import make_view
 
@@ -80,7 +80,7 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
     """The pretrained checkpoint in the package (docs/BENCHMARKS.md: how it was made) loads through the registry
     with no checkpoint given, and on its first held-out trace, in the NumPy simulator, gets the JCT its meta
     records (the other traces are the benchmark's: 4 more runs would add 20 s here)."""
-    from dl2d.policy.dl2_target import pretrained
+    from dl2d.policy.target.entry import pretrained
     from dl2d.sim import engine as E
     from dl2d.sim import trace as TR
     from dl2d.sim.worlds import world
@@ -96,7 +96,7 @@ def test_the_shipped_dl2_world_policy_loads_and_scores_its_recorded_held_out_jct
     got = float(E.run(trace, policy, cfg, seed=0).jct_slots.mean())
     assert got == pytest.approx(meta["held_out_jct_numpy"][0], abs=1e-3)
     assert meta["held_out_jct_numpy_mean"] < meta["optimus_held_out_jct_numpy_mean"]
-    # it learned the planner on the measured speeds (dl2d.policy.plan_distill), its features showing the relative
+    # it learned the planner on the measured speeds (dl2d.policy.planning.plan_distill), its features showing the relative
     # Optimus's pair, and beats every heuristic its meta scored on the held-out traces (the relative Optimus,
     # the DL2 world's best, among them)
     assert meta["teacher"] == "lp-plan-measured" and ckpt.config.teacher == "optimus-relative"
@@ -108,9 +108,9 @@ def test_the_shipped_todays_world_policy_loads_and_scores_its_recorded_validatio
     """The default world's pretrained checkpoint (made by `dl2ctl train --policy dl2-target`, the command and the
     checkpoint it started from recorded in its meta) is what dl2-target builds with no checkpoint, and on its first validation trace, in
     the JAX environment it was validated in, the greedy policy gets the JCT its meta records."""
-    from dl2d.policy import ppo as P
-    from dl2d.policy import target_train as TT
-    from dl2d.policy.dl2_target import pretrained
+    from dl2d.policy.target import ppo as P
+    from dl2d.policy.target import train as TT
+    from dl2d.policy.target.entry import pretrained
     from dl2d.sim import jaxenv as X
 
     ckpt = load_target(pretrained("today"))
@@ -162,8 +162,8 @@ def test_a_policy_decides_on_a_cluster_whose_limits_are_below_its_levels():
 
 
 def test_benchmark_seeds_a_shipped_policy_trained_or_validated_on_are_refused():
-    from dl2d.policy.dl2_target import pretrained
-    from dl2d.policy.target_train import held_out_seeds
+    from dl2d.policy.target.entry import pretrained
+    from dl2d.policy.target.train import held_out_seeds
 
     meta = load_target(pretrained("today")).meta  # trained on seeds 0-63, validated on 10000-10004
     assert list(held_out_seeds("30000-30002", meta)) == [30000, 30001, 30002]
@@ -196,7 +196,7 @@ def test_whole_nodes_cut_an_allreduce_jobs_workers_to_whole_nodes():
     """The site's ``whole_nodes``: on four nodes of 4 GPUs, targets of 10, 6 and 1 workers (17 GPUs of 16) are
     cut to whole nodes above a node (8 and 4), and a multi-node job holds each of its nodes whole; without it
     the same targets are filled as they are. The registered policy passes the option on."""
-    from dl2d.policy.elastic import elastic_srtf, whole_nodes_of
+    from dl2d.policy.elastic.srtf import elastic_srtf, whole_nodes_of
     from dl2d.sim import engine as E
     from dl2d.sim import trace as TR
     from dl2d.sim.cluster import ClusterSpec

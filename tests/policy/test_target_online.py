@@ -1,4 +1,4 @@
-"""Online learning of the target-size policy (dl2d.policy.target_online): the revert rule's score and verdict,
+"""Online learning of the target-size policy (dl2d.policy.target.online): the revert rule's score and verdict,
 a window's arrays, an update from the simulator's slots, the checkpoint round trip, and a revert."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from dl2d.core.contract import Allocation
 from dl2d.policy import registry
-from dl2d.policy import target_train as TT
+from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import load_target
 from dl2d.policy.registry import PolicyOptions
-from dl2d.policy.target_online import (
+from dl2d.policy.target.online import (
     OnlineTargetLearner,
     RevertRule,
     _Slot,

@@ -1,4 +1,4 @@
-"""The warm-up's teachers (dl2d.policy.teachers): the JAX elastic gives the sizes dl2d.policy.elastic gives, on
+"""The warm-up's teachers (dl2d.policy.target.teachers): the JAX elastic gives the sizes dl2d.policy.elastic.srtf gives, on
 the views of a simulated run in today's world, its spare-GPU pass and keep rule included; names are checked."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from dl2d.policy import target as T
-from dl2d.policy import target_view as TV
-from dl2d.policy import target_train as TT
-from dl2d.policy import teachers as TE
-from dl2d.policy.elastic import EFFICIENCY, efficient_sizes, elastic_srtf, size_curves
+from dl2d.policy.target import policy as T
+from dl2d.policy.target import view as TV
+from dl2d.policy.target import train as TT
+from dl2d.policy.target import teachers as TE
+from dl2d.policy.elastic.srtf import EFFICIENCY, efficient_sizes, elastic_srtf, size_curves
 from tests.testkit.sim import run_slots
 
 
@@ -49,7 +49,7 @@ def test_an_unknown_teacher_is_refused_by_name():
         T.TargetConfig(teacher="drf")
     with pytest.raises(ValueError, match="teacher must be one of"):
         TT.TrainSetup(teacher="drf")  # refused before any trace is built
-    # the planner's pair is solved outside JAX (dl2d.policy.plan_net): a network may read it, the JAX training
+    # the planner's pair is solved outside JAX (dl2d.policy.planning.plan_net): a network may read it, the JAX training
     # cannot learn from it
     with pytest.raises(ValueError, match="unknown teacher 'lp-plan'; choices: optimus, optimus-relative, elastic"):
         TT.TrainSetup(teacher="lp-plan")
@@ -98,7 +98,7 @@ def test_the_jax_relative_optimus_gives_relative_optimus_pairs_where_one_server_
     """DL2's PS jobs on one large server (aggregate capacity is the placement's): on every view of Optimus's
     contended run the teacher's pair is RelativeOptimus's (workers, PS) rounded down to the levels, and on some
     views it is not Optimus's."""
-    from dl2d.policy.optimus import Optimus, RelativeOptimus
+    from dl2d.policy.baselines.optimus import Optimus, RelativeOptimus
     from dl2d.sim import engine as E
     from dl2d.sim import trace as TR
     from dl2d.sim.cluster import ClusterSpec

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from testkit.policy import tiny_trace
 
-from dl2d.policy import learn as LN
-from dl2d.policy import train as T
+from dl2d.policy.dl2 import learn as LN
+from dl2d.policy.dl2 import train as T
 from dl2d.policy.checkpoint import make_optimizer
 from dl2d.policy.registry import make_heuristic
-from dl2d.policy.scheduler import decide
+from dl2d.policy.dl2.scheduler import decide
 from dl2d.sim import engine as E
 
 

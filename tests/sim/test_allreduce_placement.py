@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from dl2d.cli.main import cli
 from dl2d.core.placement import Placer
-from dl2d.policy.heuristics import AllocationBuilder
+from dl2d.policy.baselines.heuristics import AllocationBuilder
 from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E
 from dl2d.sim import trace as T

@@ -130,8 +130,7 @@ def test_refused_where_it_would_not_be_a_bound():
     with pytest.raises(ValueError, match="bucket_s"):
         lp_lower_bound(tr, small_cfg(), bucket_s=0.0)
     # what training reports: no bound for heterogeneous servers, and any other fault of the program shown
-    from dl2d.policy import target_train as TT
-
+    from dl2d.policy.target import train as TT
     assert TT.lower_bound([tr], replace(small_cfg(), server_speed_classes=(1.0, 1.5))) is None
     with pytest.raises(ValueError, match="bucket_s"):
         TT.lower_bound([tr], small_cfg(), bucket_s=0.0)
@@ -166,7 +165,7 @@ def test_a_linear_curve_larger_than_the_cluster_keeps_the_largest_size_that_fits
     holds is their largest, 16 workers (the hull of all sizes, 64 workers, would leave the job no size)."""
     import json
 
-    from dl2d.policy import target_train as TT
+    from dl2d.policy.target import train as TT
     from dl2d.workload.catalog import ALLREDUCE_MODELS
     from dl2d.workload.speedfit import SiteSpeeds, parse_speed_model
 

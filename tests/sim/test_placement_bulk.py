@@ -40,7 +40,7 @@ def test_add_many_places_as_repeated_single_placements(case):
 
 def test_add_up_to_stops_at_the_job_limit_and_at_the_first_task_that_does_not_fit():
     from dl2d.policy import registry
-    from dl2d.policy.heuristics import AllocationBuilder
+    from dl2d.policy.baselines.heuristics import AllocationBuilder
     from dl2d.sim import engine as E
     from dl2d.sim.trace import TraceConfig, generate
     from dl2d.sim.worlds import world

@@ -172,8 +172,7 @@ def test_dl2_policy_with_a_bad_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_chic_checkpoints_run_side_by_side_by_name(tmp_path):
-    from dl2d.policy import chic as CH
-
+    from dl2d.policy.seeds import chic as CH
     paths = {}
     for name, pair in (("chic", False), ("chic-pair", True)):
         cfg = CH.ChicConfig(pair=pair)
@@ -263,7 +262,6 @@ def test_a_policy_that_does_not_finish_is_a_row_and_the_others_print(short_trace
                                                                            **kw))
     idle = registry.StatelessPolicy(lambda v: Allocation(np.zeros(len(v), int), np.zeros(len(v), int)), "idle")
     monkeypatch.setitem(registry._ENTRIES, "idle", registry.PolicyEntry("idle", "gives nothing", lambda o: idle))
-    monkeypatch.setitem(registry._MODULE_RANK, "idle", len(registry._MODULE_RANK))
     monkeypatch.setattr("dl2d.cli.sim.POLICIES", (*registry.names(), "idle"))
     args = ("sim", "--world", "dl2", "--cluster", "tiny", "--trace", str(short_trace), "--compare", "drf,idle,fifo")
     r = invoke(*args, "--json")

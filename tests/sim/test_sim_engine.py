@@ -12,7 +12,7 @@ from testkit.sim import make_trace
 
 from dl2d.core.contract import Allocation, CapacityError
 from dl2d.core.placement import Placer, place
-from dl2d.policy import heuristics as B
+from dl2d.policy.baselines import heuristics as B
 from dl2d.policy import registry
 from dl2d.policy.registry import make_heuristic
 from dl2d.sim import engine as E

@@ -157,7 +157,7 @@ def test_heterogeneous_run_reproducible_and_slower(small_trace):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dl2d.policy import dltap as P  # noqa: E402
+from dl2d.policy.seeds import dltap as P  # noqa: E402
 
 SPEC3 = ClusterSpec(3)  # 2 GPUs, 8 cores, 48 GB per server
 W_DEM = np.array(JOB_TYPES[RESNET].worker_demand)  # (1, 2, 8)

@@ -140,8 +140,7 @@ def test_a_sites_class_without_a_curve_is_refused_naming_the_job_and_the_class(t
 def test_training_traces_of_a_site_with_its_job_mix_hold_its_own_classes():
     """`dl2ctl train --speed-model FILE` on a calibrated file with the site's mix: the training traces are of
     its classes, as often as they came and as long, and the rest of the trace (arrivals, GPUs) is Philly's."""
-    from dl2d.policy import target_train as TT
-
+    from dl2d.policy.target import train as TT
     text = LLM.replace('"jobs": 4', '"jobs": 1').replace('}}}', '}, "cifar10": {"seconds_per_epoch": [50, 30],'
                                                           ' "jobs": 3, "epochs": 8}}}')
     site = SiteSpeeds.of(parse_speed_model(text))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dl2d.policy.config import PolicyConfig
+from dl2d.policy.dl2.config import PolicyConfig
 from dl2d.sim.cluster import preset
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import TraceConfig, generate
@@ -30,7 +30,8 @@ def build_any(name: str):
     matter, only that it keeps the contract)."""
     from dl2d.policy import registry
     if name in ("chic", "chic-pair"):
-        from dl2d.policy import chic as CH
+        from dl2d.policy.seeds import chic as CH
         cfg = CH.ChicConfig(pair=name == "chic-pair")
         return CH.ChicScheduler(cfg, CH.init_params(cfg, 0))
-    return registry.build(name, registry.PolicyOptions(allow_untrained=True))
+    world = "dl2" if "world" in registry.get(name).options else "today"  # the planning room: the DL2 world
+    return registry.build(name, registry.PolicyOptions(allow_untrained=True, world=world))

@@ -1,4 +1,4 @@
-"""A slow, independent NumPy reference of one window of the slot loop (`dl2d.policy.slot.run_window`).
+"""A slow, independent NumPy reference of one window of the slot loop (`dl2d.policy.dl2.slot.run_window`).
 
 Encoding, masking, placement and job-aware exploration are re-implemented here in float64 NumPy; the
 network is evaluated with its full `apply` at every step (no incremental first layer). Randomness follows
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dl2d.policy.nets import masked_logits, policy_logits
+from dl2d.policy.dl2.nets import masked_logits, policy_logits
 
 
 def job_demands(win):

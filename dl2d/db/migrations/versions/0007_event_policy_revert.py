@@ -1,5 +1,5 @@
 """Event kind `policy_revert`: the online learner's parameters put back to the last good ones (the revert rule
-of dl2d.policy.target_online), with the reason in the event's detail. Downgrading deletes those events.
+of dl2d.policy.target.online), with the reason in the event's detail. Downgrading deletes those events.
 
 Revision ID: 0007
 Revises: 0006
