@@ -201,6 +201,15 @@ class Placer:
         return placed
 
 
+def even_spread(tasks: int, per_node: int) -> tuple[int, int]:
+    """(nodes, tasks on each) of ``tasks`` on the fewest nodes that hold ``per_node`` each, spread evenly: how
+    Slurm lays out ``--nodes=N`` with the same GRES on every node (dl2d.daemon.slurm.mapping.allocation_for
+    for a whole demand, CPUs and memory too). 10 on nodes of 4: 3 nodes of 4, the last two holding 3 each."""
+    tasks, per_node = int(tasks), max(int(per_node), 1)
+    nodes = max(-(-tasks // per_node), 1)
+    return nodes, -(-tasks // nodes)
+
+
 def place(view: SlotView, alloc: Allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Usage [servers, 3] of an allocation, and the workers/PS actually placed per job.
 

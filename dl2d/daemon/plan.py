@@ -17,7 +17,7 @@ import numpy as np
 from dl2d.core.contract import Allocation, CapacityError, SlotView
 from dl2d.core.jobs import IntentKind, JobDemand, JobKind, demand_from_spec
 from dl2d.core.limits import ALLREDUCE_MAX_WORKERS, MAX_PS, MAX_WORKERS
-from dl2d.core.placement import place
+from dl2d.core.placement import even_spread, place
 from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
 
@@ -170,10 +170,9 @@ def even_workers(workers: int, per_node: int) -> int:
     """The most workers, at most ``workers``, that Slurm's request for them holds exactly: ``--nodes=N
     --gres=gpu:G`` gives every node the same GPUs, so ``W`` workers on the fewest nodes of ``per_node`` workers
     each hold ``N x ceil(W / N)`` (10 on 4-worker nodes: 3 nodes of 4, 12 GPUs for 10 workers)."""
-    per_node = max(int(per_node), 1)
     for w in range(int(workers), 0, -1):
-        nodes = -(-w // per_node)
-        if w % nodes == 0:
+        nodes, per = even_spread(w, per_node)
+        if nodes * per == w:
             return w
     return 0
 

@@ -10,13 +10,13 @@ at its asked size takes a few slots: a trace of seconds-long slots stands for on
 """
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from dl2d.core.placement import even_spread
 from dl2d.sim import allreduce
 from dl2d.workload import catalog
 from dl2d.workload.philly import BATCH_PER_GPU
@@ -45,8 +45,7 @@ class ConformJob:
 def slurm_layout(workers: int, per_node: int) -> list[int]:
     """Each worker's node index as Slurm lays out ``workers`` one-GPU workers: the fewest nodes, spread evenly
     (dl2d.daemon.slurm.mapping.allocation_for; ``srun --distribution=block``)."""
-    nodes = math.ceil(workers / per_node)
-    per = math.ceil(workers / nodes)
+    _, per = even_spread(workers, per_node)
     return [i // per for i in range(workers)]
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dl2d.core.placement import even_spread
 from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import (
     FINISHED,
@@ -70,9 +71,7 @@ class SlurmTwin(SimBackend):
 
     def _per_node(self, j: dict[str, Any]) -> tuple[int, int]:
         """(nodes, workers per node) of the job's request."""
-        per_server = max(int(self.cluster.gpus // jobmodel.gpus_per_worker(self._demand(j))), 1)
-        nodes = math.ceil(j["workers"] / per_server)
-        return nodes, math.ceil(j["workers"] / nodes)
+        return even_spread(j["workers"], int(self.cluster.gpus // jobmodel.gpus_per_worker(self._demand(j))))
 
     def _free(self, at: float) -> np.ndarray:
         """[servers, 3] GPUs, CPUs and memory not held at ``at`` (seconds into the slot) by a running job or one
