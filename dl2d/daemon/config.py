@@ -65,7 +65,7 @@ class SimSection:
 
 @dataclass(frozen=True)
 class PolicySection:
-    name: str = "drf"  # one of POLICIES
+    name: str = "elastic-chooser"  # one of POLICIES; the recommended policy (docs/BENCHMARKS.md, "Which policy to run")
     checkpoint: str = ""  # dl2: trained policy (dl2ctl train), required unless allow_untrained; chic/chic-pair: required
     placement: str = "balance"  # balance | dltap (dl2d.policy.seeds.dltap.with_dltap around the policy)
     allow_untrained: bool = False  # dl2 without a checkpoint: random initial parameters (tests, benchmarks)
@@ -111,7 +111,7 @@ class ControlSection:
 @dataclass(frozen=True)
 class GuardrailsSection:
     starve_slots: int = 6  # a job left with no worker this many slots in a row, while the fallback would run it
-    fallback: str = "drf"
+    fallback: str = "elastic"  # the best heuristic of today's world; any of HEURISTICS
     min_resize_slots: int = 0  # a running job keeps a new size this many slots before the next change (0: off)
     min_resize_gain: float = 0.0  # a running job grows only for this predicted relative speed-up (0: off)
 

@@ -200,11 +200,11 @@ def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | N
 
 
 def demo_policy(world_name: str) -> str:
-    """The demo's policy when none is given: the learned target-size policy where one is shipped for the world
-    (dl2d/policy/target/pretrained), else drf."""
-    from dl2d.policy.target.entry import pretrained
+    """The demo's policy when none is given: the daemon's default, the recommended policy of today's clusters; in
+    the DL2 paper's world of PS jobs the target-size policy trained there (dl2d/policy/target/pretrained)."""
+    from dl2d.daemon.config import PolicySection
 
-    return "dl2-target" if pretrained(world_name).exists() else "drf"
+    return "dl2-target" if world_name == "dl2" else PolicySection().name
 
 
 def demo_cluster_gpus(cfg: DaemonConfig) -> int:

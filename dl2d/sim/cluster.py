@@ -12,7 +12,7 @@ import numpy as np
 #: The most servers a simulated cluster may have (`dl2ctl sim/train --servers`, the daemon's `sim.servers`):
 #: 20x the largest preset (t4-512, dl2's 500) and more nodes than today's largest GPU clusters. The simulator
 #: keeps several [servers, 3] arrays per slot and its placement scans every server for each task, so 10^8
-#: servers took 3.6 GB before a single slot ran (issue #14).
+#: servers took 3.6 GB before a single slot ran.
 MAX_SERVERS = 10_000
 
 

@@ -30,7 +30,7 @@ CSV_FIELDS = ("id", "arrival_slot", "type", "est_epochs", "true_epochs", "speed_
 #: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for)
 OPTIONAL_FIELDS = ("batch_size", "requested_workers")
 
-# Bounds of a trace file (issue #14), checked while it is read, before anything is built from it. They are far
+# Bounds of a trace file, checked while it is read, before anything is built from it. They are far
 # beyond any real experiment; what lies past them is a mistake (or an attack) that would otherwise run for days,
 # exhaust memory or end in a simulation that can never finish.
 #: A 50 000-job trace as `save` writes it is 8-11 MB of JSON (about 200 bytes a job) or 3 MB of CSV; 16 MiB

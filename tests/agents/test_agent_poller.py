@@ -61,6 +61,7 @@ def test_round_mixes_good_timeout_refused_and_misnamed(token, silent_port):
     try:
         p = Poller([("good", f"http://127.0.0.1:{good.server_address[1]}"),
                     ("slow", f"http://127.0.0.1:{silent_port}"),
+                    *[(f"slow{i}", f"http://127.0.0.1:{silent_port}") for i in range(7)],
                     ("dead", f"127.0.0.1:{closed_port()}"),
                     ("misnamed", f"http://127.0.0.1:{other.server_address[1]}/")],
                    token, timeout=0.5, stale_after=1)
@@ -69,9 +70,12 @@ def test_round_mixes_good_timeout_refused_and_misnamed(token, silent_port):
         assert r.errors["slow"] == "timeout"
         assert "refused" in r.errors["dead"].lower()
         assert r.errors["misnamed"] == "agent reports node 'other'"
-        assert r.wall_s < 2.0  # concurrent: bounded by one timeout, not the sum
-        assert {t.node for t in r.transitions} == {"slow", "dead", "misnamed"}
-        assert p.stale_nodes == {"slow", "dead", "misnamed"}
+        slow = {"slow", *(f"slow{i}" for i in range(7))}
+        assert all(r.errors[n] == "timeout" for n in slow)
+        # concurrent: 8 silent agents cost one timeout (0.5 s), not their sum (4 s); the margin is a loaded machine's
+        assert r.wall_s < 3.5
+        assert {t.node for t in r.transitions} == slow | {"dead", "misnamed"}
+        assert p.stale_nodes == slow | {"dead", "misnamed"}
     finally:
         for s in (good, other):
             s.shutdown()

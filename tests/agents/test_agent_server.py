@@ -108,11 +108,9 @@ def test_stalled_and_excess_connections_do_not_hold_the_agent(token):
             refusal += chunk
         assert refusal.startswith(b"HTTP/1.1 503 "), refusal
         extra.close()
-        t0 = time.monotonic()
-        for s in stalled:
-            assert s.recv(1) == b""  # dropped by the server after its timeout
+        for s in stalled:  # dropped by the server after its 0.5 s timeout; one it kept raises at its own 5 s
+            assert s.recv(1) == b""
             s.close()
-        assert time.monotonic() - t0 < 3
         with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as r:
             assert r.status == 200
     finally:

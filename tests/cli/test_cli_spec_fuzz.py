@@ -1,4 +1,4 @@
-"""Fuzzing of the job-spec path `dl2ctl submit` takes (issue #14, acceptance): the spec text parsed
+"""Fuzzing of the job-spec path `dl2ctl submit` takes: the spec text parsed
 (`parse_spec_text`, JSON or TOML), merged with flags (`merge_submission`, which also normalises the model's
 name) and validated (`validate_submission`). Each input ends in a valid submission or in the one-line errors
 (`SpecError`, the merge's flag errors, `SubmissionError`), never another exception; within a deadline; and

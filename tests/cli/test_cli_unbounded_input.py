@@ -1,4 +1,4 @@
-"""Unbounded and malformed input gets a clear error, never a traceback (issue #14, item 6): huge integers,
+"""Unbounded and malformed input gets a clear error, never a traceback: huge integers,
 names ending in a newline, a 20 MB command, nesting bombs and thousand-digit integers in a spec, a non-UTF-8
 spec file, job ids beyond the database's range; and a hypothesis fuzz of the spec parser + validation.
 Also the simulated cluster's size (`--servers`, `sim.servers`) and `dl2ctl train --out` checked before training

@@ -1,4 +1,4 @@
-"""Advise mode (issue #15, item 3): the daemon carries out what Slurm alone would do (each job exactly the size it
+"""Advise mode: the daemon carries out what Slurm alone would do (each job exactly the size it
 asked for, never resized) and records, every slot, what its policy would have done; `dl2ctl report` compares the
 two by predicted JCT."""
 from __future__ import annotations

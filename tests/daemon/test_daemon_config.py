@@ -8,9 +8,9 @@ from dl2d.daemon.config import ConfigError, agent_targets, build_config, load_co
 
 def test_defaults_are_valid_and_documented_values():
     c = build_config()
-    assert c.backend == "sim" and c.slot_seconds == 1200 and c.policy.name == "drf"
+    assert c.backend == "sim" and c.slot_seconds == 1200 and c.policy.name == "elastic-chooser"
     assert c.database_url.endswith("/dl2d.sqlite") and c.database_url.startswith("sqlite:///")
-    assert c.metrics.port == 9465 and c.agents.stale_after == 3
+    assert c.metrics.port == 9465 and c.agents.stale_after == 3 and c.guardrails.fallback == "elastic"
 
 
 def test_precedence_file_env_flags():
@@ -102,11 +102,11 @@ def test_shipped_example_config_is_valid():
 
     example = Path(__file__).resolve().parents[2] / "systemd" / "dl2d.toml.example"
     c = load_config(str(example), env={})
-    # a fresh install has no trained checkpoint: the example runs a heuristic that builds without one
-    assert c.backend == "slurm" and c.policy.name == "elastic" and not c.policy.checkpoint
+    # a fresh install has no checkpoint of its own: the example runs the recommended policy, whose parameters ship
+    assert c.backend == "slurm" and c.policy.name == "elastic-chooser" and not c.policy.checkpoint
     from dl2d.policy import registry
-    assert registry.build(c.policy.name).name == "elastic"
-    assert c.metrics.bind == "127.0.0.1"  # the unauthenticated metrics endpoint stays on loopback (issue #14)
+    assert registry.build(c.policy.name).name == "elastic-chooser"
+    assert c.metrics.bind == "127.0.0.1"  # the unauthenticated metrics endpoint stays on loopback
     unit = (example.parent / "dl2d.service").read_text()
     writable = [line.split("=", 1)[1].split() for line in unit.splitlines() if line.startswith("ReadWritePaths=")]
     assert any(c.state_dir in paths for paths in writable)  # the unit lets the daemon write its state dir

@@ -84,7 +84,7 @@ def test_sighup_reloads_the_policy_keeps_the_jobs_and_refuses_a_bad_file(tmp_pat
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out[-3000:]
-        assert "configuration reloaded: policy srtf, fallback drf, starve_slots 3" in out
+        assert "configuration reloaded: policy srtf, fallback elastic, starve_slots 3" in out
         assert "reload refused, the running configuration stays: config error: policy.name" in out
         eng.dispose()
     finally:

@@ -31,7 +31,8 @@ def test_notifier_sends_datagrams_and_rate_limits_watchdog(tmp_path):
         for _ in range(1000):  # nobody reads: the queue fills, sends fail fast instead of blocking
             n.status("x")
         t0 = time.monotonic()
-        assert not n.status("dropped") and time.monotonic() - t0 < 1
+        # a blocking send would never return; a failing one returns in microseconds (5 s: a loaded machine's margin)
+        assert not n.status("dropped") and time.monotonic() - t0 < 5
     assert not Notifier({}).ready()  # outside systemd: a no-op
     assert not Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone")}).ready()  # never raises
 

@@ -96,7 +96,7 @@ def test_unknown_keys_and_wrong_types_are_config_errors_when_the_config_is_read(
     ({"checkpoint_signal": "SIGKILL"}, "checkpoint_signal: 'SIGKILL' cannot be caught by a job"),
 ])
 def test_bad_slurm_values_are_config_errors_when_the_config_is_read(tmp_path, table, match):
-    """Refused by the config check (issue #15, item 5), not when the backend is built after the database was
+    """Refused by the config check, not when the backend is built after the database was
     created and migrated, and whatever the backend: settings_from_section is the one validator of [slurm]."""
     with pytest.raises(ConfigError, match=f"config error: (slurm: )?{match}"):
         slurm_config(tmp_path, table)

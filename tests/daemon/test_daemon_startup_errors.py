@@ -1,4 +1,4 @@
-"""Start-up problems are one clear line and exit status 2 (issue #14, item 5), never a traceback: a database
+"""Start-up problems are one clear line and exit status 2, never a traceback: a database
 server that refuses, an unknown driver, a file that is not a database; a second daemon on the same state dir is
 refused while the first runs; `dl2ctl report` on a bad URL is a clear error too."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Metrics for dashboards (issue #15, item 9): cluster capacity and allocation, nodes by state, each job's
+"""Metrics for dashboards: cluster capacity and allocation, nodes by state, each job's
 workers and PS (its series gone once it ends), scraped over real HTTP from a real daemon; and the Grafana
 dashboard in grafana/ uses only series the daemon exports."""
 from __future__ import annotations

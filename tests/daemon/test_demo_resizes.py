@@ -1,5 +1,5 @@
 """`dl2d --demo` resizes jobs: by default its trace contends for the cluster (40 Philly jobs at 3 times the Pollux
-rate on t4-16), so the shipped `dl2-target` changes sizes, the report counts each kind of resize beside the
+rate on t4-16), so the default policy (`elastic-chooser`) changes sizes, the report counts each kind of resize beside the
 starts, `dl2ctl report`'s resizes table lists jobs, and the daemon's JCT is the bare simulator's on the same
 trace (the daemon's view and plan are the simulator's: dl2d.daemon.plan.known_servers, moves).
 
@@ -32,7 +32,7 @@ def test_the_default_demo_resizes_jobs_as_the_bare_simulator_does(tmp_path):
     r, rows = demo(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (rows["world"], rows["cluster"], rows["policy"], rows["jobs completed"]) == \
-        ("today", "t4-16", "dl2-target", "40")
+        ("today", "t4-16", "elastic-chooser", "40")
     resized = resize_rows(rows)
     assert set(resized) == {"resizes: shrink or stop", "resizes: grown in place", "resizes: relaunched"}
     # the policy's own resizes: jobs shrunk for new ones and grown into what they left

@@ -21,7 +21,7 @@ DAEMON_DOC = (REPO / "docs" / "daemon.md").read_text()
 EXAMPLE = REPO / "systemd" / "dl2d.toml.example"
 DEFAULTS = DaemonConfig()
 #: What the example config sets on purpose to something else than the built-in default (it is a Slurm site's).
-EXAMPLE_CHOICES = {"backend": "slurm", "policy.name": "elastic"}
+EXAMPLE_CHOICES = {"backend": "slurm"}
 
 
 def section(doc: str, heading: str) -> str:

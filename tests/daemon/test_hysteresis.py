@@ -1,4 +1,4 @@
-"""Resize hysteresis (issue #15, item 4): the plan keeps a job's size for min_resize_slots after a change and
+"""Resize hysteresis: the plan keeps a job's size for min_resize_slots after a change and
 grows it only for min_resize_gain of predicted speed, for every policy; a held shrink never overflows a node;
 the real daemon stops a flip-flopping policy's churn."""
 from __future__ import annotations

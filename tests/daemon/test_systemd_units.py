@@ -1,5 +1,5 @@
 """The shipped unit files (systemd/): valid for systemd, hardened to an exposure of 5 or better, and fit for a
-virtual-environment install (issue #15, item 8). Uses the real systemd-analyze (scripts/test.sh installs it)."""
+virtual-environment install. Uses the real systemd-analyze (scripts/test.sh installs it)."""
 from __future__ import annotations
 
 import re
@@ -63,7 +63,7 @@ def test_the_unit_waits_for_its_config_and_reads_an_environment_file(unit, condi
 
 
 def test_the_daemon_and_the_agent_keep_only_the_capabilities_they_need():
-    """The daemon runs as root to run each job as its owner (issue #14, item 1): it switches to the job's user to
+    """The daemon runs as root to run each job as its owner: it switches to the job's user to
     submit it, gives the job its directory and reads what the job wrote there; nothing more. Without PrivateUsers
     (a namespace mapping root alone could do none of that) and with @setuid/@chown, but no other privileged
     system call."""

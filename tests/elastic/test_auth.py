@@ -1,4 +1,4 @@
-"""Authentication of the elastic runtime's connections (issue #14, item 3): the handshake's math (pure), and
+"""Authentication of the elastic runtime's connections: the handshake's math (pure), and
 servers that refuse strangers (no secret, a wrong one, a replayed handshake, silence, garbage, a flood) with one
 log line each and serve on; clients that find out a fake server; hypothesis over handshake answers."""
 from __future__ import annotations
@@ -169,14 +169,20 @@ def test_a_replayed_handshake_is_refused(server, caplog):
 def test_a_silent_or_slow_stranger_is_dropped_after_the_handshake_timeout(server, caplog, monkeypatch):
     srv, handled = server
     monkeypatch.setattr(P, "HANDSHAKE_TIMEOUT_S", 0.5)
-    t0 = time.monotonic()
+    frame = raw_frame({"op": "AUTH", "pad": "x" * 500})
     with socket.create_connection(P.parse_addr(srv.address), timeout=10) as s:
         P.recv_handshake(s, time.monotonic() + 10)  # the challenge
-        s.sendall(raw_frame({"op": "AUTH"})[:10])  # a few bytes, then nothing: one deadline for all of it
-        time.sleep(0.3)
-        s.sendall(b"\0")
+        # a byte every 0.05 s, never the whole frame: a timeout per read would never fire in the 25 s the
+        # stranger trickles, one deadline for the whole handshake does (at 0.5 s, about 10 bytes in)
+        sent = 0
+        try:
+            for sent in range(1, len(frame)):
+                s.sendall(frame[sent - 1:sent])
+                time.sleep(0.05)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
         assert closed(s)
-    assert time.monotonic() - t0 < 3
+    assert sent < 200, f"the server read {sent} trickled bytes (10 s of them) without dropping the stranger"
     refused_line(caplog, "no authentication within 0.5 s")
     assert handled == []
 
@@ -383,7 +389,8 @@ def test_an_idle_connection_is_closed_by_the_server_and_the_client_reconnects_be
     with s:
         assert P.recv_handshake(s, time.monotonic() + 10)["ok"] is True
         t0 = time.monotonic()
-        assert closed(s) and 0.3 < time.monotonic() - t0 < 3  # authenticated, then silent: dropped
+        # authenticated, then silent: dropped after its 0.4 s, not at once (8 s: a loaded machine's margin)
+        assert closed(s) and 0.3 < time.monotonic() - t0 < 8
     c = P.Client(srv.address, auth=A.Credentials.from_secret(SECRET))
     first = c.call("PING") and c._sock
     time.sleep(0.3)  # past half the bound: the client opens a new connection rather than risk a dropped one

@@ -1,4 +1,4 @@
-"""Hostile and confused peers of a running elastic job (issue #14, item 3): strangers (no secret, a wrong one, a
+"""Hostile and confused peers of a running elastic job: strangers (no secret, a wrong one, a
 replayed handshake) are refused by the coordinator, the PSs and the workers of a job launched with dl2-run,
 which trains on to the reference model; the daemon's hot-scaling path works with the job's secret and is
 refused without; and what an authenticated member may not do (NaN gradients, progress that cannot be true,

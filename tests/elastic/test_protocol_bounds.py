@@ -1,4 +1,4 @@
-"""The frame decoder's bounds and checks (issue #14, item 3, minus authentication): every malformed frame is a
+"""The frame decoder's bounds and checks: every malformed frame is a
 FrameError (a ProtocolError) that a server logs in one line, closing that connection only; payloads are bounded
 and a declared one pins no memory before its bytes arrive; a frame that stalls midway is dropped; valid frames
 keep their wire format. (These servers do not authenticate; test_auth.py sends the same frames to ones that do.)"""

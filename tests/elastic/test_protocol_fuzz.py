@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the elastic frame decoder (issue #14 acceptance): random and mutated frames
+"""Property-based fuzzing of the elastic frame decoder: random and mutated frames
 (valid frames truncated, bytes flipped or inserted, lengths in the prefix replaced, header fields given wrong
 types, huge numbers or nesting) end in a decoded frame, a FrameError (a ProtocolError) or, for a frame cut
 short, ConnectionError at the end of the stream; never another exception, a hang (every read has a deadline)

@@ -132,23 +132,17 @@ def test_elastic_keeps_a_running_size_when_a_resize_would_gain_little():
     assert moved.workers[0] == size
 
 
-def test_elastic_priority_and_cap_reorder_and_bound_jobs_and_default_to_the_policy():
-    """The knobs bench/bench_oracle_search.py searches: zeros, caps at the limit and the thresholds given per job
-    are the registered policy; a cap bounds a job's workers; a priority moves a job in the order (here: the long
-    job served before the short one it would wait for); a threshold per job is each job's own."""
+def test_elastic_thresholds_given_per_job_are_each_jobs_own_and_default_to_the_policy():
+    """The registered policy's thresholds given one per job are the policy; a threshold per job is each job's
+    own."""
     from dl2d.policy.elastic.srtf import efficient_sizes, elastic_srtf, size_curves
     tr = trace_of((0, "imagenet", 8, 3200), (0, "ncf", 1, 256), (0, "cifar10", 4, 512))
     _, views = run_slots(tr, elastic_srtf, 1)
     view, plain = views[0]
     n = len(view)
-    same = elastic_srtf(view, efficiency=np.full(n, 0.6), keep_gain=np.full(n, 0.3), priority=np.zeros(n),
-                        cap=np.full(n, view.max_workers))
+    same = elastic_srtf(view, efficiency=np.full(n, 0.6), keep_gain=np.full(n, 0.3))
     assert np.array_equal(same.workers, plain.workers) and same.worker_servers == plain.worker_servers
     assert plain.workers.sum() == 8 and plain.workers[0] < 8  # contended: the long imagenet job gets what is left
-    capped = elastic_srtf(view, cap=np.array([2, 1, 1]))
-    assert list(capped.workers) == [2, 1, 1]
-    first = elastic_srtf(view, priority=np.array([-50.0, 0.0, 0.0]))
-    assert first.workers[0] == min(8, int(efficient_sizes(size_curves(view), 0.6)[0])) > plain.workers[0]
     curves = size_curves(view)  # a threshold per job is each row's own
     per_job = efficient_sizes(curves, np.array([0.95, 0.6, 0.2]))
     assert list(per_job) == [int(efficient_sizes(curves[i:i + 1], e)[0]) for i, e in enumerate((0.95, 0.6, 0.2))]

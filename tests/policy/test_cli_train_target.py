@@ -1,5 +1,5 @@
 """`dl2ctl train --policy dl2-target`: the target-size policy trained in today's world on a site's speed model
-(issue #13's twin, issue #16's trainer), and its error paths (each names the option, nothing is written)."""
+(the site's twin), and its error paths (each names the option, nothing is written)."""
 from __future__ import annotations
 
 import json

@@ -118,7 +118,7 @@ def test_load_scheduler_from_checkpoint(tmp_path, ckpt):
     trees_equal(s.params, ckpt.params)
 
 
-# ---------------------------------------------------------------- untrusted files (issue #14, item 4)
+# ---------------------------------------------------------------- untrusted files
 
 @pytest.mark.parametrize("change, match", [
     ({"max_jobs": 2000, "hidden": 20000}, r"hidden must be an integer in \[1, 8192\], got 20000"),

@@ -1,4 +1,4 @@
-"""The target-size policy and its slot-level PPO (dl2d.policy.target.policy, dl2d.policy.target.ppo; issue #16): the fill
+"""The target-size policy and its slot-level PPO (dl2d.policy.target.policy, dl2d.policy.target.ppo): the fill
 respects capacity and targets, GAE matches a plain reference, a slot's log-probability is the sum over its
 active jobs, the teacher is Optimus's allocation, PPO iterations are finite and learn a tiny case as
 well as its best constant allocation (brute force), and vmapped greedy evaluation equals single runs."""

@@ -1,6 +1,6 @@
 """Pinned JCTs: every heuristic (and the speed oracle) gives the same per-job JCTs (to 1e-6 slot) on fixed traces and
 seeds. The values were taken before the scheduling contract moved to dl2d.core and the policies to the
-registry (issue #12); a refactoring that changes any of them changed behaviour. Re-pin only for a change that
+registry; a refactoring that changes any of them changed behaviour. Re-pin only for a change that
 is meant to alter the simulation (and say so in its commit), or when a new SciPy / NumPy shifts the
 interpolated speed table's last bits beyond the rounding (then every value moves at once)."""
 from __future__ import annotations

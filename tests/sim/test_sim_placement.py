@@ -1,4 +1,4 @@
-"""Cross-node traffic model, heterogeneous servers and DLTAP placement (issue 7)."""
+"""Cross-node traffic model, heterogeneous servers and DLTAP placement."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -1,4 +1,4 @@
-"""Trace files are bounded (issue #14, item 6): size, JSON containers, job count and every field's range are
+"""Trace files are bounded: size, JSON containers, job count and every field's range are
 checked as the file is read, before anything is built from it, and every rejection is a TraceError naming
 the line or job and the field; `dl2ctl sim --trace` turns it into one line with exit code 2."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the trace loader (issue #14 acceptance): random files and mutations of valid
+"""Property-based fuzzing of the trace loader: random files and mutations of valid
 traces (fields given wrong types, out-of-range, NaN/inf, bool or huge values, fields deleted, jobs replaced or
 nested; then the text truncated, bytes flipped or inserted, digit runs and bracket runs inserted) end in a Trace
 within every stated bound or a one-line TraceError naming the file; never another exception, a hang (a

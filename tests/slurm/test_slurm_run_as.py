@@ -1,4 +1,4 @@
-"""Who a Slurm job runs as (issue #14, item 1), without a real Slurm: the backend over the in-memory Slurm hands
+"""Who a Slurm job runs as, without a real Slurm: the backend over the in-memory Slurm hands
 the driver the job's owner, account, QOS, partition and declared environment; an owner without an account on
 the host fails that job (FAILED in the database, with the reason) while the daemon goes on; another user's Slurm
 job that carries a job's name and comment is not adopted; the settings and start-up checks. The same on the

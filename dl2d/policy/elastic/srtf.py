@@ -90,15 +90,10 @@ def next_sizes(allowed: np.ndarray) -> np.ndarray:
     return out
 
 
-def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
-                 priority: np.ndarray | None = None, cap: np.ndarray | None = None,
-                 node_workers=0) -> Allocation:
-    """The policy (module docstring). ``priority`` [jobs], if given, multiplies each job's remaining work in the
-    order by exp(priority) (0: as is; higher: later), and ``cap`` [jobs] bounds each job's workers; the two
-    thresholds may be given one per job [jobs] too. The registered policy sets none of this:
-    bench/bench_oracle_search.py searches them per trace to see how much better a schedule of this shape can be.
-    ``node_workers``: whole nodes for multi-node jobs (module docstring), a number or one per job [jobs]
-    (:func:`node_workers`); 0, the registered policy's default: off."""
+def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN, node_workers=0) -> Allocation:
+    """The policy (module docstring). The two thresholds may be given one per job [jobs]. ``node_workers``: whole
+    nodes for multi-node jobs (module docstring), a number or one per job [jobs] (:func:`node_workers`); 0, the
+    registered policy's default: off."""
     b = AllocationBuilder(view)
     curves = size_curves(view)
     per_job = np.broadcast_to(np.asarray(node_workers, int), (len(view),))
@@ -111,19 +106,12 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN,
     want = efficient_sizes(allowed_curves, efficiency)
     fastest = allowed_curves.argmax(axis=1)
     prev = view.prev_workers
-    if cap is not None:
-        cap = np.maximum(np.asarray(cap, int), 1)
-        want, fastest = np.minimum(want, cap), np.minimum(fastest, cap)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_prev = np.where(curves[np.arange(len(view)), prev] > 0, rem / curves[np.arange(len(view)), prev], np.inf)
         t_want = rem / curves[np.arange(len(view)), want]
     keep = (prev > 0) & (t_prev <= t_want * (1 + keep_gain))
-    if cap is not None:
-        keep &= prev <= cap
     want = np.where(keep, prev, want)
     work = remaining_time_estimate(view)
-    if priority is not None:
-        work = work * np.exp(np.asarray(priority, float))
     order = np.lexsort((view.arrival_slot, work))
     for j in (int(j) for j in order):
         while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):

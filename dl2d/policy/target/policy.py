@@ -2,7 +2,7 @@
 
 Why a second action structure beside DL2's: DL2 hands out one task per inference, so a slot of a 64-GPU cluster
 is hundreds of inferences, and its probability a product of hundreds of terms that all share one reward. Here a
-slot is one decision per job (issue #16): the network reads every job at once (a job's own features with the
+slot is one decision per job: the network reads every job at once (a job's own features with the
 cluster's, pooled over the jobs: the same weights for any number of jobs) and picks each job's workers among a
 few ``levels`` (0 keeps it waiting) and, for a PS job, its PS among ``ps_levels``: one categorical over the
 pairs. A slot's log-probability is the sum over the active jobs, a few dozen terms. What is not learned is the
