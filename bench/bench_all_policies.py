@@ -1,4 +1,4 @@
-"""Every policy of the project on the same held-out traces (issue 7's one table): DRF, Tetris, Optimus, FIFO,
+"""Every policy of the project on the same held-out traces, in one table: DRF, Tetris, Optimus, FIFO,
 SRTF, DL2, Chic and Chic-Pair, each with its own placement and re-placed by DLTAP, and the dual-agent
 scheduler, with the cross-node communication model and heterogeneous, fluctuating servers on (the setting
 of bench/bench_placement.py). Reports average JCT, makespan, cross-node traffic and GPU utilisation, and the

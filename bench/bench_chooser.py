@@ -9,7 +9,7 @@ default, both styles, loads 1 and 2), keeps the best, writes it (``--out``, with
 meta, which a test checks), and then, with ``--pollux``, runs it beside every fixed rule on the 16 Pollux
 workloads, which no step here chose anything on. Average JCT in hours, as is.
 
-    python bench/bench_chooser.py --records docs/bench/mpc_oracle_generated_stop52.npz
+    python bench/bench_chooser.py --records docs/bench/mpc_oracle_generated.npz
         [--l2 1e-4,1e-3,1e-2,1e-1] [--seeds 104-105] [--loads 1,2] [--out dl2d/policy/elastic/pretrained/chooser-today.json]
         [--pollux] [--rows FILE.jsonl] [--workers 2]
 """

@@ -1,7 +1,7 @@
 """Where today's world's policies lose time on the Pollux workloads: the same runs with each of its frictions
 turned off in turn (a resize's restart, the slot noise, the shared-node slowdown), and all of them at once.
 
-Why: issue 16 asks the learned policy to be 15 % below the best heuristic on the all-reduce world's workloads,
+Why: the target for a learned policy is 15 % below the best heuristic on the all-reduce world's workloads,
 where the LP bound (bench/bench_lp_bound.py) leaves far more room than that; what the bound does not count
 (restarts after the first, noise draws, placement) is paid by every schedule, so this says how much of a
 policy's distance from the bound is those frictions and how much is its rule. Policies are the registry's; the

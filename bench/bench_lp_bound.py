@@ -8,8 +8,8 @@ for time_t, a decreasing function of e_t (a high draw can end it early), has E[e
 each job alone at its fastest nominal speed bounds its expected JCT; the program at nominal speed is that bound
 too, up to each job's last slot (docs/BENCHMARKS.md says how to read it).
 
-    python bench/bench_lp_bound.py [--results docs/bench/today.json] [--folders workloads,workloads-realistic]
-        [--skip-philly] [--out docs/bench/lp_bound_today.json]
+    python bench/bench_lp_bound.py [--results docs/bench/today_every_policy.json]
+        [--folders workloads,workloads-realistic] [--skip-philly] [--out docs/bench/lp_bound_pollux.json]
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def summary(rows: list[dict]) -> dict:
            "alone_nominal_h": round(float(np.mean([r["nominal"]["no_contention_h"] for r in rows])), 3)}
     if all("slurm_h" in r for r in rows):
         out["slurm_h"] = round(float(np.mean([r["slurm_h"] for r in rows])), 3)
-        out["target_h"] = round(out["slurm_h"] / 2, 3)  # issue 18: 50 % below Slurm as it is
+        out["target_h"] = round(out["slurm_h"] / 2, 3)  # the target of 50 % below Slurm as it is
         out["bound_noise_vs_slurm"] = round(out["bound_noise_h"] / out["slurm_h"] - 1, 3)
         out["bound_nominal_vs_slurm"] = round(out["bound_nominal_h"] / out["slurm_h"] - 1, 3)
         best = min((p for p in rows[0]["policies"] if p not in ("slurm",)),
@@ -74,7 +74,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="docs/bench/today.json",
+    ap.add_argument("--results", default="docs/bench/today_every_policy.json",
                     help="a bench_today.py JSON whose policies' figures go beside the bounds ('' for none)")
     ap.add_argument("--folders", default=",".join(FOLDERS))
     ap.add_argument("--skip-philly", action="store_true")
@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     results = Path(args.results) if args.results else None
+    if results is not None and not results.is_file():
+        ap.error(f"--results: no file {results} (bench/bench_today.py --out makes one; '' for none)")
     known = policy_rows(results)
     today = world("today")
     console = Console(stderr=True)

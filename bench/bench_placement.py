@@ -1,4 +1,4 @@
-"""Placement benchmark (issue 7): every baseline with its own placement, re-placed by plain load balancing
+"""Placement benchmark: every baseline with its own placement, re-placed by plain load balancing
 (the control), by DLTAP and by DLTAP with worker packing, and the dual-agent scheduler, on the same traces
 with the cross-node communication model and heterogeneous, fluctuating servers on.
 

@@ -1,5 +1,5 @@
 """A better teacher than the planner on the measured speeds? One-slot lookahead over roundings of its plan, and
-each job's speed measured from what it trained (DL2 world; issue 16's `testbed` bar).
+each job's speed measured from what it trained (DL2 world, `testbed`; what ships of it is `lp-lookahead`).
 
 The lookahead (dl2d.policy.planning.lp_lookahead, the policy and why) against the planner it rounds anew, on the
 measured table.
@@ -34,7 +34,11 @@ from dl2d.policy.planning.lp_lookahead import Lookahead
 from dl2d.sim import engine as E
 from dl2d.workload.speed import speed_table
 
-from bench_plan import seed_range
+
+def seed_range(text: str) -> range:
+    """``LO-HI`` (or ``N``) -> the seeds LO..HI, both included."""
+    lo, _, hi = text.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
 
 
 def main() -> None:

@@ -1,14 +1,16 @@
-"""Train the network that reads the planner's plan (dl2d.policy.planning.plan_net, ``dl2-plan``) in the DL2 world: the
-lookahead on the learned speed table (lp_lookahead.REGISTERED) drives training traces and labels every slot, the
-network starts as the planner (the shipped DL2 network's trunk, pair logits and relative head at 0, ``--prior``)
-and learns the lookahead's pairs, its departures from the planner weighing ``--departure-weight``; it is then
-run on the validation traces (500-504), the planner beside it, and, with ``--held-out``, on held-out ones.
+"""Train the network that reads the planner's plan (dl2d.policy.planning.plan_net; ``dl2-plan-checked`` checks its
+departures) in the DL2 world: the lookahead on the learned speed table (lp_lookahead.REGISTERED) drives training
+traces and labels every slot, the network starts as the planner (the shipped DL2 network's trunk, pair logits and
+relative head at 0, ``--prior``) and learns the lookahead's pairs, its departures from the planner weighing
+``--departure-weight``; it is then run on the validation traces (500-504), the planner beside it, and, with
+``--held-out``, on held-out ones: the network alone, as its checkpoint's meta records it (the registered
+``dl2-plan-checked`` adds the check).
 
     python bench/bench_plan_net.py --train-seeds 2000-2023 --cache DIR --out FILE.msgpack
 
-A saved network without training: ``--evaluate NET.msgpack`` (``--check 3``: as ``dl2-plan-checked``, each
-departure kept only where 3 slots simulated on the learned table say it helps), on ``--validation`` and
-``--held-out``.
+A saved network without training: ``--evaluate NET.msgpack`` scores it as ``dl2-plan-checked`` (each departure
+kept only where ``--check`` slots, 3 as registered, simulated on the learned table say it helps), on
+``--validation`` and ``--held-out``.
 
 DAgger: ``--dagger NET.msgpack=SEEDS`` (repeatable) adds the slots of the traces of SEEDS driven by that
 network (a checkpoint of this bench), labelled by the lookahead as before: the states the network itself reaches,
@@ -37,7 +39,7 @@ from dl2d.policy.planning import plan_net as PN
 from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
 
-from bench_plan import seed_range
+from bench_plan_lookahead import seed_range
 
 INIT = "dl2d/policy/target/pretrained/target-dl2.msgpack"
 
@@ -121,8 +123,9 @@ def score_saved(job) -> dict:
 
 
 def evaluate(args, table_path: str) -> None:
-    """``--evaluate``: a saved network (with ``--check``) on the validation traces, the planner beside it, and on
-    the held-out ones, in ``--workers`` processes; a JSON line per trace and one at the end, nothing written."""
+    """``--evaluate``: a saved network, checked as ``dl2-plan-checked``, on the validation traces, the planner beside
+    it, and on the held-out ones, in ``--workers`` processes; a JSON line per trace and one at the end, nothing
+    written."""
     try:
         PN.load(args.evaluate, table_path)
     except Exception as e:  # noqa: BLE001 - a bad file stops the run, named
@@ -159,20 +162,27 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cache", default=None)
-    ap.add_argument("--check", type=int, default=0,
-                    help="score with each departure checked by this many slots simulated (dl2-plan-checked: 3)")
+    ap.add_argument("--check", type=int, default=None,
+                    help=f"--evaluate: each departure checked by this many slots simulated (default "
+                         f"{PN.CHECK_SLOTS}, dl2-plan-checked's)")
     ap.add_argument("--evaluate", default=None, metavar="NET",
                     help="train nothing: score the saved network NET on the validation and held-out traces")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.check < 0 or args.workers < 1:
-        raise SystemExit("--check must be at least 0 and --workers at least 1")
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
     if args.evaluate:
+        args.check = PN.CHECK_SLOTS if args.check is None else args.check
+        if args.check < 1:
+            raise SystemExit("--check must be at least 1 (the network unchecked is not a registered policy)")
         if not os.path.isfile(args.evaluate):
             raise SystemExit(f"--evaluate: no network file {args.evaluate!r}")
         return evaluate(args, args.table or str(LS.SHIPPED))
     if not args.out:
         raise SystemExit("--out FILE is needed to train (or --evaluate NET to score a saved network)")
+    if args.check is not None:
+        raise SystemExit("--check is for --evaluate: training scores the network itself, as its checkpoint records")
+    args.check = 0
     try:
         seeds = [s for part in args.train_seeds.split(",") for s in seed_range(part)]
     except ValueError:

@@ -40,7 +40,7 @@ def main() -> None:
     from dl2d.policy.dl2.nets import init_params
     from dl2d.policy.dl2.slot import SAMPLE, pad_window, run_window
     from dl2d.sim.cluster import ClusterSpec
-    from dl2d.workload.jobtypes import demand_fields
+    from dl2d.workload.catalog import demand_fields
 
     dev = jax.devices()[0]
     print(f"device: {dev.platform} {dev.device_kind}; jax {jax.__version__}", file=sys.stderr)

@@ -2,7 +2,7 @@
 generated Philly workloads of both styles (as submitted, and as Pollux tuned its jobs) and on the Pollux workloads.
 
 Why: elastic's settings were chosen on generated workloads as submitted (most jobs one GPU, small batches), and
-the issue's Pollux target has tuned workloads too (several GPUs and large batches each), where the same rule may
+the Pollux workloads include tuned ones (several GPUs and large batches each), where the same rule may
 want other sizes. `philly.generate(style="tuned")` makes workloads of the tuned kind that are not the Pollux ones,
 so a setting (or a policy) can be chosen on them and then read on the Pollux workloads, never chosen there. The
 generated sets are elastic's own tuning set: 160 jobs on `t4-16`, loads 1 and 2, seeds 100-103; the Pollux

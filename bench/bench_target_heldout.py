@@ -10,7 +10,7 @@ checkpoint's meta says which world, cluster, jobs and load), at seeds no trainin
 
 The summary line gives the traces' LP lower bound on the average JCT (dl2d.sim.lp_bound: at nominal speed and at
 the slot noise's upper end) and how far above its nominal value the learned policy and the best heuristic are.
-Its buckets are whole slots unless `--bound-bucket-slots` says otherwise: issue 16's bars in the DL2 world use
+Its buckets are whole slots unless `--bound-bucket-slots` says otherwise: the DL2 world's bounds in docs/BENCHMARKS.md use
 quarter slots (`--bound-bucket-slots 0.25`, a tighter bound, 1-4 min a trace there).
 """
 from __future__ import annotations

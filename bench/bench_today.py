@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def one(trace, cfg, policies, seed: int, label: str, status, console) -> dict:
             "p99_jct_h": round(float(np.percentile(res.jct_slots, 99)) * h, 4),
             "makespan_h": round(res.makespan_slots * h, 3), "gpu_util": round(float(np.mean(res.gpu_util)), 4),
             "gpu_util_contended": round(util_busy, 4), "contended_share": round(busy_share, 4),
-            "resizes": res.resizes, "wall_s": round(res.wall_s, 2)}
+            "resizes": res.resizes, "decision_ms": round(res.decision_ms, 3), "wall_s": round(res.wall_s, 2)}
     return row
 
 
@@ -106,24 +108,25 @@ def mean_over(rows, policies) -> dict:
             continue
         out[p] = {k: round(float(np.mean([r["policies"][p][k] for r in rows])), 3)
                   for k in ("avg_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "gpu_util_contended",
-                            "contended_share", "resizes")}
+                            "contended_share", "resizes", "decision_ms")}
     return out
 
 
 def markdown(title: str, summary: dict, policies, days: float) -> str:
     base = summary["slurm"].get("avg_jct_h") if "slurm" in summary else None
     lines = [f"**{title}** (lower bound on the average JCT: {summary['bound_h']:.2f} h)", "",
-             "| policy | avg JCT h | vs slurm | p99 JCT h | makespan h | GPU util | util contended (share) | resizes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| policy | avg JCT h | vs slurm | p99 JCT h | makespan h | GPU util | util contended (share) | resizes "
+             "| ms a slot |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in policies:
         s = summary[p]
         if "unfinished" in s:
-            lines.append(f"| {p} | did not finish {s['unfinished']} of {s['of']} within {days:.0f} days | | | | | | |")
+            lines.append(f"| {p} | did not finish {s['unfinished']} of {s['of']} within {days:.0f} days | | | | | | | |")
             continue
         vs = f"{100 * (s['avg_jct_h'] / base - 1):+.0f}%" if base else ""
         lines.append(f"| {p} | {s['avg_jct_h']:.2f} | {vs} | {s['p99_jct_h']:.2f} | {s['makespan_h']:.1f} | "
                      f"{s['gpu_util']:.2f} | {s['gpu_util_contended']:.2f} ({s['contended_share']:.2f}) | "
-                     f"{s['resizes']:.0f} |")
+                     f"{s['resizes']:.0f} | {s['decision_ms']:.2f} |")
     return "\n".join(lines)
 
 
@@ -174,9 +177,12 @@ def main() -> None:
     for name, summary in report.items():
         print(markdown(titles[name], summary, policies, MAX_SLOTS * today.slot_seconds / 86400))
         print()
-    console.print(f"took {time.time() - t0:.0f} s")
+    took = time.time() - t0
+    console.print(f"took {took:.0f} s")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "means": report}, indent=1))
+        command = "python bench/bench_today.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        args.out.write_text(json.dumps({"command": command, "took_s": round(took), "rows": rows, "means": report},
+                                       indent=1))
 
 
 if __name__ == "__main__":

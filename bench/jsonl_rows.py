@@ -1,6 +1,6 @@
 """A bench's output: each row printed as one JSON line when it is made, and kept in ``--out`` as it goes.
 
-Why written as it goes: the long benches (bench_mpc, bench_hindsight) run for tens of minutes, and a run stopped
+Why written as it goes: the long benches (bench_mpc, bench_styles) run for tens of minutes, and a run stopped
 halfway keeps the rows it made. The file is opened (emptied) before the first row, so a path that cannot be
 written fails at once, not at the end.
 """

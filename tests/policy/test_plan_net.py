@@ -178,8 +178,8 @@ def test_the_shipped_network_loads_on_its_table_and_gives_its_recorded_validatio
     assert meta["validation_jct_mean"] < meta["planner_validation_jct_mean"]
 
 
-#: The record of dl2-plan-checked's validation and held-out runs (docs/BENCHMARKS.md, stop 48).
-CHECKED_RECORD = Path(__file__).resolve().parents[2] / "docs" / "bench" / "dl2_plan_checked_stop48.jsonl"
+#: The record of dl2-plan-checked's validation and held-out runs (docs/BENCHMARKS.md, "The DL2 paper's world").
+CHECKED_RECORD = Path(__file__).resolve().parents[2] / "docs" / "bench" / "dl2_plan_checked.jsonl"
 
 
 def test_the_checked_network_gives_its_recorded_validation_jct():

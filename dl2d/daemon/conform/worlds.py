@@ -313,10 +313,6 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def default_state_root() -> Path:
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"dl2d-conform-{os.getpid()}"
-
-
 def conform(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf: str, root: Path, driver,
             python: str = sys.executable, env: dict[str, str] | None = None, timeout_s: float = 300.0
             ) -> dict[str, Any]:

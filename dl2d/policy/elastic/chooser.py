@@ -3,7 +3,7 @@
 Why: elastic's best setting depends on how the jobs are configured. On workloads as users submit them (mostly
 one GPU a job) its default, efficiency 0.6, is best; on workloads of tuned jobs (several GPUs and large batches
 each) a higher threshold with whole nodes for multi-node jobs is 9 % better, and the default there is 9 % worse
-(docs/BENCHMARKS.md, stops 50-51). bench/bench_mpc.py chooses among such rules every few slots by simulating
+(docs/BENCHMARKS.md, "Today's world"). bench/bench_mpc.py chooses among such rules every few slots by simulating
 each ahead, which finds more than any one rule, at a second or two a choice. This module learns that choice: a
 linear softmax over a dozen numbers that describe the cluster's state (:func:`state_features`: how many jobs,
 how many wait, the work left, what the jobs ask for and how well they scale), fitted to the lookahead's costs

@@ -22,7 +22,7 @@ restarts into the speeds: :func:`learn` refuses one.
 
 The shipped table (1 600 `testbed` training runs) is 0.5 % from the simulator's on average, and the registered
 ``lp-lookahead`` on it is 2.78 % above `testbed`'s LP bound on the held-out traces, as the same search on the
-simulator's own table (docs/BENCHMARKS.md, stop 45).
+simulator's own table (docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ With 8 candidates, a horizon of 3 and the bound's in-bucket term (``in_bucket=8`
 on `testbed`'s held-out seeds 0-19 (the planner 3.7 %), reading nothing the network lacks but the measured table;
 2-8 minutes a trace on the 2-core development CPU. The local moves alone (one candidate, ``starts=4``,
 ``shrinks=3``) beat the planner on each of `testbed`'s held-out seeds 0-19, by 0.63 % (3.07 % above the bound;
-docs/BENCHMARKS.md); with ``grows=3``, ``rounds=3`` too, by 0.90 % (2.79 % above the bound, inside issue
-16's bar). Distilled into the target-size network, the moves' gain is lost as the random
-roundings' was (stop 44): being a function of the slot is not enough for this network to learn them.
+docs/BENCHMARKS.md); with ``grows=3``, ``rounds=3`` too, by 0.90 % (2.79 % above the bound, within 3 % of
+it). Distilled into the target-size network, the moves' gain is lost as the random
+roundings' was: being a function of the slot is not enough for this network to learn them.
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def horizon_value(view: SlotView, alloc: Allocation, horizon: int, in_bucket: in
 
 
 #: The registered policy's settings: the wider local moves alone (no random rounding: the same slot gets the
-#: same decision), 3 slots simulated, the program with the in-bucket term (docs/BENCHMARKS.md, stops 44-45).
+#: same decision), 3 slots simulated, the program with the in-bucket term (docs/BENCHMARKS.md).
 REGISTERED = {"candidates": 1, "horizon": 3, "in_bucket": 8, "starts": 4, "shrinks": 3, "grows": 3, "rounds": 3}
 
 

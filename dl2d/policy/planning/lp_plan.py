@@ -3,10 +3,11 @@ do what its plan does now (model-predictive control on dl2d.sim.lp_bound's progr
 
 Why: the program (a time-indexed relaxation over every job's sizes, dl2d.sim.lp_bound) knows what the greedy
 rules do not: which jobs should finish first, and at which sizes the cluster's resources are best spent over
-the whole horizon, not for the next task. The registered ``lp-plan`` reads only what a real scheduler has:
-each job's speeds as the fitted Optimus believes them (fitted from what it observes of an all-reduce job; a PS
-job's type's parametric fit) and its estimated remaining epochs, and plans again each slot from what happened.
-How good the plan is depends on that belief. On the DL2 world's held-out traces (bench/bench_plan.py) the
+the whole horizon, not for the next task. The planner (``lp-plan`` when it was registered) reads only what a real
+scheduler has: each job's speeds as the fitted Optimus believes them (fitted from what it observes of an all-reduce
+job; a PS job's type's parametric fit) and its estimated remaining epochs, and plans again each slot from what
+happened.
+How good the plan is depends on that belief. On the DL2 world's held-out traces (docs/BENCHMARKS.md) the
 planner on the parametric fit is the relative Optimus's equal (1 % behind it), and on the measured speeds
 the simulator trains with (:func:`on_measured_speeds`, a reference and a teacher: no real scheduler has them)
 it is 1.8 % (`small`) and 4.1 % (`testbed`) above the LP bound where the relative Optimus is 7.9 % and 11.5 %

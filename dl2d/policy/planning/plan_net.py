@@ -1,9 +1,9 @@
-"""The target-size network that reads the planner's plan (teacher ``lp-plan``): registered as ``dl2-plan``.
+"""The target-size network that reads the planner's plan (teacher ``lp-plan``), registered as ``dl2-plan-checked``.
 
 Why: on `testbed` the network distilled from the planner came within 0.5 % of it, and the planner is 3.7 % above
 the LP bound; the lookahead over the planner's rounding (dl2d.policy.planning.lp_lookahead) is 2.8 %, but every network
 distilled from it lost its gain, because departing from the planner had to be learned together with the planner
-itself, whose 12-14 % of disagreements swamped the departures (docs/BENCHMARKS.md, stops 39, 42-44). Once the
+itself, whose 12-14 % of disagreements swamped the departures (docs/BENCHMARKS.md, "Tried and not kept"). Once the
 speed table is learned from observation (dl2d.policy.planning.learned_speeds) the planner on it is something a scheduler
 can run, so the network may read its plan: each job's planned pair as its teacher's (one-hot, raised by
 ``prior``: where the network learned nothing it does what the planner does), the plan's columns
@@ -12,13 +12,13 @@ more", "start it at one worker": dl2d.policy.target.policy.RELATIVE_MOVES). It l
 lookahead's choices on training traces (:func:`collect`, :func:`start_from`; plan_distill.fit with a weight on
 the departures), and decides with one program solve a slot (30 ms at the median `testbed` slot; the planner's
 cost, not the network's, grows with the jobs: dl2d.policy.planning.lp_plan). On `testbed`'s held-out traces it is 3.10 %
-above the LP bound, the planner 3.73 %, the lookahead 2.78 % (docs/BENCHMARKS.md, stop 46).
+above the LP bound unchecked (``dl2-plan``, retired), the planner 3.73 %, the lookahead 2.78 % (docs/BENCHMARKS.md).
 
 Registered as ``dl2-plan-checked``, each departure the network proposes is kept only where 3 slots simulated on
 the learned table (lp_lookahead.horizon_value) say it helps (PlanNetPolicy's ``check``): what the lookahead's
 departures depend on, the next few slots, is what the plan's columns do not show, and more labels or a DAgger
-round did not teach it (stop 47). On `testbed`'s held-out traces 2.85 % above the bound, inside issue 16's bar
-(docs/BENCHMARKS.md, stop 48), at a program solve a slot plus three per departure tried.
+round did not teach it. On `testbed`'s held-out traces 2.85 % above the bound, within 3 % of it
+(docs/BENCHMARKS.md), at a program solve a slot plus three per departure tried.
 
 The network's speed curves are the learned table's too (lp_plan.measured_view), as the planner's.
 """
