@@ -26,6 +26,7 @@ from dl2d.daemon.config import (
     WORLDS,
     ConfigError,
     DaemonConfig,
+    PolicySection,
     agent_targets,
     load_config,
     policy_options,
@@ -202,8 +203,6 @@ def demo_overrides(world_name: str, cluster: str | None, slot_seconds: float | N
 def demo_policy(world_name: str) -> str:
     """The demo's policy when none is given: the daemon's default, the recommended policy of today's clusters; in
     the DL2 paper's world of PS jobs the target-size policy trained there (dl2d/policy/target/pretrained)."""
-    from dl2d.daemon.config import PolicySection
-
     return "dl2-target" if world_name == "dl2" else PolicySection().name
 
 

@@ -16,6 +16,7 @@ from dl2d.db.engine import session_scope
 from dl2d.db.jobs import submit_job
 from dl2d.db.models import Allocation as AllocRow
 from dl2d.policy import registry
+from testkit.policy import world_for
 
 TWO_GPU_SPEC = {"worker": {"gpus": 2, "cpus": 2, "mem_gb": 8}, "ps": {"cpus": 2, "mem_gb": 4}}
 NODES = [NodeInfo(f"n{i}", 2, 8, 48.0) for i in range(4)]  # 8 GPUs, 32 cores
@@ -43,8 +44,7 @@ def test_the_view_carries_the_spec_demand_and_the_type_default_where_silent():
 
 @pytest.mark.parametrize("name", registry.names(daemon=True, learned=False) + ("dl2",))
 def test_every_daemon_policy_plans_two_gpus_per_worker(name):
-    world = "dl2" if "world" in registry.get(name).options else "today"  # the planning room plans the DL2 world
-    options = registry.PolicyOptions(allow_untrained=True, world=world)
+    options = registry.PolicyOptions(allow_untrained=True, world=world_for(name))
     two, one = view_of(TWO_GPU_SPEC), view_of({})  # a PS job: both worlds' policies plan it
     alloc = registry.build(name, options)(two)
     assert P.check_allocation(two, alloc) is None, name

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testkit.policy import build_any
+from testkit.policy import build_any, world_for
 
 from dl2d.core.contract import Allocation
 from dl2d.policy import registry
@@ -100,12 +100,9 @@ def mixed_trace(seed=0) -> T.Trace:
                    requested=cat(ps.requested, ar.requested))
 
 
-#: the planning room's policies plan the DL2 paper's world of PS jobs alone and refuse any other (their own tests:
-#: tests/policy/test_lp_lookahead.py, test_plan_net.py); a trace with all-reduce jobs is outside what they run
-DL2_WORLD_ONLY = ("lp-lookahead", "dl2-plan-checked")
-
-
-@pytest.mark.parametrize("name", [n for n in registry.names() if n not in DL2_WORLD_ONLY])
+# The planning room's policies plan the DL2 paper's world of PS jobs alone and refuse any other (their own tests:
+# tests/policy/test_lp_lookahead.py, test_plan_net.py): a trace with all-reduce jobs is outside what they run.
+@pytest.mark.parametrize("name", [n for n in registry.names() if world_for(n) == "today"])
 def test_every_policy_runs_a_mixed_trace_within_capacity(name):
     tr = mixed_trace()
     config = E.SimConfig(cluster=ClusterSpec(4, gpus=4, cpus=48, mem_gb=192), resize_overhead_s=30.0,

@@ -33,5 +33,11 @@ def build_any(name: str):
         from dl2d.policy.seeds import chic as CH
         cfg = CH.ChicConfig(pair=name == "chic-pair")
         return CH.ChicScheduler(cfg, CH.init_params(cfg, 0))
-    world = "dl2" if "world" in registry.get(name).options else "today"  # the planning room: the DL2 world
-    return registry.build(name, registry.PolicyOptions(allow_untrained=True, world=world))
+    return registry.build(name, registry.PolicyOptions(allow_untrained=True, world=world_for(name)))
+
+
+def world_for(name: str) -> str:
+    """The world a registered policy is built in by the tests: the DL2 paper's for the planning room's policies
+    (the only ones with a ``world`` option: they refuse any other), today's for the rest."""
+    from dl2d.policy import registry
+    return "dl2" if "world" in registry.get(name).options else "today"
