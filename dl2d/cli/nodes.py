@@ -1,7 +1,7 @@
 """`dl2ctl nodes`: the cluster's nodes as the daemon sees them, like `sinfo -N -l`.
 
-Each node's GPUs, CPUs and memory allocated (by the daemon's last slot) out of its capacity, its state in
-Slurm's words (idle, mixed, allocated, drained, with the drain reason) and its node agent's health (ok, missed N
+Each node's GPUs, CPUs and memory allocated (by the daemon's last slot, and GPUs held by Slurm jobs that are not
+dl2d's) out of its capacity, its state in Slurm's words (idle, mixed, allocated, drained, with the drain reason) and its node agent's health (ok, missed N
 polls, stale; `-` where no agent is configured). Asked of the running daemon over its control socket (any
 user may); when none answers, read from its status file where this user may (as the last slot left it).
 """
@@ -24,13 +24,20 @@ def _n(x: Any) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
+def _reason(node: dict[str, Any]) -> str:
+    """The node's reason, and the GPUs that Slurm jobs not dl2d's hold there (counted in its GPUS)."""
+    other = int(node.get("gpus_other") or 0)
+    held = f"{other} GPU{'s' if other != 1 else ''} held by other Slurm jobs" if other else ""
+    return "; ".join(x for x in (node.get("reason") or "", held) if x)
+
+
 def node_lines(nodes: Sequence[dict[str, Any]], header: bool = True) -> list[str]:
-    """The table: allocated/total per resource."""
+    """The table: allocated/total per resource (GPUs: dl2d's and other Slurm jobs', as Slurm counts them)."""
     from dl2d.cli.jobs import format_table
 
-    rows = [(n["name"], n["state"], f"{n['gpus_alloc']}/{n['gpus']}", f"{_n(n['cpus_alloc'])}/{_n(n['cpus'])}",
-             f"{_n(n['mem_gb_alloc'])}/{_n(n['mem_gb'])}", n.get("agent") or "-", n.get("reason") or "")
-            for n in nodes]
+    rows = [(n["name"], n["state"], f"{n['gpus_alloc'] + n.get('gpus_other', 0)}/{n['gpus']}",
+             f"{_n(n['cpus_alloc'])}/{_n(n['cpus'])}", f"{_n(n['mem_gb_alloc'])}/{_n(n['mem_gb'])}",
+             n.get("agent") or "-", _reason(n)) for n in nodes]
     return format_table(HEADINGS, rows, RIGHT, header)
 
 

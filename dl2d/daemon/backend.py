@@ -42,6 +42,8 @@ class NodeInfo:
     mem_gb: float
     usable: bool = True  # False when down or drained: place no new work there
     reason: str = ""
+    #: GPUs of the node that work outside dl2d holds (another user's Slurm job): not dl2d's to give
+    gpus_other: int = 0
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,9 @@ class Metrics:
         self.policy_reverts = Counter("dl2d_policy_reverts", "Online policy put back to its last good parameters",
                                       registry=r)
         self.heartbeat = Gauge("dl2d_last_slot_timestamp_seconds", "Wall time the last slot finished", registry=r)
-        self.capacity = Gauge("dl2d_cluster_capacity", "What the usable (not drained) nodes hold, by resource "
-                              "(gpus, cpus, mem_gb)", ["resource"], registry=r)
+        self.capacity = Gauge("dl2d_cluster_capacity", "What the usable (not drained) nodes hold for dl2d, by "
+                              "resource (gpus, cpus, mem_gb; less the GPUs Slurm jobs not dl2d's hold)", ["resource"],
+                              registry=r)
         self.allocated = Gauge("dl2d_cluster_allocated", "What the last slot's allocation uses, by resource "
                                "(gpus, cpus, mem_gb)", ["resource"], registry=r)
         self.nodes = Gauge("dl2d_nodes", "Nodes by state (idle, mixed, allocated, drained), as dl2ctl nodes lists "
@@ -77,7 +78,7 @@ class Metrics:
             for k in cap:
                 used[k] += float(n[f"{k}_alloc"])
                 if n["state"] != "drained":
-                    cap[k] += float(n[k])
+                    cap[k] += float(n[k]) - (float(n.get("gpus_other", 0)) if k == "gpus" else 0.0)
         for k in cap:
             self.capacity.labels(k).set(cap[k])
             self.allocated.labels(k).set(used[k])

@@ -124,7 +124,8 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
                worker_bound: int = ALLREDUCE_MAX_WORKERS,
                placed: Mapping[int, Placement] | None = None,
                observed: Mapping[int, Sequence[str]] | None = None) -> SlotView:
-    """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free.
+    """Jobs in id (= submission) order; a drained or down node has its capacity but nothing free; a node's
+    capacity is what is left of it once the GPUs held outside dl2d are taken (NodeInfo.gpus_other).
 
     The arrival slot is ``slot - slots_run`` (a job is in the system every slot since it arrived). Each job's
     demand, kind and requested workers are its own (``JobRow.demand`` / ``model``); its believed speed
@@ -139,7 +140,8 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
     prev_w, prev_p = known_servers(jobs, nodes, placed, observed) if placed is not None else (None, None)
     if max_workers is None:
         max_workers = view_max_workers(jobs, worker_bound)
-    cap = np.array([[n.gpus, n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
+    # a node's GPUs that another user's Slurm job holds are not the cluster's to give: the view's node is smaller
+    cap = np.array([[max(n.gpus - n.gpus_other, 0), n.cpus, n.mem_gb] for n in nodes], dtype=float).reshape(-1, 3)
     usable = np.array([n.usable for n in nodes], dtype=bool)
     free = cap * usable[:, None]
     slots_run = np.array([j.slots_run for j in jobs], int)
@@ -431,21 +433,24 @@ def pending_reasons(view: SlotView, alloc: Allocation, usage: np.ndarray) -> dic
 def node_report(view: SlotView, nodes: Sequence[NodeInfo], usage: np.ndarray,
                 agents: Mapping[str, str]) -> list[dict[str, Any]]:
     """Each node as `dl2ctl nodes` lists it: capacity, what this slot's allocation uses, its state (Slurm's
-    words: idle, mixed, allocated, drained) and its agent (``ok``, ``stale``, or ``-`` without one)."""
+    words: idle, mixed, allocated, drained) and its agent (``ok``, ``stale``, or ``-`` without one).
+    ``gpus_alloc`` is dl2d's, ``gpus_other`` what Slurm jobs not dl2d's hold; the state counts both, as Slurm's."""
     out = []
     for i, n in enumerate(nodes):
         used = usage[i] if i < len(usage) else np.zeros(3)
+        gpus_used = float(used[0]) + n.gpus_other
         if not n.usable:
             state = "drained"
-        elif used[0] <= 0 and used[1] <= 0:
+        elif gpus_used <= 0 and used[1] <= 0:
             state = "idle"
-        elif used[0] >= n.gpus and (n.gpus > 0 or used[1] >= n.cpus):
+        elif gpus_used >= n.gpus and (n.gpus > 0 or used[1] >= n.cpus):
             state = "allocated"
         else:
             state = "mixed"
         out.append({"name": n.name, "state": state, "reason": n.reason, "gpus": n.gpus,
-                    "gpus_alloc": int(round(float(used[0]))), "cpus": n.cpus, "cpus_alloc": round(float(used[1]), 2),
-                    "mem_gb": n.mem_gb, "mem_gb_alloc": round(float(used[2]), 2), "agent": agents.get(n.name, "-")})
+                    "gpus_alloc": int(round(float(used[0]))), "gpus_other": int(n.gpus_other), "cpus": n.cpus,
+                    "cpus_alloc": round(float(used[1]), 2), "mem_gb": n.mem_gb,
+                    "mem_gb_alloc": round(float(used[2]), 2), "agent": agents.get(n.name, "-")})
     return out
 
 

@@ -414,7 +414,9 @@ def test_nodes_from_the_status_file_when_the_daemon_is_gone(shared_dir):
         {"name": "gpu01", "state": "drained", "reason": "dl2d: agent silent for 3 polls (timed out)", "gpus": 4,
          "gpus_alloc": 0, "cpus": 32, "cpus_alloc": 0.0, "mem_gb": 256.0, "mem_gb_alloc": 0.0, "agent": "stale"},
         {"name": "gpu02", "state": "mixed", "reason": "", "gpus": 4, "gpus_alloc": 3, "cpus": 32, "cpus_alloc": 12.0,
-         "mem_gb": 256.0, "mem_gb_alloc": 96.5, "agent": "ok"}]}))
+         "mem_gb": 256.0, "mem_gb_alloc": 96.5, "agent": "ok"},
+        {"name": "gpu03", "state": "mixed", "reason": "", "gpus": 4, "gpus_alloc": 1, "gpus_other": 2, "cpus": 32,
+         "cpus_alloc": 4.0, "mem_gb": 256.0, "mem_gb_alloc": 32.0, "agent": "ok"}]}))
     r = _dl2ctl("nodes", "--state-dir", str(state), env={"DL2D_SOCKET": str(shared_dir / "none.sock")})
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith(f"dl2d does not answer on {shared_dir / 'none.sock'}: nodes as its status file had "
@@ -423,6 +425,7 @@ def test_nodes_from_the_status_file_when_the_daemon_is_gone(shared_dir):
         "NODE   STATE    GPUS   CPUS    MEM_GB  AGENT  REASON",
         "gpu01  drained   0/4   0/32     0/256  stale  dl2d: agent silent for 3 polls (timed out)",
         "gpu02  mixed     3/4  12/32  96.5/256  ok",
+        "gpu03  mixed     3/4   4/32    32/256  ok     2 GPUs held by other Slurm jobs",
     ], r.stdout
     r = _dl2ctl("nodes", "--state-dir", str(shared_dir), env={"DL2D_SOCKET": str(shared_dir / "none.sock")})
     assert r.returncode == 1 and "and there is no status file at" in r.stderr
@@ -437,10 +440,15 @@ def test_node_report_states_and_agents():
     rows = [P.job_row(1, "resnet-50", 10.0, 0.0, 0, 0, 0, {"worker": {"gpus": 1, "cpus": 2, "mem_gb": 8},
                                                            "ps": {"cpus": 2, "mem_gb": 4}}, "j")]
     infos = [NodeInfo("a", 2, 8, 32.0), NodeInfo("b", 2, 8, 32.0), NodeInfo("c", 2, 8, 32.0),
-             NodeInfo("d", 2, 8, 32.0, usable=False, reason="maintenance")]
+             NodeInfo("d", 2, 8, 32.0, usable=False, reason="maintenance"), NodeInfo("e", 2, 8, 32.0, gpus_other=1),
+             NodeInfo("f", 2, 8, 32.0, gpus_other=2)]
     view = P.build_view(1, rows, infos)
-    usage = np.array([[0, 0, 0], [1, 2, 8], [2, 4, 16], [0, 0, 0]], float)
+    # a GPU another user's Slurm job holds is not the cluster's to give
+    assert view.capacity[:, 0].tolist() == [2, 2, 2, 2, 1, 0] and view.free[:, 0].tolist() == [2, 2, 2, 0, 1, 0]
+    usage = np.array([[0, 0, 0], [1, 2, 8], [2, 4, 16], [0, 0, 0], [1, 2, 8], [0, 0, 0]], float)
     report = P.node_report(view, infos, usage, {"a": "ok", "b": "missed 1", "c": "stale"})
     assert [(n["name"], n["state"], n["agent"]) for n in report] == [
-        ("a", "idle", "ok"), ("b", "mixed", "missed 1"), ("c", "allocated", "stale"), ("d", "drained", "-")]
+        ("a", "idle", "ok"), ("b", "mixed", "missed 1"), ("c", "allocated", "stale"), ("d", "drained", "-"),
+        ("e", "allocated", "-"), ("f", "allocated", "-")]
     assert report[3]["reason"] == "maintenance" and report[1]["gpus_alloc"] == 1
+    assert [(n["gpus_alloc"], n["gpus_other"]) for n in report[4:]] == [(1, 1), (0, 2)]

@@ -345,3 +345,45 @@ def test_an_all_reduce_job_starts_as_nodes_x_gpus_and_is_shrunk(slurm, wait_for,
     assert (live.state, live.num_nodes, live.gpus_per_node) == ("RUNNING", 1, 4)
     assert b.apply(job, Target(4, 0)).method == NOOP
     assert b.apply(job, Target(0, 0)).method == STOP
+
+
+def test_gpus_other_slurm_jobs_hold_are_never_counted_free(slurm, wait_for, tmp_path):
+    """Another user's job holding a node's 4 GPUs (asked per job, ``--gpus=4``) and a job planted with a dl2d
+    job's name and comment holding another node's: dl2d counts none of their GPUs free, sizes an all-reduce
+    job that asks for 16 to the 8 left, and Slurm runs it at once beside them (not PENDING); its own GPUs are
+    never counted as another's."""
+    from dl2d.daemon import plan as P
+    from dl2d.policy import registry
+    from dl2d.slurm.driver import JobSpec
+
+    env = {**os.environ, **slurm.env}
+    out = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "sbatch",
+                          "--parsable", "--nodes=1", "--gpus=4", "--chdir=/tmp", "--output=/dev/null",
+                          "--job-name=train", "--wrap=sleep 600"], capture_output=True, text=True, env=env,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    strangers = {out.stdout.strip().split(";")[0]}
+    strangers.add(slurm.driver().submit(JobSpec(name="dl2d-309", command="sleep 600", user="nobody", workdir="/tmp",
+                                                output="/dev/null", gpus_per_node=4, dl2d_job_id="309")))
+    wait_for(lambda: all(j.state == "RUNNING" for j in slurm.driver().jobs() if j.job_id in strangers), 30,
+             "the two strangers' jobs running")
+    b = backend(slurm, tmp_path / "state")
+    assert sorted(n.gpus_other for n in b.nodes()) == [0, 0, 4, 4]
+
+    spec = {**demo_request(309, epochs=60).spec, "kind": "allreduce", "batch_size": 192.0, "workers": 16,
+            "launch": "once", "worker": {"gpus": 1, "cpus": 1, "mem_gb": 0}}
+    del spec["ps"]
+    row = P.job_row(309, "bert", 60.0, 0.0, 0, 0, 0, spec, "bert-16")
+    view = P.build_view(0, [row], b.nodes())
+    assert view.capacity[:, 0].sum() == 8 and view.free[:, 0].sum() == 8
+    g = P.guard(view, registry.build("drf"), registry.make_heuristic("fifo"), {}, 6)
+    assert g.source == "policy" and int(g.allocation.workers[0]) == 8
+    (planned,), _ = P.plan_targets(view, g.allocation, list(view.node_names), {309: (row.max_workers, row.max_ps)})
+    r = b.apply(JobRequest(309, "bert", 60.0, spec), planned.target)
+    assert r.method == START
+    st = status_when(b, 309, wait_for, 30, "the job running beside the strangers", state=RUNNING, epochs_min=1)
+    assert (st.workers, len(st.nodes)) == (8, 2)
+    others = {n.name: n.gpus_other for n in b.nodes()}
+    assert all(others[n] == 0 for n in st.nodes) and sum(others.values()) == 8  # its own GPUs are its own
+    assert all(slurm.driver().job(j).active for j in strangers)  # left alone
+    assert b.apply(JobRequest(309, "bert", 60.0, spec), Target(0, 0)).method == STOP

@@ -15,6 +15,7 @@ from dl2d.daemon.slurm.mapping import (
     TaskSize,
     allocation_for,
     allocation_for_selection,
+    gpus_held_by_others,
     held_shape,
     job_demand,
     mem_mb,
@@ -26,7 +27,7 @@ from dl2d.daemon.slurm.mapping import (
     spread,
     target_selection,
 )
-from dl2d.slurm.driver import SlurmNode
+from dl2d.slurm.driver import SlurmJob, SlurmNode
 from dl2d.slurm.parsing import parse_sinfo_json
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -209,3 +210,19 @@ def test_target_selection_and_its_allocation():
     assert ps_only.nodelist == ("node4",) and allocation_for_selection(ps_only, demand()) == SlurmAllocation(1, 0, 2)
     with pytest.raises(ValueError, match="places 1 workers / 1 PS on nodes but asks for 2/1"):
         target_selection(Target(2, 1, ("node1",), ("node1",)))
+
+
+def test_the_gpus_other_slurm_jobs_hold_are_the_nodes_count_less_dl2ds_own():
+    """Each node's GRES in use less what dl2d's own Slurm jobs hold there: a job of dl2d's that is completing
+    still holds its GPUs, one still pending holds none; a planted job with a dl2d name and comment, and another
+    user's job asking its GPUs per job (no per-node GRES reported), are someone else's."""
+    nodes = [SlurmNode("n1", "mixed", gpus=4, gpus_alloc=4), SlurmNode("n2", "mixed", gpus=4, gpus_alloc=3),
+             SlurmNode("n3", "idle", gpus=4), SlurmNode("n4", "allocated", gpus=4, gpus_alloc=4)]
+    jobs = [SlurmJob("10", "dl2d-1", "RUNNING", nodes=("n1", "n2"), num_nodes=2, gpus_per_node=2),
+            SlurmJob("11", "dl2d-2", "COMPLETING", nodes=("n1",), num_nodes=1, gpus_per_node=2),
+            SlurmJob("12", "dl2d-3", "PENDING", num_nodes=1, gpus_per_node=4),
+            SlurmJob("13", "dl2d-4", "RUNNING", nodes=("n2",), num_nodes=1, gpus_per_node=1, comment="dl2d:4"),
+            SlurmJob("14", "train", "RUNNING", nodes=("n4",), num_nodes=1)]
+    assert gpus_held_by_others(nodes, jobs, {"10", "11", "12"}) == {"n1": 0, "n2": 1, "n3": 0, "n4": 4}
+    assert gpus_held_by_others(nodes, jobs, set()) == {"n1": 4, "n2": 3, "n3": 0, "n4": 4}
+    assert node_info(nodes[3], 4).gpus_other == 4 and node_info(nodes[3]).gpus_other == 0

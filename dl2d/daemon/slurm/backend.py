@@ -55,6 +55,7 @@ from dl2d.daemon.slurm.mapping import (
     allocation_for,
     allocation_for_selection,
     allocation_record,
+    gpus_held_by_others,
     held_allocation,
     job_demand,
     node_info,
@@ -257,7 +258,21 @@ class SlurmBackend:
 
     # -- ClusterBackend -----------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:
-        return [node_info(n) for n in self._slurm_nodes(fresh=True)]
+        """Slurm's nodes, each with the GPUs that Slurm jobs not dl2d's hold there (``gpus_other``: the view leaves
+        them out, so dl2d never counts free a GPU another user's job holds)."""
+        nodes = self._slurm_nodes(fresh=True)
+        other = gpus_held_by_others(nodes, self._jobs(fresh=True), self._own_slurm_ids())
+        return [node_info(n, other.get(n.name, 0)) for n in nodes]
+
+    def _own_slurm_ids(self) -> set[str]:
+        """The Slurm ids of every run of every job of this daemon's state (its records')."""
+        own: set[str] = set()
+        for job_id in known_job_ids(self.config.state_dir / "jobs"):
+            record = self._record(job_id)
+            own.update(str(i) for i in record.get("slurm_job_ids") or [])
+            if record.get("slurm_job_id"):
+                own.add(str(record["slurm_job_id"]))
+        return own
 
     def observe(self) -> dict[int, JobStatus]:
         """Every job's status. One job's bad files, or any other failure to observe one job, fail that job with

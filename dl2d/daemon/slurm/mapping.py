@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import AbstractSet, Any, Mapping, Sequence
 
 from dl2d.core.jobs import JobDemand, TaskDemand
 from dl2d.daemon import jobmodel
@@ -115,11 +115,31 @@ class TaskSize:
         return TaskSize(math.ceil(task.gpus), math.ceil(task.cpus), float(task.mem_gb))
 
 
-def node_info(n: SlurmNode) -> NodeInfo:
-    """A Slurm node as the daemon sees it (memory in GB; the reason a node is unusable)."""
+def node_info(n: SlurmNode, gpus_other: int = 0) -> NodeInfo:
+    """A Slurm node as the daemon sees it (memory in GB; the reason a node is unusable; ``gpus_other``: the GPUs
+    that Slurm jobs not dl2d's hold there, :func:`gpus_held_by_others`)."""
     reason = n.reason or ("" if n.usable else ",".join((n.state,) + n.flags))
     return NodeInfo(name=n.name, gpus=n.gpus, cpus=n.cpus, mem_gb=n.mem_mb / 1024.0,
-                    usable=n.usable, reason=reason)
+                    usable=n.usable, reason=reason, gpus_other=gpus_other)
+
+
+#: Slurm job states in which a job holds its nodes' resources.
+HOLDING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED"})
+
+
+def gpus_held_by_others(nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob], own: AbstractSet[str]
+                        ) -> dict[str, int]:
+    """The GPUs of each node that Slurm has allocated to work that is not dl2d's: the node's GRES in use less what
+    dl2d's own Slurm jobs (``own``: their Slurm ids) hold there, each ``--gres=gpu:G`` on every node it has.
+    Counted from the node and not from the other jobs because another user's job may ask for GPUs in any form
+    Slurm takes (per job, per task, per node); only the node's count is sure. A job that carries a dl2d name or
+    comment but is not one of ``own`` (planted, or another daemon's) is someone else's too."""
+    mine: dict[str, int] = {}
+    for j in jobs:
+        if j.job_id in own and j.state in HOLDING_STATES:
+            for name in set(j.nodes):
+                mine[name] = mine.get(name, 0) + j.gpus_per_node
+    return {n.name: max(n.gpus_alloc - mine.get(n.name, 0), 0) for n in nodes}
 
 
 def node_shape(nodes: list[NodeInfo]) -> NodeShape | None:
