@@ -2,7 +2,9 @@
 cluster and in its twin, side by side (docs/BENCHMARKS.md, "Real Slurm against its twin").
 
     python bench/bench_conform.py --local                      # starts scripts/slurm-localhost.sh (root)
-    SLURM_CONF=/etc/slurm/slurm.conf python bench/bench_conform.py --policies elastic
+    python bench/bench_conform.py --local --real-twice         # the noise floor: two real runs compared
+
+On a cluster of your own, ``dl2ctl conform`` runs the same (docs/cli.md).
 
 The cluster must be idle and its GPUs dl2d's to use while it runs (the trace fills it). Writes the reports as
 JSON (``--out``) and prints one line per policy.
@@ -22,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dl2d.daemon.conform.compare import compare, ordering  # noqa: E402
+from dl2d.daemon.conform.compare import compare, ordering, report_line  # noqa: E402
 from dl2d.daemon.conform.trace import make_trace  # noqa: E402
 from dl2d.daemon.conform.worlds import clean_env, conform, run_real, slurm_shape  # noqa: E402
 from dl2d.slurm.cli_driver import CliDriver  # noqa: E402
@@ -69,12 +71,7 @@ def main() -> int:
             else:
                 rep = conform(jobs, policy, args.slot, conf, root, driver, env=env)
             reports.append(rep)
-            r, t = rep["real"], rep["twin"]
-            print(f"{policy}: agreement {rep['agreement']:.1%} of {rep['job_slots']} job-slots; avg JCT real "
-                  f"{r['avg_jct_s']} s, twin {t['avg_jct_s']} s (x{rep['avg_jct_ratio']}); resizes real "
-                  f"{sum(r['resizes'].values())}, twin {sum(t['resizes'].values())}; over-held slots "
-                  f"{len(rep['slurm_over_held'])} of {rep['slurm_checked_slots']}; costs {rep['costs']}; "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)
+            print(f"{report_line(rep)}; {time.monotonic() - t0:.0f} s", flush=True)
         print("ordering real:", ordering(reports, "real"), " twin:", ordering(reports, "twin"))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"seed": args.seed, "slot_s": args.slot, "jobs": args.jobs,

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "daemon": "dl2d.cli.daemon:daemon",
     "nodes": "dl2d.cli.nodes:nodes",
     "calibrate": "dl2d.cli.calibrate:calibrate",
+    "conform": "dl2d.cli.conform:conform",
 }
 
 

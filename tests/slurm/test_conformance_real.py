@@ -1,5 +1,6 @@
-"""The conformance harness on the real local Slurm (4 nodes x 4 fake GPUs, conftest): one 12-job trace of demo
-jobs at declared speeds under dl2d on Slurm and in its twin, for the learned policy, elastic and Slurm as it is.
+"""The conformance harness on the real local Slurm (4 nodes x 4 fake GPUs, conftest), run as ``dl2ctl conform``:
+one 12-job trace of demo jobs at declared speeds under dl2d on Slurm and in its twin, for the learned policy,
+elastic and Slurm as it is.
 
 In both worlds every job finishes; dl2d resizes jobs on Slurm under the learned policy; in no slot does Slurm
 hold a GPU that dl2d counted free (its nodes' GRES in use, just before each slot's decision, against the slot's
@@ -9,36 +10,33 @@ machine); the full side-by-side report is printed."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from dl2d.daemon.conform.compare import ordering
-from dl2d.daemon.conform.trace import make_trace
-from dl2d.daemon.conform.worlds import clean_env, conform
+from dl2d.daemon.conform.worlds import clean_env
 
 pytestmark = pytest.mark.slurm
 
-REPO = Path(__file__).resolve().parents[2]
-SLOT_S = 3.0
 POLICIES = ("dl2-target", "elastic", "slurm")
 
 
 def test_one_trace_on_slurm_and_in_its_twin_under_three_policies(slurm, tmp_path):
-    driver = slurm.driver()
-    jobs = make_trace(seed=0, slot_seconds=SLOT_S)
-    env = clean_env({**slurm.env, "PYTHONPATH": str(REPO)})
-    reports = []
-    for policy in POLICIES:
-        rep = conform(jobs, policy, SLOT_S, str(slurm.conf), tmp_path, driver, python=sys.executable, env=env,
-                      timeout_s=240)
-        reports.append(rep)
-        print(f"\n{policy}: " + json.dumps({k: v for k, v in rep.items() if k not in ("jobs", "divergences")}))
-        print("  first divergences:", json.dumps(rep["divergences"][:3]))
-    print("ordering real:", ordering(reports, "real"), "twin:", ordering(reports, "twin"))
+    """``dl2ctl conform`` as docs/cli.md gives it (its defaults: 12 jobs, seed 0, 3 s slots, the three policies)."""
+    out = tmp_path / "conform.json"
+    cp = subprocess.run([sys.executable, "-m", "dl2d.cli.main", "conform", "--timeout", "240", "--out", str(out)],
+                        env=clean_env(slurm.env), capture_output=True, text=True, timeout=1200)
+    print(cp.stdout, cp.stderr)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(out.read_text())
+    reports = doc["reports"]
+    assert [r["policy"] for r in reports] == list(POLICIES) and doc["jobs"] == 12
+    lines = cp.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines[:3]] == list(POLICIES) and lines[3].startswith("ordering by average JCT")
+    print("first divergences:", json.dumps({r["policy"]: r["divergences"][:3] for r in reports}))
     for rep in reports:
-        assert rep["real"]["finished"] == rep["twin"]["finished"] == len(jobs), rep["policy"]
+        assert rep["real"]["finished"] == rep["twin"]["finished"] == 12, rep["policy"]
         assert rep["slurm_checked_slots"] >= 10 and rep["slurm_over_held"] == [], (rep["policy"],
                                                                                     rep["slurm_over_held"])
         # the share of job-slots that agree is printed, not asserted: one job finishing a slot apart can shift a

@@ -189,3 +189,14 @@ def compare(real: WorldRecord, twin: WorldRecord) -> dict[str, Any]:
 def ordering(reports: Sequence[Mapping[str, Any]], world: str) -> list[str]:
     """The policies by their average JCT in ``world`` ("real" or "twin"), best first."""
     return [r["policy"] for r in sorted(reports, key=lambda r: r[world]["avg_jct_s"] or float("inf"))]
+
+
+def report_line(rep: Mapping[str, Any]) -> str:
+    """One policy's comparison in a line, as ``dl2ctl conform`` and the bench print it."""
+    r, t = rep["real"], rep["twin"]
+    first = rep["divergences"][0] if rep.get("divergences") else None
+    parted = f"; first divergence: slot {first['slot']}, {first['job']}: {first['cause']}" if first else ""
+    return (f"{rep['policy']}: agreement {rep['agreement']:.1%} of {rep['job_slots']} job-slots; avg JCT real "
+            f"{r['avg_jct_s']} s, twin {t['avg_jct_s']} s (x{rep['avg_jct_ratio']}); resizes real "
+            f"{sum(r['resizes'].values())}, twin {sum(t['resizes'].values())}; slots Slurm held a GPU dl2d counted "
+            f"free: {len(rep['slurm_over_held'])} of {rep['slurm_checked_slots']}; costs {rep['costs']}{parted}")

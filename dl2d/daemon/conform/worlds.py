@@ -314,16 +314,17 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def conform(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf: str, root: Path, driver,
-            python: str = sys.executable, env: dict[str, str] | None = None, timeout_s: float = 300.0
-            ) -> dict[str, Any]:
+            python: str = sys.executable, env: dict[str, str] | None = None, timeout_s: float = 300.0,
+            owner: str = "root") -> dict[str, Any]:
     """One policy in both worlds: the real run, the twin run with the real run's start and restart costs, and
     the comparison (dl2d.daemon.conform.compare.compare), with the costs the twin was given."""
     from dl2d.daemon.conform.compare import compare, restart_costs
 
     shape = slurm_shape(driver)
     real = run_real(jobs, policy, slot_s, slurm_conf, root / policy / "real", driver, shape.total_gpus,
-                    python=python, env=env, timeout_s=timeout_s, prefix=f"cf-{policy}-")
+                    python=python, owner=owner, env=env, timeout_s=timeout_s, prefix=f"cf-{policy}-")
     costs = restart_costs(real, {j.name: dict(j.speed) for j in jobs})
-    twin = run_twin(jobs, policy, slot_s, shape, root / policy / "twin", costs, python=python, real=real)
+    twin = run_twin(jobs, policy, slot_s, shape, root / policy / "twin", costs, python=python, owner=owner,
+                    real=real)
     return {**compare(real, twin), "costs": {k: round(v, 3) for k, v in asdict(costs).items()}}
 
