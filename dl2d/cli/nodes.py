@@ -1,9 +1,10 @@
 """`dl2ctl nodes`: the cluster's nodes as the daemon sees them, like `sinfo -N -l`.
 
 Each node's GPUs, CPUs and memory allocated (by the daemon's last slot, and GPUs held by Slurm jobs that are not
-dl2d's) out of its capacity, its state in Slurm's words (idle, mixed, allocated, drained, with the drain reason) and its node agent's health (ok, missed N
-polls, stale; `-` where no agent is configured). Asked of the running daemon over its control socket (any
-user may); when none answers, read from its status file where this user may (as the last slot left it).
+dl2d's) out of its capacity, its state in Slurm's words (idle, mixed, allocated, drained, with the drain reason)
+and its node agent's health (ok, missed N polls, stale; `-` where no agent is configured). Asked of the running
+daemon over its control socket (any user may); when none answers, read from its status file where this user may
+(as the last slot left it).
 """
 from __future__ import annotations
 
