@@ -47,8 +47,9 @@ def conform(policies: str, slurm_conf: str | None, slot_s: float, num_jobs: int,
     Each policy runs the trace on the real cluster first (dl2d as a subprocess with the slurm backend; the jobs
     run as you), then in the twin with the start and restart costs measured there. Per policy: the share of
     job-slots in which both gave each job the same workers, the first divergence and its cause, average JCTs,
-    resizes, and the slots in which Slurm held a GPU dl2d counted free. The cluster must be idle while it runs:
-    the trace fills it. Exit 1 when a world did not finish every job.
+    resizes, and the slots in which Slurm held a GPU dl2d counted free. The trace needs the cluster to itself:
+    each run waits up to a minute for Slurm's nodes to hold no GPU, then stops. Exit 1 when a world did not
+    finish every job.
     """
     import shutil
 

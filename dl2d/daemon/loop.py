@@ -379,12 +379,12 @@ class SlotLoop:
         self._slot_samples = []
         if self.poller is not None:
             self.poll_agents(retention=number % self.retention_every == 0)
-        nodes = self.backend.nodes()
         with session_scope(self.engine) as s:
             if self.feeder is not None:
                 self.feeder(s, number, now)
             self._cancel_intents(s)
             statuses = self.backend.observe()
+            nodes = self.backend.nodes()  # after observe: the backend reuses its listing of the jobs
             self.reconcile(s, statuses, now)
             rows = self._job_rows(s)
         hist = {r.id: self._job_hist[r.id] for r in rows if r.id in self._job_hist}

@@ -456,8 +456,14 @@ def test_a_slot_of_noop_applies_costs_one_squeue_and_one_sinfo(tmp_path):
     for i in range(1, 21):
         b.apply(req(i), Target(1, 1))
     fake.run()
-    fake.reads = {"jobs": 0, "nodes": 0}
     b.observe()
+    b.nodes()  # the daemon's first slot: nodes() reads every record once, for the Slurm ids that are dl2d's
+    fake.reads = {"jobs": 0, "nodes": 0}
+    records = []
+    b._record = lambda job_id, read=b._record: records.append(job_id) or read(job_id)
+    b.observe()
+    b.nodes()  # every slot after: observe, then the nodes with what other Slurm jobs hold
+    assert sorted(records) == list(range(1, 21))  # each job's record read once, by observe
     for i in range(1, 21):
         assert b.apply(req(i), Target(1, 1)).method == NOOP
     assert fake.reads == {"jobs": 1, "nodes": 1}

@@ -29,6 +29,7 @@ from sqlalchemy import select
 
 from dl2d.daemon.conform.compare import Costs, WorldRecord
 from dl2d.daemon.conform.trace import ConformJob, submission
+from dl2d.daemon.slurm.mapping import HOLDING_STATES, gpus_held_by_others
 
 log = logging.getLogger("dl2d.conform")
 
@@ -191,20 +192,27 @@ run_jobs_as = "daemon"
 
 
 class SlurmWatch:
-    """Once a slot, just before the next begins: the GPUs Slurm holds (its nodes' GRES in use) against the
-    GPUs dl2d allotted for the slot (its allocation's workers); a slot where Slurm holds more is one in which
-    dl2d counted free a GPU that Slurm held."""
+    """Once a slot, just before the next begins: the GPUs Slurm holds for the trace's jobs (its nodes' GRES in use,
+    less what Slurm jobs that are not the trace's hold: :func:`dl2d.daemon.slurm.mapping.gpus_held_by_others`)
+    against the GPUs dl2d allotted for the slot (its allocation's workers); a slot where Slurm holds more is one in
+    which dl2d counted free a GPU that Slurm held."""
 
-    def __init__(self, driver, gpus_per_worker: int = 1) -> None:
-        self.driver, self.gpw = driver, gpus_per_worker
+    def __init__(self, driver, gpus_per_worker: int = 1, prefix: str = "cf-") -> None:
+        self.driver, self.gpw, self.prefix = driver, gpus_per_worker, prefix
         self.over: list[tuple[int, int, int]] = []
         self.checked = 0
+
+    def held(self) -> int:
+        """The GPUs Slurm holds now for Slurm jobs named with the trace's prefix."""
+        nodes, jobs = self.driver.nodes(), self.driver.jobs()
+        others = gpus_held_by_others(nodes, jobs, {j.job_id for j in jobs if j.name.startswith(self.prefix)})
+        return sum(n.gpus_alloc for n in nodes) - sum(others.values())
 
     def check(self, engine, number: int, slot: int) -> None:
         from dl2d.db.engine import session_scope
         from dl2d.db.models import Allocation, Slot
 
-        held = sum(n.gpus_alloc for n in self.driver.nodes())
+        held = self.held()
         with session_scope(engine) as s:
             counted = sum(int(w) for (w,) in s.execute(
                 select(Allocation.workers).join(Slot, Slot.id == Allocation.slot_id).where(Slot.number == number)))
@@ -212,6 +220,23 @@ class SlurmWatch:
         self.checked += 1
         if held > counted:
             self.over.append((slot, held, counted))
+
+
+def wait_idle(driver, timeout_s: float = 60.0, poll_s: float = 1.0) -> None:
+    """Wait until Slurm's nodes hold no GPU (a run's jobs just cancelled take a moment to be released), or raise:
+    the twin has the whole cluster, so the real world must too."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = driver.nodes()
+        held = sum(n.gpus_alloc for n in nodes)
+        if held == 0:
+            return
+        if time.monotonic() >= deadline:
+            busy = ", ".join(f"{n.name} {n.gpus_alloc}" for n in nodes if n.gpus_alloc)
+            jobs = ", ".join(f"{j.job_id} ({j.user or '?'})" for j in driver.jobs() if j.state in HOLDING_STATES)
+            raise RuntimeError(f"Slurm holds {held} GPUs ({busy}; jobs {jobs or 'none listed'}) after "
+                               f"{timeout_s:g} s: the trace needs the cluster to itself, as its twin has it")
+        time.sleep(poll_s)
 
 
 def run_real(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf: str, state_dir: Path,
@@ -231,7 +256,7 @@ def run_real(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf:
     url = f"sqlite:///{state_dir / 'dl2d.sqlite'}"
     upgrade(url)
     engine = make_engine(url)
-    watch = SlurmWatch(driver)
+    watch = SlurmWatch(driver, prefix=prefix)
 
     submitted: set[str] = set()
 
@@ -321,6 +346,7 @@ def conform(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf: 
     from dl2d.daemon.conform.compare import compare, restart_costs
 
     shape = slurm_shape(driver)
+    wait_idle(driver)
     real = run_real(jobs, policy, slot_s, slurm_conf, root / policy / "real", driver, shape.total_gpus,
                     python=python, owner=owner, env=env, timeout_s=timeout_s, prefix=f"cf-{policy}-")
     costs = restart_costs(real, {j.name: dict(j.speed) for j in jobs})

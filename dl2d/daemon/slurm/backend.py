@@ -45,7 +45,7 @@ from dl2d.daemon.backend import (
     NodeInfo,
     Target,
 )
-from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids, launch_of
+from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids, launch_of, record_slurm_ids
 from dl2d.daemon.slurm.jobreport import JobReportError, checked_coordinator, checked_progress
 from dl2d.daemon.slurm.mapping import (
     NodeShape,
@@ -138,6 +138,7 @@ class SlurmBackend:
         self._left_alone: set[str] = set()  # Slurm jobs that carry a job's name but not its submission (logged once)
         self._refused_coordinators: set[int] = set()  # jobs whose coordinator.json was refused (logged once)
         self._lock: Any = None  # the state dir's lock file, once lock() took it
+        self._own_ids: set[str] | None = None  # every Slurm id this state's records name (_own_slurm_ids)
         jobs = config.state_dir / "jobs"
         made = [d for d in (config.state_dir, jobs) if not d.exists()]
         jobs.mkdir(parents=True, exist_ok=True)
@@ -157,6 +158,8 @@ class SlurmBackend:
 
     def _save(self, job_id: int, record: dict[str, Any]) -> None:
         self._dir(job_id).save_record(record)
+        if self._own_ids is not None:
+            self._own_ids.update(record_slurm_ids(record))
 
     def _write_target(self, job_id: int, target: Target) -> None:
         selection = self._selection(target)
@@ -259,20 +262,20 @@ class SlurmBackend:
     # -- ClusterBackend -----------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:
         """Slurm's nodes, each with the GPUs that Slurm jobs not dl2d's hold there (``gpus_other``: the view leaves
-        them out, so dl2d never counts free a GPU another user's job holds)."""
+        them out, so dl2d never counts free a GPU another user's job holds). The daemon's slot calls it right after
+        :meth:`observe`, whose job list it reuses (one ``squeue`` a slot)."""
         nodes = self._slurm_nodes(fresh=True)
-        other = gpus_held_by_others(nodes, self._jobs(fresh=True), self._own_slurm_ids())
+        other = gpus_held_by_others(nodes, self._jobs(), self._own_slurm_ids())
         return [node_info(n, other.get(n.name, 0)) for n in nodes]
 
     def _own_slurm_ids(self) -> set[str]:
-        """The Slurm ids of every run of every job of this daemon's state (its records')."""
-        own: set[str] = set()
-        for job_id in known_job_ids(self.config.state_dir / "jobs"):
-            record = self._record(job_id)
-            own.update(str(i) for i in record.get("slurm_job_ids") or [])
-            if record.get("slurm_job_id"):
-                own.add(str(record["slurm_job_id"]))
-        return own
+        """The Slurm ids of every run of every job of this daemon's state: its records' once, then kept by
+        :meth:`_save`, through which every Slurm id a record gains is written."""
+        if self._own_ids is None:
+            self._own_ids = set()
+            for job_id in known_job_ids(self.config.state_dir / "jobs"):
+                self._own_ids.update(record_slurm_ids(self._record(job_id)))
+        return self._own_ids
 
     def observe(self) -> dict[int, JobStatus]:
         """Every job's status. One job's bad files, or any other failure to observe one job, fail that job with

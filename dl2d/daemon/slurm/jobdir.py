@@ -207,6 +207,14 @@ def known_job_ids(jobs_dir: Path) -> list[int]:
                   if p.name.isdigit() and (p / "record.json").exists())
 
 
+def record_slurm_ids(record: Mapping[str, Any]) -> set[str]:
+    """The Slurm ids of every run a job's record names (its current one and its earlier ones)."""
+    ids = {str(i) for i in record.get("slurm_job_ids") or []}
+    if record.get("slurm_job_id"):
+        ids.add(str(record["slurm_job_id"]))
+    return ids
+
+
 class JobDir:
     """The files of one job (see the module doc)."""
 
