@@ -49,6 +49,7 @@ from dl2d.daemon.backend import (
     JobStatus,
 )
 from dl2d.daemon.crash import CrashHook
+from dl2d.daemon.conservation import could_use
 from dl2d.daemon.hysteresis import Hysteresis, damp
 from dl2d.daemon.metrics import Metrics
 from dl2d.daemon.notify import Notifier
@@ -406,7 +407,7 @@ class SlotLoop:
         for job_id, why in held.items():
             flags.setdefault(job_id, []).append(why)
         if getattr(self.backend, "even_gres", False):  # Slurm: a job's nodes all get the same GPUs
-            alloc, cut = P.even_gres(view, alloc)
+            alloc, cut = P.even_gres(view, alloc, {r.id: r.max_workers for r in rows})
             for job_id, why in cut.items():
                 flags.setdefault(job_id, []).append(why)
             held = {**held, **cut}
@@ -425,6 +426,10 @@ class SlotLoop:
         for job_id, why in P.pending_reasons(view, alloc, usage).items():
             if not any(f.startswith("pending: ") for f in flags.get(job_id, [])):  # a reason said already wins
                 flags.setdefault(job_id, []).append(f"pending: {why}")
+        speed = self._predicted_speed(view)
+        for job_id, why in could_use(view, alloc, {r.id: r.max_workers for r in rows}, lambda j, w: speed(j, w, 0),
+                                     even=getattr(self.backend, "even_gres", False)).items():
+            flags.setdefault(job_id, []).append(why)
         self.node_report = P.node_report(view, nodes, usage, self.poller.health() if self.poller is not None else {})
         self.metrics.set_cluster(self.node_report)
         names, limits = [n.name for n in nodes], {r.id: (r.max_workers, r.max_ps) for r in rows}

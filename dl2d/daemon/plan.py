@@ -179,31 +179,82 @@ def even_workers(workers: int, per_node: int) -> int:
     return 0
 
 
-def even_gres(view: SlotView, alloc: Allocation) -> tuple[Allocation, dict[int, str]]:
-    """The allocation with every all-reduce job's workers cut to :func:`even_workers` on the cluster's nodes
-    (its last tasks dropped from a placement), and why each was cut (by job id): on a backend whose requests
-    give each node of a job the same GPUs (Slurm's), a size in between would hold GPUs that dl2d counts free."""
+def even_gres(view: SlotView, alloc: Allocation, bounds: Mapping[int, int] | None = None
+              ) -> tuple[Allocation, dict[int, str]]:
+    """The allocation with every all-reduce job's workers made a size Slurm's request holds exactly, and why each
+    was changed (by job id): on a backend whose requests give each node of a job the same GPUs (Slurm's), a size
+    in between would hold GPUs that dl2d counts free. A job is rounded up to the next such size where that size,
+    laid out as Slurm lays it out, fits on its own GPUs and those the allocation leaves idle, within its bound
+    (``bounds``: job id -> its most workers; the view's ``max_workers`` for the rest); else cut down to
+    :func:`even_workers` (its last tasks dropped from a placement). Without ``bounds``, or without placements,
+    every such job is cut."""
     if len(view) == 0 or not len(view.capacity):
         return alloc, {}
     w = np.asarray(alloc.workers, int).copy()
     ws = [list(x) for x in alloc.worker_servers] if alloc.worker_servers is not None else None
     node_gpus = float(view.capacity[:, 0].max())
-    cut: dict[int, str] = {}
+    free = view.free - place(view, alloc)[0] if ws is not None and bounds is not None else None
+    changed: dict[int, str] = {}
     for j in range(len(view)):
         gpw = float(view.worker_demand[j, 0])
         if view.kind[j] != JobKind.ALLREDUCE.value or w[j] <= 1 or gpw <= 0:
             continue
-        even = even_workers(int(w[j]), int(node_gpus // gpw))
-        if even < w[j]:
-            cut[int(view.job_ids[j])] = (f"sized {int(w[j])}, run at {even} workers: Slurm gives each node of a job "
-                                         f"the same GPUs, and {int(w[j])} would hold more than {int(w[j])}")
-            w[j] = even
-            if ws is not None:
-                ws[j] = ws[j][:even]
-    if not cut:
+        per_node = int(node_gpus // gpw)
+        even = even_workers(int(w[j]), per_node)
+        if even >= w[j]:
+            continue
+        job, size = int(view.job_ids[j]), int(w[j])
+        up = None
+        if free is not None and ws is not None:
+            bound = min(int(bounds.get(job, view.max_workers)), view.max_workers)
+            up = _round_up(view, j, size, ws[j], free, per_node, bound)
+        if up is not None:
+            size_up, servers = up
+            for srv in ws[j]:
+                free[srv] += view.worker_demand[j]
+            for srv in servers:
+                free[srv] -= view.worker_demand[j]
+            changed[job] = (f"sized {size}, run at {size_up} workers: Slurm gives each node of a job the same GPUs, "
+                            f"so {size} would hold {size_up}'s, and they were idle")
+            w[j], ws[j] = size_up, servers
+            continue
+        changed[job] = (f"sized {size}, run at {even} workers: Slurm gives each node of a job the same GPUs, "
+                        f"and {size} would hold more than {size}")
+        w[j] = even
+        if ws is not None:
+            if free is not None:
+                for srv in ws[j][even:]:
+                    free[srv] += view.worker_demand[j]
+            ws[j] = ws[j][:even]
+    if not changed:
         return alloc, {}
     return Allocation(w, np.asarray(alloc.ps, int).copy(), None if ws is None else tuple(tuple(x) for x in ws),
-                      alloc.ps_servers), cut
+                      alloc.ps_servers), changed
+
+
+def _round_up(view: SlotView, j: int, size: int, servers: Sequence[int], free: np.ndarray, per_node: int,
+              bound: int) -> tuple[int, list[int]] | None:
+    """The next size above ``size`` that Slurm's request holds exactly, where it is within ``bound`` and fits, laid out on
+    N nodes of G workers each, on ``free`` plus row j's own ``servers``; the job's own servers first, then the
+    roomiest. None where none fits."""
+    demand = view.worker_demand[j]
+    room = free.copy()
+    for srv in servers:
+        room[srv] += demand
+    need = demand > 0
+    fit = np.floor(np.min(room[:, need] / demand[need], axis=1) + 1e-9).astype(int) if need.any() else \
+        np.full(len(room), per_node)
+    own = {srv: servers.count(srv) for srv in set(servers)}
+    for k in range(size + 1, bound + 1):
+        if even_workers(k, per_node) != k:
+            continue
+        nodes, per = even_spread(k, per_node)  # only the next such size: what Slurm would hold for ``size``
+        fitting = [srv for srv in range(len(room)) if fit[srv] >= per]
+        if len(fitting) < nodes:
+            return None
+        chosen = sorted(fitting, key=lambda srv: (-own.get(srv, 0), -int(fit[srv]), srv))[:nodes]
+        return k, [srv for srv in sorted(chosen) for _ in range(per)]
+    return None
 
 
 def below_minimum(view: SlotView, alloc: Allocation, minimum: Mapping[int, int]) -> tuple[Allocation, dict[int, str]]:

@@ -128,6 +128,9 @@ class PolicyEntry:
     trained_by: str = ""  # the command that trains its checkpoint
     online: bool = False  # can learn online from the daemon's rewards
     daemon: bool = True  # fit for a real cluster (the oracle knows the simulator's truth: not)
+    #: its rule hands every idle GPU to a job that can use it: no job is left below what it could use beside idle
+    #: GPUs for more than dl2d.daemon.conservation.CLAIM_SLOTS slots in a row (tests/daemon/test_conservation.py)
+    work_conserving: bool = False
     options: tuple[str, ...] = field(default=())  # the PolicyOptions fields it reads
 
 
@@ -153,14 +156,14 @@ CATALOG = (
     PolicyEntry("tiresias", "Tiresias: discretised two-dimensional least-attained-service, each job what it asked "
                 "for, preemptive, no knowledge of job length", _P + "baselines.tiresias:build", heuristic=True),
     PolicyEntry("drf", "dominant resource fairness: progressive filling by dominant share",
-                _P + "baselines.heuristics:build_drf", heuristic=True),
+                _P + "baselines.heuristics:build_drf", heuristic=True, work_conserving=True),
     PolicyEntry("tetris", "packing alignment + shortest remaining time, bundles up to a threshold",
                 _P + "baselines.heuristics:build_tetris", _P + "baselines.heuristics:check_tetris", heuristic=True,
-                options=("tetris_threshold",)),
+                options=("tetris_threshold",), work_conserving=True),
     PolicyEntry("fifo", "first in, first out: the earliest job takes all it may", _P + "baselines.heuristics:build_fifo",
-                heuristic=True),
+                heuristic=True, work_conserving=True),
     PolicyEntry("srtf", "shortest remaining (estimated) time first", _P + "baselines.heuristics:build_srtf",
-                heuristic=True),
+                heuristic=True, work_conserving=True),
     PolicyEntry("optimus", "Optimus: greedy marginal gain per unit of dominant resource on a speed model it fits to "
                 "what it observes of each job (PS jobs: their type's parametric fit)", _P + "baselines.optimus:build",
                 heuristic=True),

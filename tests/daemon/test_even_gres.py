@@ -41,6 +41,31 @@ def test_even_gres_cuts_all_reduce_jobs_and_their_placements_only():
     assert same is out and none == {}
 
 
+def test_a_size_in_between_is_rounded_up_where_its_nodes_and_the_idle_gpus_hold_the_next_one():
+    nodes = [NodeInfo(f"n{i}", 4, 16, 64.0) for i in range(4)]
+    rows = [P.JobRow(id=i, job_type="cifar10", total_epochs=10.0,
+                     spec={"kind": "allreduce", "batch_size": 128.0, "workers": 8,
+                           "worker": {"gpus": 1, "cpus": 1, "mem_gb": 1}}) for i in (1, 2)]
+    view = P.build_view(0, rows, nodes)
+    alloc = Allocation(np.array([7, 4]), np.array([0, 0]), ((0, 0, 0, 0, 1, 1, 1), (2, 2, 2, 2)), ((), ()))
+    out, why = P.even_gres(view, alloc, {1: 8, 2: 8})
+    # 8 = 2 nodes of 4: its own node 0, and node 1 (its 3 and the idle one); node 3 stays idle for others
+    assert out.workers.tolist() == [8, 4] and out.worker_servers[0] == (0,) * 4 + (1,) * 4
+    assert list(why) == [1] and "7 would hold 8's, and they were idle" in why[1]
+    cut, why = P.even_gres(view, alloc, {1: 7, 2: 8})  # its own bound is 7: cut
+    assert cut.workers.tolist() == [6, 4] and "7 would hold more than 7" in why[1]
+    crowded = Allocation(np.array([7, 5]), np.array([0, 0]), ((0, 0, 0, 0, 1, 1, 1), (1, 2, 2, 2, 2)), ((), ()))
+    # node 1 is full: 8 goes to its node 0 and the idle node 3; then 5 fits as 6, 3 on each of its nodes
+    out, why = P.even_gres(view, crowded, {1: 8, 2: 8})
+    assert out.workers.tolist() == [8, 6] and sorted(why) == [1, 2]
+    assert out.worker_servers == ((0,) * 4 + (3,) * 4, (1, 1, 1, 2, 2, 2))
+    three = P.build_view(0, rows + [P.JobRow(id=3, job_type="cifar10", total_epochs=10.0, spec=rows[0].spec)], nodes)
+    full = Allocation(np.array([7, 4, 4]), np.array([0, 0, 0]), ((0, 0, 0, 0, 1, 1, 1), (1, 2, 2, 2), (3,) * 4),
+                      ((), (), ()))
+    out, why = P.even_gres(three, full, {1: 8, 2: 8, 3: 8})  # the one idle GPU is on node 2: 8 fits nowhere
+    assert out.workers.tolist() == [6, 4, 4] and list(why) == [1] and "7 would hold more than 7" in why[1]
+
+
 def test_a_job_sized_below_its_minimum_waits_instead():
     nodes = [NodeInfo(f"n{i}", 4, 16, 64.0) for i in range(2)]
     rows = [_row(1, JobKind.ALLREDUCE), _row(2, JobKind.ALLREDUCE)]

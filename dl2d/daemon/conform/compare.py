@@ -12,6 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dl2d.daemon.conservation import FLAG as BELOW_USE
+
 #: Event kinds (dl2d.db.models.EventKind) of the resizes of a running job, by how they were carried out.
 RESIZE_KINDS = ("hot_scale", "relaunch", "resize")
 
@@ -61,11 +63,31 @@ class WorldRecord:
             if 0 <= slot < self.slots:
                 used[slot] += w
         jct = np.array(list(self.jct_s.values()), float)
+        below = self.below_use()
         return {"world": self.world, "policy": self.policy, "jobs": len(self.arrival), "finished": len(self.jct_s),
                 "avg_jct_s": round(float(jct.mean()), 2) if len(jct) else None,
                 "makespan_s": round(max(self.finish_s.values()), 2) if self.finish_s else None,
                 "starts": sum(kind == "start" for _, _, kind in self.events), "resizes": kinds,
-                "idle_gpu_slots": int(round(float((self.gpus - used).clip(0).sum()))), "slots": self.slots}
+                "idle_gpu_slots": int(round(float((self.gpus - used).clip(0).sum()))), "slots": self.slots,
+                "below_use_job_slots": sum(len(v) for v in below.values()),
+                "below_use_longest_slots": max((longest_run(v) for v in below.values()), default=0)}
+
+    def below_use(self) -> dict[str, list[int]]:
+        """job -> the slots whose decision flagged it below what it could use (dl2d.daemon.conservation)."""
+        out: dict[str, list[int]] = {}
+        for (slot, job), flags in sorted(self.flags.items()):
+            if any(f.startswith(BELOW_USE) for f in flags):
+                out.setdefault(job, []).append(slot)
+        return out
+
+
+def longest_run(slots: Sequence[int]) -> int:
+    """The most consecutive slots in ``slots`` (sorted)."""
+    best = run = 0
+    for i, s in enumerate(slots):
+        run = run + 1 if i and s == slots[i - 1] + 1 else 1
+        best = max(best, run)
+    return best
 
 
 def trained(rec: WorldRecord, slot: int, job: str) -> float:
@@ -199,4 +221,6 @@ def report_line(rep: Mapping[str, Any]) -> str:
     return (f"{rep['policy']}: agreement {rep['agreement']:.1%} of {rep['job_slots']} job-slots; avg JCT real "
             f"{r['avg_jct_s']} s, twin {t['avg_jct_s']} s (x{rep['avg_jct_ratio']}); resizes real "
             f"{sum(r['resizes'].values())}, twin {sum(t['resizes'].values())}; slots Slurm held a GPU dl2d counted "
-            f"free: {len(rep['slurm_over_held'])} of {rep['slurm_checked_slots']}; costs {rep['costs']}{parted}")
+            f"free: {len(rep['slurm_over_held'])} of {rep['slurm_checked_slots']}; below what they could use beside idle "
+            f"GPUs: real {r['below_use_job_slots']} job-slots (longest {r['below_use_longest_slots']}), twin "
+            f"{t['below_use_job_slots']} ({t['below_use_longest_slots']}); costs {rep['costs']}{parted}")

@@ -1,0 +1,86 @@
+"""Work conservation, measured each slot (pure): the all-reduce jobs a slot's allocation leaves below a size that
+would fit on the GPUs it leaves idle and that the speed model says trains faster.
+
+A job is *below what it could use* when, after the slot's allocation, some larger size up to its own bound fits
+on what the allocation leaves free plus what the job holds itself, and its speed there is at least ``min_gain``
+faster. On Slurm (``even``) only the sizes a request holds exactly count (``--nodes=N --gres=gpu:G`` on the
+fewest nodes: dl2d.daemon.plan.even_workers), each laid out as Slurm lays it out (N nodes with G workers' room
+each). The daemon flags such a job in the slot's decision (``dl2ctl show``); the conformance harness counts the
+flagged job-slots of each world, and the longest run of slots one job spent flagged, against the bound a policy
+that claims work conservation keeps (dl2d.policy.registry: ``work_conserving``)."""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.core.jobs import JobKind
+from dl2d.core.placement import even_spread, place_servers
+
+#: How a decision's flag for such a job begins (dl2d.daemon.conform.compare counts these).
+FLAG = "below what it could use: "
+
+#: The most slots in a row a policy that claims work conservation leaves one job below what it could use beside
+#: idle GPUs (plus the hysteresis' ``min_resize_slots`` where that is on): on Slurm the even-request rule cuts a size
+#: its request cannot hold exactly (7 on 4-GPU nodes runs at 6), and the GPUs so freed wait for the job's next
+#: change of size (DRF: up to 3 slots on the conformance traces).
+CLAIM_SLOTS = 3
+
+#: The least relative speed-up that counts as "could use" (a size that trains 2 % faster is not worth a restart).
+MIN_GAIN = 0.05
+
+
+def _fits(room: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    """Workers of ``demand`` [3] that fit on each server's ``room`` [servers, 3] (any resource it does not need:
+    unbounded)."""
+    counts = np.full(len(room), np.iinfo(np.int32).max, dtype=np.int64)
+    for r in range(3):
+        if demand[r] > 0:
+            counts = np.minimum(counts, np.floor(room[:, r] / demand[r] + 1e-9).astype(np.int64))
+    return counts
+
+
+def could_use(view: SlotView, alloc: Allocation, bounds: Mapping[int, int], speed: Callable[[int, int], float],
+              even: bool = False, min_gain: float = MIN_GAIN) -> dict[int, str]:
+    """``{job id: why}`` for each all-reduce job that ``alloc`` leaves below what it could use (module doc).
+
+    ``bounds``: each job's own most workers (the view's ``max_workers`` where a job has none); ``speed(j, w)``:
+    the speed model's epochs/s of row j at w workers (the daemon's belief)."""
+    n = len(view)
+    if n == 0 or not len(view.capacity):
+        return {}
+    usage, _, _, worker_servers, _ = place_servers(view, alloc)
+    free = view.free - usage
+    idle = int(round(float(np.clip(free[:, 0], 0, None).sum())))
+    if idle <= 0:
+        return {}
+    out: dict[int, str] = {}
+    for j in range(n):
+        demand = view.worker_demand[j]
+        if view.kind[j] != JobKind.ALLREDUCE.value or demand[0] <= 0:
+            continue
+        job = int(view.job_ids[j])
+        w = len(worker_servers[j])
+        bound = min(int(bounds.get(job, view.max_workers)), view.max_workers)
+        if w >= bound:
+            continue
+        room = free.copy()
+        for s in worker_servers[j]:  # what it holds itself is its to move to
+            room[s] += demand
+        fit = _fits(room, demand)
+        per_node = int(np.max(_fits(view.capacity, demand)))
+        now = speed(j, w) if w > 0 else 0.0
+        for k in range(bound, w, -1):
+            if even:
+                nodes, per = even_spread(k, per_node)
+                if nodes * per != k or int(np.sum(fit >= per)) < nodes:
+                    continue
+            elif int(fit.sum()) < k:
+                continue
+            faster = speed(j, k)
+            if faster > 0 and faster >= now * (1.0 + min_gain):
+                gain = f"{faster / now - 1:.0%} faster" if now > 0 else "it waits"
+                out[job] = f"{FLAG}{k} workers fit on the {idle} GPUs left idle ({gain})"
+                break
+    return out
