@@ -44,7 +44,8 @@ def main() -> int:
     p.add_argument("--policies", default="dl2-target,elastic,slurm")
     p.add_argument("--slot", type=float, default=3.0, help="slot seconds (both worlds)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=12)
+    p.add_argument("--jobs", type=int, default=12, help="demo jobs")
+    p.add_argument("--jax-jobs", type=int, default=2, help="JAX jobs of docs/jobs.md's recipe (dl2ctl conform's)")
     p.add_argument("--local", action="store_true", help="start a local 4 x 4 GPU Slurm for the run")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "conform.json")
     p.add_argument("--keep", type=Path, help="run both worlds' daemons under this directory and keep it")
@@ -61,7 +62,7 @@ def main() -> int:
     root = args.keep or Path(tempfile.mkdtemp(prefix="dl2d-conform-"))
     try:
         driver = CliDriver(timeout=15, env={"SLURM_CONF": conf})
-        jobs = make_trace(args.jobs, seed=args.seed, slot_seconds=args.slot)
+        jobs = make_trace(args.jobs, seed=args.seed, slot_seconds=args.slot, jax_jobs=args.jax_jobs)
         env = clean_env({"SLURM_CONF": conf, "PYTHONPATH": str(REPO)})
         reports = []
         for policy in args.policies.split(","):
@@ -75,7 +76,7 @@ def main() -> int:
         print("ordering real:", ordering(reports, "real"), " twin:", ordering(reports, "twin"))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"seed": args.seed, "slot_s": args.slot, "jobs": args.jobs,
-                                        "reports": reports}, indent=1) + "\n")
+                                        "jax_jobs": args.jax_jobs, "reports": reports}, indent=1) + "\n")
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -32,7 +32,11 @@ def _policies(value: str) -> list[str]:
               help="The cluster's slurm.conf (default: $SLURM_CONF).")
 @click.option("--slot", "slot_s", type=click.FloatRange(1.0, 600.0), default=3.0, show_default=True,
               help="Slot seconds, in both worlds (the trace's jobs take 3-10 slots each).")
-@click.option("--jobs", "num_jobs", type=click.IntRange(2, 64), default=12, show_default=True)
+@click.option("--jobs", "num_jobs", type=click.IntRange(2, 64), default=12, show_default=True,
+              help="Demo jobs (the demo program at declared speeds).")
+@click.option("--jax-jobs", type=click.IntRange(0, 8), default=2, show_default=True,
+              help="Also this many JAX jobs of docs/jobs.md's recipe (examples/jax_allreduce.py), their speed in the "
+                   "twin from dl2ctl calibrate of the real run.")
 @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(10.0, 86_400.0), default=600.0, show_default=True,
               help="Seconds a policy's real run may take.")
@@ -40,8 +44,8 @@ def _policies(value: str) -> list[str]:
               help="Run both worlds' daemons under this directory and keep it (else a temporary one, removed).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the reports as JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON instead of a line per policy.")
-def conform(policies: str, slurm_conf: str | None, slot_s: float, num_jobs: int, seed: int, timeout_s: float,
-            keep: Path | None, out: Path | None, as_json: bool) -> None:
+def conform(policies: str, slurm_conf: str | None, slot_s: float, num_jobs: int, jax_jobs: int, seed: int,
+            timeout_s: float, keep: Path | None, out: Path | None, as_json: bool) -> None:
     """Run one trace on this Slurm under dl2d and in its twin, and compare them slot by slot.
 
     Each policy runs the trace on the real cluster first (dl2d as a subprocess with the slurm backend; the jobs
@@ -59,14 +63,19 @@ def conform(policies: str, slurm_conf: str | None, slot_s: float, num_jobs: int,
     from dl2d.daemon.conform.worlds import conform as conform_one
     from dl2d.slurm.cli_driver import CliDriver
 
+    from dl2d.daemon.conform.trace import jax_example
+
     names = _policies(policies)
     if not slurm_conf:
         raise click.UsageError("no Slurm: give --slurm-conf or set SLURM_CONF")
+    if jax_jobs and not jax_example().is_file():
+        raise click.UsageError(f"--jax-jobs: no {jax_example()} (dl2d installed without its examples): give "
+                               "--jax-jobs 0 or run from a checkout")
     root = keep or Path(tempfile.mkdtemp(prefix="dl2d-conform-"))
     owner = pwd.getpwuid(os.geteuid()).pw_name
     try:
         driver = CliDriver(timeout=15, env={"SLURM_CONF": slurm_conf})
-        jobs = make_trace(num_jobs, seed=seed, slot_seconds=slot_s)
+        jobs = make_trace(num_jobs, seed=seed, slot_seconds=slot_s, jax_jobs=jax_jobs)
         env = clean_env({"SLURM_CONF": slurm_conf})
         reports = []
         for policy in names:
@@ -78,7 +87,7 @@ def conform(policies: str, slurm_conf: str | None, slot_s: float, num_jobs: int,
             reports.append(rep)
             if not as_json:
                 click.echo(report_line(rep))
-        doc = {"seed": seed, "slot_s": slot_s, "jobs": num_jobs, "reports": reports,
+        doc = {"seed": seed, "slot_s": slot_s, "jobs": num_jobs, "jax_jobs": jax_jobs, "reports": reports,
                "ordering": {w: ordering(reports, w) for w in ("real", "twin")}}
         if out is not None:
             out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -87,7 +96,7 @@ def conform(policies: str, slurm_conf: str | None, slot_s: float, num_jobs: int,
         else:
             click.echo(f"ordering by average JCT, real: {', '.join(doc['ordering']['real'])}; "
                        f"twin: {', '.join(doc['ordering']['twin'])}")
-        if any(r[w]["finished"] != num_jobs for r in reports for w in ("real", "twin")):
+        if any(r[w]["finished"] != len(jobs) for r in reports for w in ("real", "twin")):
             raise click.ClickException("a world did not finish every job (see the reports)")
     finally:
         if keep is None:

@@ -5,8 +5,10 @@ over GPUs, fitted to the speeds stored per slot (``job_slot_stats``). Pure: rows
   of one class should train alike (same model, same total batch); give jobs of one model at different batches
   different labels.
 * A **sample** is one slot a job trained through at an unchanged size: the slot before it was the job's too, at
-  the same workers, and the job did not end in it. A slot with a start or a resize holds the restart's lost
-  time, which is no speed; a slot a job ended in, an unknown fraction of it.
+  the same workers, and it trained in it; the job did not end in it or in the next. A slot with a start or a
+  resize holds the restart's lost time, which is no speed, and so does the slot a start that outlasts a slot
+  (a JAX job's processes importing and compiling) ends in; a slot a job ended in, an unknown fraction of it,
+  and the one before, its last steps, saving and exiting.
 * Per class the mean seconds per epoch at each GPU count (workers x GPUs per worker) is fitted with
   ``T(g) = a / g + b + c g`` (dl2d.workload.speedfit), leaning on the stated prior (dl2d.workload.prior: the
   measured models' median speed-up, and the jobs' one-GPU epoch-time hint or the median one) scaled to what
@@ -67,6 +69,12 @@ def _gpus_per_worker(spec: Mapping[str, Any]) -> int:
         else 1
 
 
+def _same_run(prev: Mapping[str, Any] | None, r: Mapping[str, Any]) -> bool:
+    """Whether slot row ``r`` follows ``prev`` at once with the job at the same size on as many nodes."""
+    return (prev is not None and int(prev["number"]) == int(r["number"]) - 1
+            and int(prev["workers"]) == int(r["workers"]) and prev.get("nodes") == r.get("nodes"))
+
+
 def gather(rows: Iterable[Mapping[str, Any]], per_node: int | None = None) -> dict[str, ClassSamples]:
     """The samples of every all-reduce class from ``job_slot_stats`` rows joined with their job (``job_id``,
     ``number``: the slot's, ``workers``, ``epochs_per_s``, ``ended``, ``job_type``, ``spec``, ``nodes``,
@@ -93,11 +101,14 @@ def gather(rows: Iterable[Mapping[str, Any]], per_node: int | None = None) -> di
             e = rs[0].get("total_epochs")
             if isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0 and math.isfinite(e):
                 c.total_epochs[job_id] = float(e)
-        for prev, r in zip(rs, rs[1:]):
+        for i, r in enumerate(rs):
             speed, w = float(r["epochs_per_s"] or 0.0), int(r["workers"])
-            unchanged = (int(prev["number"]) == int(r["number"]) - 1 and int(prev["workers"]) == w
-                         and prev.get("nodes") == r.get("nodes"))
-            if unchanged and w > 0 and speed > 0 and math.isfinite(speed) and not r["ended"]:
+            prev, after = (rs[i - 1] if i else None), (rs[i + 1] if i + 1 < len(rs) else None)
+            if not (_same_run(prev, r) and float(prev["epochs_per_s"] or 0.0) > 0):
+                continue  # a start or resize, or the slot the job's (re)start ended in: part of it was no training
+            if after is not None and _same_run(r, after) and after["ended"]:
+                continue  # the job ended in the next slot: its last steps, saving and exiting, may fall in this one
+            if w > 0 and speed > 0 and math.isfinite(speed) and not r["ended"]:
                 nodes = r.get("nodes")
                 spread = per_node is not None and nodes is not None and int(nodes) > len(packed(w * g, per_node))
                 (c.spread if spread else c.seconds).setdefault(w * g, []).append(1.0 / speed)

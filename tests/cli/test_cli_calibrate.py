@@ -132,6 +132,14 @@ def test_only_slots_trained_through_at_an_unchanged_size_are_samples():
     assert classes["big"].seconds == {4: [4.0]}  # 2 workers of 2 GPUs
 
 
+def test_a_start_that_outlasts_a_slot_and_a_jobs_last_steps_are_no_samples():
+    """A JAX job of 4 processes on a loaded machine: two slots importing and compiling (no progress), one in
+    which it begins to train, steady slots, its last steps and exit, then the slot it ended in."""
+    rows = [row(1, 0, 4, 0.0), row(1, 1, 4, 0.0), row(1, 2, 4, 0.008), row(1, 3, 4, 0.025), row(1, 4, 4, 0.025),
+            row(1, 5, 4, 0.02), row(1, 6, 4, 0.001), row(1, 7, 4, 0.0, ended=True)]
+    assert gather(rows)["m"].seconds == {4: [40.0, 40.0, 50.0]}  # slots 3, 4 and 5 only
+
+
 def test_the_anchored_curve_keeps_what_was_measured_and_the_form_between():
     fit = np.array([np.inf, 10.0, 6.0, 5.0, 4.0, 4.0])
     t = anchored_curve(fit, {2: 3.0, 4: 8.0})  # measured half and twice the form at 2 and 4

@@ -32,6 +32,30 @@ def test_the_trace_is_seeded_and_its_curves_are_the_measured_throughput_on_slurm
         assert 3 * 3.0 * 0.99 <= j.epochs / dict(j.speed)[j.workers] <= 10 * 3.0 * 1.01
 
 
+def test_the_jax_jobs_are_the_recipe_as_written_and_leave_the_demo_jobs_as_they_were():
+    from dl2d.daemon.conform.trace import jax_example, submission
+
+    plain, both = make_trace(seed=0), make_trace(seed=0, jax_jobs=2)
+    assert both[:12] == plain and [j.name for j in both[12:]] == ["cf-jax-0", "cf-jax-1"]
+    job = both[12]
+    assert job.program == "jax" and job.speed == () and 1 <= job.arrival < 8
+    spec = submission(job, "/opt/dl2d/venv/bin/python", "alice")
+    # docs/jobs.md: --arch allreduce --type mlp --epochs 1 --workers 2 --max-workers 4, by absolute paths
+    assert (spec["kind"], spec["job_type"], spec["total_epochs"], spec["workers"], spec["max_workers"]) == \
+        ("allreduce", "mlp", 1.0, 2, 4)
+    assert "launch" not in spec and spec["label"] == "jax-mlp"  # one process a worker (srun), its own class
+    assert spec["command"].startswith(f"/opt/dl2d/venv/bin/python {jax_example()} --steps ") and jax_example().is_file()
+
+
+def test_the_twin_trains_a_job_at_the_curve_it_is_given(tmp_path):
+    job = make_trace(num_jobs=2, seed=0, jax_jobs=1)[2]
+    curve = {1: 0.02, 2: 0.04, 3: 0.05, 4: 0.05}
+    rec = run_twin([job], "slurm", 3.0, ClusterShape(4, 4, 16, 15.625), tmp_path, Costs(),
+                   curves={job.name: curve}, job_costs={job.name: Costs(4.0, 4.0)})
+    # slurm runs it at its ask, 2: 4 s of start, then 1 epoch at 0.04 a second
+    assert rec.jct_s[job.name] == pytest.approx(4.0 + 1 / 0.04, abs=0.01)
+
+
 def _world(name, alloc, finish, slots=4):
     return WorldRecord(world=name, policy="p", gpus=4, slots=slots, alloc=alloc, ran=dict(alloc),
                        epochs={k: 1.0 for k in alloc}, flags={}, events=[(0, "a", "start"), (2, "a", "relaunch")],
@@ -104,6 +128,15 @@ def test_restart_costs_are_the_slot_less_the_training_its_epochs_took():
     rec.job_apply_at = {(0, "a"): 0.5, (2, "a"): 1.0}  # the daemon carried them out that far into the slots
     costs = restart_costs(rec, {"a": {1: 1.0, 2: 2.0}})
     assert (costs.start_s, costs.restart_s) == pytest.approx((1.5, 0.5))
+
+
+def test_a_start_that_outlasts_its_slot_costs_all_the_slots_it_took():
+    """A JAX job's 4 processes import and compile for 2 slots of 3 s and most of a third, then train at 1/s."""
+    rec = _world("real", {(k, "a"): 4 for k in range(5)}, {"a": 100.0})
+    rec.slot_s, rec.ran = 3.0, {(k, "a"): 4 for k in range(5)}
+    rec.epochs = {(0, "a"): 0.0, (1, "a"): 0.0, (2, "a"): 0.5, (3, "a"): 3.5, (4, "a"): 6.5}
+    rec.events = [(0, "a", "start")]
+    assert restart_costs(rec, {"a": {4: 1.0}}).start_s == pytest.approx(8.5)  # 4 slots, 3.5 epochs trained
 
 
 def _demo(tmp_path, epochs: float, speed: str, workers: int):

@@ -107,24 +107,26 @@ class Costs:
 
 
 def restart_costs(real: WorldRecord, speed: Mapping[str, Mapping[int, float]]) -> Costs:
-    """:class:`Costs` from the real run: medians, over the slots in which a job started (or restarted) and trained
-    without finishing, of the slot's length less when in it the daemon applied the start and less the seconds
-    its epochs take at its declared speed (``speed``: job -> workers -> epochs per second). A start after another
-    job's stop or restart in the same slot counts toward ``release_s`` (beyond ``start_s``). 0 where no slot
-    shows one."""
+    """:class:`Costs` from the real run: medians, over the starts (and restarts) after which a job trained without
+    finishing or changing size, of the time from when in its slot the daemon applied the start to the end of the
+    first slot it trained through half of, less the seconds its epochs took at its speed (``speed``: job ->
+    workers -> epochs per second). A start after another job's stop or restart in the same slot counts toward
+    ``release_s`` (beyond ``start_s``). 0 where no start shows one."""
     lost: dict[str, list[float]] = {"start": [], "relaunch": [], "release": []}
     leaving: dict[int, list[float]] = {}  # slot -> when in it jobs were stopped or restarted
     for slot, job, kind in real.events:
         if kind in ("relaunch", "resize"):
             leaving.setdefault(slot, []).append(real.applied_at(slot, job))
+    changed = {(slot, job) for slot, job, _ in real.events}
     for slot, job, kind in real.events:
         workers = real.ran.get((slot, job), 0)
         rate = speed.get(job, {}).get(workers)
-        done = real.finish_s.get(job)
-        if kind not in lost or not rate or (done is not None and done < (slot + 1) * real.slot_s):
+        if kind not in lost or not rate:
             continue
         at = real.applied_at(slot, job)
-        gone = min(max(real.slot_s - at - trained(real, slot, job) / rate, 0.0), real.slot_s)
+        gone = _start_lost(real, slot, job, workers, rate, at, changed)
+        if gone is None:
+            continue
         after_release = kind == "start" and any(t < at for t in leaving.get(slot, []))
         lost["release" if after_release else kind].append(gone)
     med = {k: float(np.median(v)) if v else None for k, v in lost.items()}
@@ -132,6 +134,26 @@ def restart_costs(real: WorldRecord, speed: Mapping[str, Mapping[int, float]]) -
     restart = med["relaunch"] if med["relaunch"] is not None else start
     release = max(med["release"] - start, 0.0) if med["release"] is not None else 0.0
     return Costs(start, restart, release)
+
+
+def _start_lost(real: WorldRecord, slot: int, job: str, workers: int, rate: float, at: float,
+                changed: set[tuple[int, str]], within: int = 20) -> float | None:
+    """Seconds of training a start (or restart) of ``job`` at ``slot``, carried out ``at`` seconds into it, lost
+    until the job trained through at least half a slot at ``rate``: the slots from its start to that one, less
+    the time its epochs took. A start that outlasts its slot (a JAX job's processes importing and compiling)
+    counts all of it. None where the job finished, changed size or was resized again before that."""
+    done = real.finish_s.get(job)
+    epochs = 0.0
+    for k in range(slot, slot + within):
+        if real.ran.get((k, job), 0) != workers or (k > slot and (k, job) in changed):
+            return None
+        if done is not None and done < (k + 1) * real.slot_s:
+            return None
+        got = trained(real, k, job)
+        epochs += got
+        if got >= 0.5 * rate * real.slot_s:
+            return max((k + 1 - slot) * real.slot_s - at - epochs / rate, 0.0)
+    return None
 
 
 @dataclass(frozen=True)

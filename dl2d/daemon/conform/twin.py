@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -58,10 +58,15 @@ class SlurmTwin(SimBackend):
     even_gres = True
 
     def __init__(self, *args, costs: Costs = Costs(),
-                 applied_at: Callable[[int, str], float] | None = None, **kwargs) -> None:
+                 applied_at: Callable[[int, str], float] | None = None,
+                 curves: Mapping[str, Mapping[int, float]] | None = None,
+                 job_costs: Mapping[str, Costs] | None = None, **kwargs) -> None:
         kwargs.setdefault("noise", 0.0)
         super().__init__(*args, **kwargs)
         self.costs = costs
+        #: job name -> workers -> epochs/s where a job's speed is not its model's (the JAX jobs': calibrated)
+        self.curves = {k: dict(v) for k, v in (curves or {}).items()}
+        self.job_costs = dict(job_costs or {})  # job name -> its own costs, where they are not ``costs``
         self.applied_at = applied_at or (lambda slot, job: 0.0)
         self._queue: list[int] = []  # job ids waiting for an allocation, in submission order
         #: this slot's (seconds into it, server, GPUs/CPUs/GB) still held by jobs stopped or restarted in it
@@ -132,11 +137,16 @@ class SlurmTwin(SimBackend):
             method = RESTART  # its processes cannot change count: checkpoint, requeue, start again
         if job.job_id in self._queue:
             self._queue.remove(job.job_id)
-        at = self.applied_at(self.slot, str((job.spec or {}).get("name", "")))
+        name = str((job.spec or {}).get("name", ""))
+        if name in self.curves:  # by workers from 0, as the state file keeps it
+            curve = self.curves[name]
+            j["curve"] = [float(curve.get(w, 0.0)) for w in range(max(curve, default=0) + 1)]
+        costs = self.job_costs.get(name, self.costs)
+        at = self.applied_at(self.slot, name)
         for n in set(held):  # what it held stays held while it checkpoints and Slurm releases it
-            self._leaving.append((at + self.costs.release_s, self._index[n], held.count(n) * demand))
+            self._leaving.append((at + costs.release_s, self._index[n], held.count(n) * demand))
         if target.workers > 0:
-            cost = self.costs.start_s if was == (0, 0) else self.costs.restart_s
+            cost = costs.start_s if was == (0, 0) else costs.restart_s
             j["debt"] = cost + at if method in (START, RESTART) else 0.0
             j["launch_s"] = cost
             j.update(state=PENDING, worker_nodes=[], message=WAITING)
@@ -167,6 +177,9 @@ class SlurmTwin(SimBackend):
     # ------------------------------------------------------------------ training
 
     def _rate(self, j: dict[str, Any]) -> float:
+        if "curve" in j:  # as measured on the real cluster, its placement's effect in it
+            curve = j["curve"]
+            return float(curve[min(j["workers"], len(curve) - 1)]) * j["factor"]
         if self._allreduce(j):
             return float(self._allreduce_rates([j])[0]) * j["factor"]
         return float(epochs_trained(self.table, np.array([j["type"]]), np.array([j["ps"]]), np.array([j["workers"]]),

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,7 +28,7 @@ import numpy as np
 from sqlalchemy import select
 
 from dl2d.daemon.conform.compare import Costs, WorldRecord
-from dl2d.daemon.conform.trace import ConformJob, submission
+from dl2d.daemon.conform.trace import JAX_WORKER, ConformJob, submission
 from dl2d.daemon.slurm.mapping import HOLDING_STATES, gpus_held_by_others
 
 log = logging.getLogger("dl2d.conform")
@@ -148,8 +148,11 @@ def _overrides(state_dir: Path, policy: str, slot_s: float, max_workers: int) ->
 
 def run_twin(jobs: Sequence[ConformJob], policy: str, slot_s: float, shape: ClusterShape, state_dir: Path,
              costs: Costs, python: str = sys.executable, owner: str = "root", max_slots: int = 400,
-             max_workers: int = 16, real: WorldRecord | None = None) -> WorldRecord:
-    """The trace in the twin: the daemon's slot loop over a simulated copy of the cluster."""
+             max_workers: int = 16, real: WorldRecord | None = None,
+             curves: dict[str, dict[int, float]] | None = None,
+             job_costs: dict[str, Costs] | None = None) -> WorldRecord:
+    """The trace in the twin: the daemon's slot loop over a simulated copy of the cluster (``curves``, by job
+    name: a speed that is not the job's model's; ``job_costs``: a job's own costs)."""
     from dl2d.daemon.config import load_config
     from dl2d.daemon.main import build_loop
     from dl2d.daemon.conform.twin import SlurmTwin
@@ -159,7 +162,8 @@ def run_twin(jobs: Sequence[ConformJob], policy: str, slot_s: float, shape: Clus
     cfg = load_config(None, env={}, overrides={**_overrides(state_dir, policy, slot_s, max_workers), "backend": "sim",
                                                "sim.noise": 0.0})
     backend = SlurmTwin(ClusterSpec(shape.nodes, shape.gpus, shape.cpus, shape.mem_gb), slot_s, start_time=0.0,
-                        costs=costs, applied_at=real.applied_at if real is not None else None)
+                        costs=costs, applied_at=real.applied_at if real is not None else None, curves=curves,
+                        job_costs=job_costs)
     feeder = TraceFeeder(jobs, python, owner)
     loop = build_loop(cfg, feeder, backend=backend)
     loop.run(max_slots=max_slots, until_idle=lambda: feeder.exhausted() and loop.idle())
@@ -338,19 +342,54 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def calibrated_speeds(jobs: Sequence[ConformJob], real_dir: Path, gpus_per_node: int, python: str = sys.executable,
+                      env: dict[str, str] | None = None) -> tuple[list[ConformJob], dict[str, Any]]:
+    """The trace with each JAX job's speed as ``dl2ctl calibrate`` fits it from the real run's database (their
+    class, ``jax-mlp``: seconds per epoch by GPUs), and what the fit said; the demo jobs as they are."""
+    from dl2d.daemon.conform.trace import JAX_LABEL
+    from dl2d.workload.speedfit import load_speed_model
+
+    jax = [j for j in jobs if j.program == "jax"]
+    if not jax:
+        return list(jobs), {}
+    out = real_dir / "speed-model.json"
+    bound = max(j.max_workers for j in jax)
+    cp = subprocess.run([python, "-m", "dl2d.cli.main", "calibrate", "--db", f"sqlite:///{real_dir / 'dl2d.sqlite'}",
+                         "--out", str(out), "--gpus-per-node", str(gpus_per_node), "--max-gpus", str(bound)],
+                        capture_output=True, text=True, env=env, timeout=300)
+    if cp.returncode != 0:
+        raise RuntimeError(f"dl2ctl calibrate of the real run failed: {cp.stderr.strip() or cp.stdout.strip()}")
+    cls = load_speed_model(out).get(JAX_LABEL)
+    if cls is None:
+        raise RuntimeError("the JAX jobs never trained a whole slot at one size on Slurm: dl2ctl calibrate has no "
+                           "speed of theirs to give the twin")
+    curve = tuple((w, round(cls.epochs_per_s(w * int(JAX_WORKER["gpus"])), 9)) for w in range(1, bound + 1))
+    fit = {"class": JAX_LABEL, "fitted": cls.fitted, "epochs_per_s": dict(curve),
+           "observed": {str(g): {"slots": n, "seconds_per_epoch": round(t, 3)} for g, (n, t) in cls.observed.items()}}
+    return [replace(j, speed=curve) if j.program == "jax" else j for j in jobs], fit
+
+
 def conform(jobs: Sequence[ConformJob], policy: str, slot_s: float, slurm_conf: str, root: Path, driver,
             python: str = sys.executable, env: dict[str, str] | None = None, timeout_s: float = 300.0,
             owner: str = "root") -> dict[str, Any]:
-    """One policy in both worlds: the real run, the twin run with the real run's start and restart costs, and
-    the comparison (dl2d.daemon.conform.compare.compare), with the costs the twin was given."""
+    """One policy in both worlds: the real run, the twin run with the real run's start and restart costs (the JAX
+    jobs': their own, and their speed from ``dl2ctl calibrate`` of the run), and the comparison
+    (dl2d.daemon.conform.compare.compare), with the costs the twin was given."""
     from dl2d.daemon.conform.compare import compare, restart_costs
 
     shape = slurm_shape(driver)
     wait_idle(driver)
-    real = run_real(jobs, policy, slot_s, slurm_conf, root / policy / "real", driver, shape.total_gpus,
+    real_dir = root / policy / "real"
+    real = run_real(jobs, policy, slot_s, slurm_conf, real_dir, driver, shape.total_gpus,
                     python=python, owner=owner, env=env, timeout_s=timeout_s, prefix=f"cf-{policy}-")
-    costs = restart_costs(real, {j.name: dict(j.speed) for j in jobs})
+    jobs, fit = calibrated_speeds(jobs, real_dir, shape.gpus, python=python, env=env)
+    speeds = {j.name: dict(j.speed) for j in jobs}
+    jax = {j.name for j in jobs if j.program == "jax"}
+    costs = restart_costs(replace(real, events=[e for e in real.events if e[1] not in jax]), speeds)
+    jax_costs = restart_costs(replace(real, events=[e for e in real.events if e[1] in jax]), speeds) if jax else None
     twin = run_twin(jobs, policy, slot_s, shape, root / policy / "twin", costs, python=python, owner=owner,
-                    real=real)
-    return {**compare(real, twin), "costs": {k: round(v, 3) for k, v in asdict(costs).items()}}
-
+                    real=real, curves={n: speeds[n] for n in jax}, job_costs={n: jax_costs for n in jax})
+    rep = {**compare(real, twin), "costs": {k: round(v, 3) for k, v in asdict(costs).items()}}
+    if jax:
+        rep["jax"] = {**fit, "costs": {k: round(v, 3) for k, v in asdict(jax_costs).items()}}
+    return rep
