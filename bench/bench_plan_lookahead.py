@@ -33,12 +33,7 @@ from dl2d.policy.target import train as TT
 from dl2d.policy.planning.lp_lookahead import Lookahead
 from dl2d.sim import engine as E
 from dl2d.workload.speed import speed_table
-
-
-def seed_range(text: str) -> range:
-    """``LO-HI`` (or ``N``) -> the seeds LO..HI, both included."""
-    lo, _, hi = text.partition("-")
-    return range(int(lo), int(hi or lo) + 1)
+from dl2d.workload.seeds import seed_list
 
 
 def main() -> None:
@@ -81,7 +76,7 @@ def main() -> None:
             table = LS.load(LS.SHIPPED if args.table == "shipped" else args.table)[0]
         except ValueError as e:
             raise SystemExit(str(e)) from None
-    for seed in seed_range(args.seeds):
+    for seed in seed_list(args.seeds):
         trace = TT.make_trace(setup, cfg, seed)
         row = {"cluster": args.cluster, "jobs": args.jobs, "seed": seed, "candidates": args.candidates,
                "horizon": args.horizon, "measured_factor": factor, "in_bucket": args.in_bucket,

@@ -38,8 +38,8 @@ from dl2d.policy.planning import plan_distill as D
 from dl2d.policy.planning import plan_net as PN
 from dl2d.policy.target import train as TT
 from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
+from dl2d.workload.seeds import seed_list
 
-from bench_plan_lookahead import seed_range
 
 INIT = "dl2d/policy/target/pretrained/target-dl2.msgpack"
 
@@ -130,9 +130,9 @@ def evaluate(args, table_path: str) -> None:
         PN.load(args.evaluate, table_path)
     except Exception as e:  # noqa: BLE001 - a bad file stops the run, named
         raise SystemExit(f"--evaluate: {e}") from None
-    sets = {"validation": (seed_range(args.validation), True)}
+    sets = {"validation": (seed_list(args.validation), True)}
     if args.held_out:
-        sets["held_out"] = (seed_range(args.held_out), False)
+        sets["held_out"] = (seed_list(args.held_out), False)
     summary = {"evaluate": os.path.basename(args.evaluate), "check": args.check}
     with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
         for name, (seeds, planner) in sets.items():
@@ -184,20 +184,20 @@ def main() -> None:
         raise SystemExit("--check is for --evaluate: training scores the network itself, as its checkpoint records")
     args.check = 0
     try:
-        seeds = [s for part in args.train_seeds.split(",") for s in seed_range(part)]
+        seeds = seed_list(args.train_seeds)
     except ValueError:
         raise SystemExit(f"--train-seeds: LO-HI[,LO-HI...], got {args.train_seeds!r}") from None
     dagger = []
     for spec in args.dagger:
         net, _, part = spec.rpartition("=")
         try:
-            dagger.append((net, [s for p in part.split(",") for s in seed_range(p)]))
+            dagger.append((net, seed_list(part)))
         except ValueError:
             raise SystemExit(f"--dagger: NET=LO-HI[,LO-HI...], got {spec!r}") from None
         if not net or not os.path.isfile(net):
             raise SystemExit(f"--dagger {spec!r}: no network file {net!r}")
     used = set(seeds).union(*(set(d[1]) for d in dagger))
-    if not seeds or used & (set(range(20)) | set(seed_range(args.validation))):
+    if not seeds or used & (set(range(20)) | set(seed_list(args.validation))):
         raise SystemExit("--train-seeds and --dagger must be some seeds, none of them held out (0-19) or validation")
     if args.iters < 1 or args.workers < 1 or args.batch < 1:
         raise SystemExit("--iters, --workers and --batch must be at least 1")
@@ -234,7 +234,7 @@ def main() -> None:
 
     params, loss = D.fit(tcfg, params, data, args.iters, lr=args.lr, batch=args.batch,
                          departure_weight=args.departure_weight)
-    validation = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.validation), True, args.check)
+    validation = score(tcfg, params, table, args.cluster, args.jobs, seed_list(args.validation), True, args.check)
     mean = lambda rows, k: round(float(np.mean([r[k] for r in rows])), 3)
     meta = {"world": "dl2", "cluster": args.cluster, "jobs": args.jobs, "teacher": "lp-lookahead",
             "method": "distilled: the lookahead's pairs on its own runs, departures from the planner weighted",
@@ -248,7 +248,7 @@ def main() -> None:
     save_target(args.out, TargetCheckpoint(tcfg, params, meta))
     summary = {k: meta[k] for k in ("validation_jct_mean", "planner_validation_jct_mean")}
     if args.held_out:  # the network alone (the planner's held-out JCTs: bench_plan_lookahead.py --table)
-        held = score(tcfg, params, table, args.cluster, args.jobs, seed_range(args.held_out), False, args.check)
+        held = score(tcfg, params, table, args.cluster, args.jobs, seed_list(args.held_out), False, args.check)
         summary["held_out_mean"] = mean(held, "network")
     print(json.dumps({"out": args.out, **summary}), flush=True)
 

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from dl2d.policy.elastic.srtf import EFFICIENCY, elastic_srtf
+from dl2d.workload.seeds import seed_list
 from dl2d.sim import engine as E
 from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world
@@ -70,9 +71,8 @@ def label(text: str) -> str:
 
 def numbers(text: str, kind, what: str, ap) -> list:
     try:
-        if kind is int and "-" in text:
-            lo, hi = (int(x) for x in text.split("-"))
-            return list(range(lo, hi + 1))
+        if kind is int:
+            return seed_list(text)
         return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--{what}: {text!r} is not a comma-separated list (or FIRST-LAST) of numbers")

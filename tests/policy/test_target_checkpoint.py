@@ -170,8 +170,11 @@ def test_benchmark_seeds_a_shipped_policy_trained_or_validated_on_are_refused():
     assert list(held_out_seeds("64", meta)) == [64]
     with pytest.raises(ValueError, match=r"seeds \[10004\] were used in training or validation"):
         held_out_seeds("10004-10005", meta)
-    with pytest.raises(ValueError, match="seeds must be FIRST-LAST or one seed, got '1-x'"):
+    assert held_out_seeds("64,70-71", meta) == [64, 70, 71]  # the one form every bench script takes
+    with pytest.raises(ValueError, match="seeds must be N, FIRST-LAST or a comma-separated list of them, got '1-x'"):
         held_out_seeds("1-x", meta)
+    with pytest.raises(ValueError, match="the last is below the first"):
+        held_out_seeds("9-3", meta)
 
 
 def test_the_fill_places_a_ps_jobs_bundles_before_its_other_tasks():

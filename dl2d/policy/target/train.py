@@ -38,6 +38,7 @@ from dl2d.sim import trace as TR
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.worlds import world as world_named
 from dl2d.workload.philly import STYLES as PHILLY_STYLES
+from dl2d.workload.seeds import seed_list
 
 
 #: today's workload styles (dl2d.workload.philly's), and "both": even trace seeds as submitted, odd ones tuned
@@ -115,14 +116,10 @@ def seed_overlap(setup: TrainSetup) -> list[int]:
     return sorted(set(setup.training_seeds()) & set(setup.validation_seeds()))
 
 
-def held_out_seeds(text: str, meta: dict) -> range:
-    """The trace seeds "FIRST-LAST" (or one seed), refused (ValueError, naming them) where a checkpoint's meta
+def held_out_seeds(text: str, meta: dict) -> list[int]:
+    """The trace seeds of ``text`` (dl2d.workload.seeds), refused (ValueError, naming them) where a checkpoint's meta
     says they were used for its training or validation."""
-    first, _, last = text.partition("-")
-    try:
-        seeds = range(int(first), int(last or first) + 1)
-    except ValueError:
-        raise ValueError(f"seeds must be FIRST-LAST or one seed, got {text!r}") from None
+    seeds = seed_list(text)
     used = set()
     for key in ("train_seeds", "validation_seeds"):
         lo, hi = meta.get(key) or (0, -1)
