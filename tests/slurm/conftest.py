@@ -160,3 +160,18 @@ def wait_for() -> Callable[..., object]:
     """``wait_for(predicate, timeout, what)``: poll until truthy (a fixture, so that test
     modules need not import from this conftest)."""
     return _wait_for
+
+
+@pytest.fixture
+def strangers_job(slurm: LocalSlurm) -> Callable[[int], str]:
+    """``strangers_job(gpus)``: submit, as the unprivileged user ``nobody``, a sleeping job that asks Slurm for
+    ``gpus`` GPUs per job on one node (``--gpus=N``, a form dl2d never uses), and return its Slurm id: another
+    user's work on a cluster dl2d shares."""
+    def submit(gpus: int) -> str:
+        out = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "sbatch",
+                              "--parsable", "--nodes=1", f"--gpus={gpus}", "--chdir=/tmp", "--output=/dev/null",
+                              "--job-name=train", "--wrap=sleep 600"], capture_output=True, text=True,
+                             env={**os.environ, **slurm.env}, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().split(";")[0]
+    return submit

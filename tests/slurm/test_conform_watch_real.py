@@ -3,9 +3,6 @@ per-slot check counts only the trace's Slurm jobs, and a run refuses to start wh
 has the whole cluster)."""
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 from dl2d.daemon.conform.worlds import SlurmWatch, wait_idle
@@ -14,14 +11,8 @@ from dl2d.slurm.driver import JobSpec
 pytestmark = pytest.mark.slurm
 
 
-def test_the_slot_check_counts_the_traces_jobs_and_a_busy_cluster_is_refused(slurm, wait_for):
-    env = {**os.environ, **slurm.env}
-    out = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "sbatch",
-                          "--parsable", "--nodes=1", "--gpus=4", "--chdir=/tmp", "--output=/dev/null",
-                          "--job-name=train", "--wrap=sleep 600"], capture_output=True, text=True, env=env,
-                         timeout=30)
-    assert out.returncode == 0, out.stderr
-    stranger = out.stdout.strip().split(";")[0]
+def test_the_slot_check_counts_the_traces_jobs_and_a_busy_cluster_is_refused(slurm, wait_for, strangers_job):
+    stranger = strangers_job(4)
     driver = slurm.driver()
     mine = driver.submit(JobSpec(name="cf-slurm-1", command="sleep 600", workdir="/tmp", output="/dev/null",
                                  gpus_per_node=2))

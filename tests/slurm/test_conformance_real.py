@@ -45,8 +45,12 @@ def test_one_trace_on_slurm_and_in_its_twin_under_three_policies(slurm, tmp_path
         assert rep["slurm_checked_slots"] >= 10 and rep["slurm_over_held"] == [], (rep["policy"],
                                                                                     rep["slurm_over_held"])
         # the share of job-slots that agree is printed, not asserted: one job finishing a slot apart can shift a
-        # whole queue (under slurm, a CI run agreed on 32 % with JCTs 16 % apart; alone on 2 cores, 96-99 %)
-        assert 0.75 <= rep["avg_jct_ratio"] <= 1.25, (rep["policy"], rep["avg_jct_ratio"])
+        # whole queue (under slurm, a CI run agreed on 32 % with JCTs 16 % apart; alone on 2 cores, 96-99 %).
+        # The learned policy's JCT ratio is bounded more loosely: it reads progress and measured speeds that
+        # differ by a start's latency, and three runs of this trace here gave 0.80, 0.91 and 1.04
+        # (docs/BENCHMARKS.md, "Real Slurm against its twin")
+        low, high = (0.6, 1.67) if rep["policy"] == "dl2-target" else (0.75, 1.25)
+        assert low <= rep["avg_jct_ratio"] <= high, (rep["policy"], rep["avg_jct_ratio"])
     learned = reports[0]
     assert sum(learned["real"]["resizes"].values()) > 0  # the learned policy resizes jobs on the real Slurm
     by = {r["policy"]: r for r in reports}

@@ -347,7 +347,7 @@ def test_an_all_reduce_job_starts_as_nodes_x_gpus_and_is_shrunk(slurm, wait_for,
     assert b.apply(job, Target(0, 0)).method == STOP
 
 
-def test_gpus_other_slurm_jobs_hold_are_never_counted_free(slurm, wait_for, tmp_path):
+def test_gpus_other_slurm_jobs_hold_are_never_counted_free(slurm, wait_for, tmp_path, strangers_job):
     """Another user's job holding a node's 4 GPUs (asked per job, ``--gpus=4``) and a job planted with a dl2d
     job's name and comment holding another node's: dl2d counts none of their GPUs free, sizes an all-reduce
     job that asks for 16 to the 8 left, and Slurm runs it at once beside them (not PENDING); its own GPUs are
@@ -356,13 +356,7 @@ def test_gpus_other_slurm_jobs_hold_are_never_counted_free(slurm, wait_for, tmp_
     from dl2d.policy import registry
     from dl2d.slurm.driver import JobSpec
 
-    env = {**os.environ, **slurm.env}
-    out = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "sbatch",
-                          "--parsable", "--nodes=1", "--gpus=4", "--chdir=/tmp", "--output=/dev/null",
-                          "--job-name=train", "--wrap=sleep 600"], capture_output=True, text=True, env=env,
-                         timeout=30)
-    assert out.returncode == 0, out.stderr
-    strangers = {out.stdout.strip().split(";")[0]}
+    strangers = {strangers_job(4)}
     strangers.add(slurm.driver().submit(JobSpec(name="dl2d-309", command="sleep 600", user="nobody", workdir="/tmp",
                                                 output="/dev/null", gpus_per_node=4, dl2d_job_id="309")))
     wait_for(lambda: all(j.state == "RUNNING" for j in slurm.driver().jobs() if j.job_id in strangers), 30,
