@@ -10,6 +10,7 @@ flagged job-slots of each world, and the longest run of slots one job spent flag
 that claims work conservation keeps (dl2d.policy.registry: ``work_conserving``)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 import numpy as np
@@ -41,6 +42,22 @@ def _fits(room: np.ndarray, demand: np.ndarray) -> np.ndarray:
     return counts
 
 
+def _nodes_with(fit: np.ndarray, per_node: int) -> np.ndarray:
+    """[per_node + 1] how many nodes have room for at least p workers, by p."""
+    return np.bincount(np.minimum(fit, per_node), minlength=per_node + 1)[::-1].cumsum()[::-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _exact_layouts(per_node: int, most: int = 1024) -> dict[int, tuple[int, int]]:
+    """size -> (nodes, workers on each) of every size up to ``most`` that Slurm's even request holds exactly."""
+    out = {}
+    for k in range(1, most + 1):
+        nodes, per = even_spread(k, per_node)
+        if nodes * per == k:
+            out[k] = (nodes, per)
+    return out
+
+
 def could_use(view: SlotView, alloc: Allocation, bounds: Mapping[int, int], speed: Callable[[int, int], float],
               even: bool = False, min_gain: float = MIN_GAIN) -> dict[int, str]:
     """``{job id: why}`` for each all-reduce job that ``alloc`` leaves below what it could use (module doc).
@@ -56,6 +73,8 @@ def could_use(view: SlotView, alloc: Allocation, bounds: Mapping[int, int], spee
     if idle <= 0:
         return {}
     out: dict[int, str] = {}
+    by_demand: dict[tuple[float, ...], tuple[np.ndarray, int]] = {}  # what the idle GPUs fit of a demand, per node
+    waiting: dict[tuple[float, ...], np.ndarray] = {}  # _nodes_with of a demand for a job that holds nothing
     for j in range(n):
         demand = view.worker_demand[j]
         if view.kind[j] != JobKind.ALLREDUCE.value or demand[0] <= 0:
@@ -65,19 +84,25 @@ def could_use(view: SlotView, alloc: Allocation, bounds: Mapping[int, int], spee
         bound = min(int(bounds.get(job, view.max_workers)), view.max_workers)
         if w >= bound:
             continue
-        room = free.copy()
-        for s in worker_servers[j]:  # what it holds itself is its to move to
-            room[s] += demand
-        fit = _fits(room, demand)
-        per_node = int(np.max(_fits(view.capacity, demand)))
+        key = tuple(float(x) for x in demand)
+        if key not in by_demand:
+            by_demand[key] = (_fits(free, demand), int(np.max(_fits(view.capacity, demand))))
+        idle_fit, per_node = by_demand[key]
+        most = min(bound, w + int(idle_fit.sum()))  # no layout holds more than its own and the idle GPUs
+        if most <= w:
+            continue
+        if even:  # nodes with room for at least p of its workers, p = 0..per_node (its own count: its to move to)
+            fit = idle_fit + np.bincount(np.asarray(worker_servers[j], int), minlength=len(free)) if w else idle_fit
+            nodes_with = _nodes_with(fit, per_node) if w else waiting.get(key)
+            if nodes_with is None:
+                nodes_with = waiting[key] = _nodes_with(fit, per_node)
+            layouts = _exact_layouts(per_node)
         now = speed(j, w) if w > 0 else 0.0
-        for k in range(bound, w, -1):
+        for k in range(most, w, -1):
             if even:
-                nodes, per = even_spread(k, per_node)
-                if nodes * per != k or int(np.sum(fit >= per)) < nodes:
+                layout = layouts.get(k)
+                if layout is None or nodes_with[layout[1]] < layout[0]:
                     continue
-            elif int(fit.sum()) < k:
-                continue
             faster = speed(j, k)
             if faster > 0 and faster >= now * (1.0 + min_gain):
                 gain = f"{faster / now - 1:.0%} faster" if now > 0 else "it waits"
