@@ -197,8 +197,8 @@ def test_the_checked_network_gives_its_recorded_validation_jct():
     assert float(res.jct_slots.mean()) == pytest.approx(row["network"], abs=1e-2)
     # The network proposes the same departures; which the check keeps turns on the program's value, and a few
     # are kept for gains of about 1e-5 of it, where the LP solver's tolerance lies, which solver builds settle
-    # differently (the record: 16 kept of 47; scipy 1.17.1's HiGHS: 17 of 47, the same JCT to 1e-3). So one
-    # either way, never more.
+    # differently (an earlier record: 16 kept of 47; scipy 1.17.1's HiGHS, the record now: 17 of 47, the same JCT
+    # to 1e-3). So one either way, never more.
     kept, rejected = policy.rule.kept, policy.rule.rejected
     assert kept + rejected == row["kept"] + row["rejected"]
     assert abs(kept - row["kept"]) <= 1

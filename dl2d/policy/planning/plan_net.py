@@ -17,7 +17,7 @@ above the LP bound unchecked (``dl2-plan``, retired), the planner 3.73 %, the lo
 Registered as ``dl2-plan-checked``, each departure the network proposes is kept only where 3 slots simulated on
 the learned table (lp_lookahead.horizon_value) say it helps (PlanNetPolicy's ``check``): what the lookahead's
 departures depend on, the next few slots, is what the plan's columns do not show, and more labels or a DAgger
-round did not teach it. On `testbed`'s held-out traces 2.85 % above the bound, within 3 % of it
+round did not teach it. On `testbed`'s held-out traces 2.82 % above the bound, within 3 % of it
 (docs/BENCHMARKS.md), at a program solve a slot plus three per departure tried.
 
 The network's speed curves are the learned table's too (lp_plan.measured_view), as the planner's.
