@@ -201,6 +201,16 @@ class Placer:
         return placed
 
 
+def fit_counts(room: np.ndarray, demand, default: int = np.iinfo(np.int32).max) -> np.ndarray:
+    """[servers] how many tasks of ``demand`` [3] fit in each server's ``room`` [servers, 3] (the array form of
+    :meth:`Placer._room`); ``default`` where it asks for nothing."""
+    counts = np.full(len(room), default, dtype=np.int64)
+    for r, x in enumerate(demand):
+        if x > 0:
+            counts = np.minimum(counts, np.floor(room[:, r] / x + 1e-9).astype(np.int64))
+    return counts
+
+
 def even_spread(tasks: int, per_node: int) -> tuple[int, int]:
     """(nodes, tasks on each) of ``tasks`` on the fewest nodes that hold ``per_node`` each, spread evenly: how
     Slurm lays out ``--nodes=N`` with the same GRES on every node (dl2d.daemon.slurm.mapping.allocation_for

@@ -17,7 +17,7 @@ import numpy as np
 
 from dl2d.core.contract import Allocation, SlotView
 from dl2d.core.jobs import JobKind
-from dl2d.core.placement import even_spread, place_servers
+from dl2d.core.placement import even_spread, fit_counts, place_servers
 
 #: How a decision's flag for such a job begins (dl2d.daemon.conform.compare counts these).
 FLAG = "below what it could use: "
@@ -30,16 +30,6 @@ CLAIM_SLOTS = 3
 
 #: The least relative speed-up that counts as "could use" (a size that trains 2 % faster is not worth a restart).
 MIN_GAIN = 0.05
-
-
-def _fits(room: np.ndarray, demand: np.ndarray) -> np.ndarray:
-    """Workers of ``demand`` [3] that fit on each server's ``room`` [servers, 3] (any resource it does not need:
-    unbounded)."""
-    counts = np.full(len(room), np.iinfo(np.int32).max, dtype=np.int64)
-    for r in range(3):
-        if demand[r] > 0:
-            counts = np.minimum(counts, np.floor(room[:, r] / demand[r] + 1e-9).astype(np.int64))
-    return counts
 
 
 def _nodes_with(fit: np.ndarray, per_node: int) -> np.ndarray:
@@ -86,7 +76,7 @@ def could_use(view: SlotView, alloc: Allocation, bounds: Mapping[int, int], spee
             continue
         key = tuple(float(x) for x in demand)
         if key not in by_demand:
-            by_demand[key] = (_fits(free, demand), int(np.max(_fits(view.capacity, demand))))
+            by_demand[key] = (fit_counts(free, demand), int(np.max(fit_counts(view.capacity, demand))))
         idle_fit, per_node = by_demand[key]
         most = min(bound, w + int(idle_fit.sum()))  # no layout holds more than its own and the idle GPUs
         if most <= w:

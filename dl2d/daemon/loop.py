@@ -403,11 +403,13 @@ class SlotLoop:
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)
         decide_ms = 1000 * (time.perf_counter() - td)
-        alloc, held = damp(view, g.allocation, self._last_change, self.hysteresis, self._predicted_speed(view))
+        speed = self._predicted_speed(view)
+        bounds = {r.id: r.max_workers for r in rows}
+        alloc, held = damp(view, g.allocation, self._last_change, self.hysteresis, speed)
         for job_id, why in held.items():
             flags.setdefault(job_id, []).append(why)
         if getattr(self.backend, "even_gres", False):  # Slurm: a job's nodes all get the same GPUs
-            alloc, cut = P.even_gres(view, alloc, {r.id: r.max_workers for r in rows})
+            alloc, cut = P.even_gres(view, alloc, bounds)
             for job_id, why in cut.items():
                 flags.setdefault(job_id, []).append(why)
             held = {**held, **cut}
@@ -426,8 +428,7 @@ class SlotLoop:
         for job_id, why in P.pending_reasons(view, alloc, usage).items():
             if not any(f.startswith("pending: ") for f in flags.get(job_id, [])):  # a reason said already wins
                 flags.setdefault(job_id, []).append(f"pending: {why}")
-        speed = self._predicted_speed(view)
-        for job_id, why in could_use(view, alloc, {r.id: r.max_workers for r in rows}, lambda j, w: speed(j, w, 0),
+        for job_id, why in could_use(view, alloc, bounds, lambda j, w: speed(j, w, 0),
                                      even=getattr(self.backend, "even_gres", False)).items():
             flags.setdefault(job_id, []).append(why)
         self.node_report = P.node_report(view, nodes, usage, self.poller.health() if self.poller is not None else {})
@@ -437,7 +438,7 @@ class SlotLoop:
         advice = None
         if alloc is not advised:
             advice = P.advice_record(getattr(self.policy, "name", "policy"), P.plan_targets(view, advised, names,
-                                     limits)[1], sizes, self._predicted_speed(view),
+                                     limits)[1], sizes, speed,
                                      {int(i): j for j, i in enumerate(view.job_ids)})
         self._last_change.update({r.id: number for r in rows if sizes[r.id] != (r.workers, r.ps)})
         self.metrics.set_jobs(sizes, {r.id: r.name for r in rows})

@@ -17,7 +17,7 @@ import numpy as np
 from dl2d.core.contract import Allocation, CapacityError, SlotView
 from dl2d.core.jobs import IntentKind, JobDemand, JobKind, demand_from_spec
 from dl2d.core.limits import ALLREDUCE_MAX_WORKERS, MAX_PS, MAX_WORKERS
-from dl2d.core.placement import even_spread, place
+from dl2d.core.placement import even_spread, fit_counts, place
 from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
 
@@ -241,9 +241,7 @@ def _round_up(view: SlotView, j: int, size: int, servers: Sequence[int], free: n
     room = free.copy()
     for srv in servers:
         room[srv] += demand
-    need = demand > 0
-    fit = np.floor(np.min(room[:, need] / demand[need], axis=1) + 1e-9).astype(int) if need.any() else \
-        np.full(len(room), per_node)
+    fit = fit_counts(room, demand, default=per_node)
     own = {srv: servers.count(srv) for srv in set(servers)}
     for k in range(size + 1, bound + 1):
         if even_workers(k, per_node) != k:
