@@ -46,7 +46,7 @@ def contended_util(trace, res, gpus: float) -> tuple[float, float]:
     one long job runs alone; this asks instead whether a policy leaves GPUs idle while jobs want them."""
     first = int(trace.arrival_slot.min())
     slots = first + np.arange(len(res.gpu_util))
-    finish = trace.arrival_slot + res.jct_slots
+    finish = trace.submitted + res.jct_slots
     asked = np.array([float(trace.requested[(trace.arrival_slot <= t) & (finish > t)].sum()) for t in slots])
     busy = asked >= gpus
     if not busy.any():

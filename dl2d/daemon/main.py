@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,7 @@ class DemoFeeder:
             jobs = philly.generate(num_jobs, load=load, cluster_gpus=cluster_gpus, seed=seed,
                                    max_gpus=self.max_workers)
             self.trace = from_workload(jobs, slot_seconds or world_of(world).slot_seconds, seed=seed)
+        self.slot_seconds = float(self.trace.config.get("slot_seconds") or 0.0)
         self.first = int(self.trace.arrival_slot.min())
         self.names = [f"demo-{i:04d}" for i in range(len(self.trace))]
         self.hidden = {n: Hidden(float(self.trace.true_epochs[i]), float(self.trace.speed_factor[i]))
@@ -167,7 +169,10 @@ class DemoFeeder:
         for i, name in enumerate(self.names):
             if name in self.submitted or self.trace.arrival_slot[i] - self.first > number:
                 continue
-            submit_job(session, self.submission(i), now=now)
+            # submitted when the trace says, within the slot before the tick that first sees it (the daemon's
+            # JCT counts from submission, as the simulator's does)
+            early = float(self.trace.arrival_slot[i] - self.trace.submitted[i]) * self.slot_seconds
+            submit_job(session, self.submission(i), now=now - timedelta(seconds=early))
             self.submitted.add(name)
             n += 1
         return n

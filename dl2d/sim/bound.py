@@ -181,10 +181,11 @@ def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
     fastest = trace.speed_factor * (1 + cfg.slot_noise)
     min_seconds = trace.true_epochs / (rate * fastest)
     gpu_seconds = np.where(np.isfinite(work), trace.true_epochs * work / fastest, 0.0)
-    release = trace.arrival_slot * cfg.slot_seconds
-    alone = (min_seconds + cfg.resize_overhead_s) / cfg.slot_seconds
+    release = trace.arrival_slot * cfg.slot_seconds  # the slot boundary a job is first seen at
+    waited = trace.arrival_slot - trace.submitted  # slots from its submission to that boundary, in its JCT
+    alone = (min_seconds + cfg.resize_overhead_s) / cfg.slot_seconds + waited
     gpus = float(cfg.cluster.capacity[0])
     packed_end = srpt_completions(release, gpu_seconds / gpus) if gpus > 0 else release
-    capacity = (packed_end - release) / cfg.slot_seconds
+    capacity = (packed_end - release) / cfg.slot_seconds + waited
     no_contention, cap = float(alone.mean()), float(capacity.mean())
     return Bound(max(no_contention, cap), no_contention, cap, min_seconds, gpu_seconds)

@@ -6,12 +6,10 @@ from scratch as in DL2. `step` places the tasks, trains every job for one slot a
 give on the measured speed table, times its hidden interference factor and a per-slot noise, and returns the
 next state and DL2's reward (eq. 1): the sum over jobs of epochs trained this slot / the job's epoch estimate.
 
-How this vectorises: `SimState` is a handful of arrays over all jobs of the trace and `advance` is
-element-wise math plus a table lookup. A JAX port (not written yet, see docs/simulator.md) replaces the
-in-place writes with `.at[].set/add`, `np.clip` with `jnp.clip` and the active-job selection with masks;
-then `jax.vmap` runs many clusters at once. The only sequential part is placement (least-loaded first,
-task by task); a JAX rollout uses the policy's own in-loop placement (dl2d.policy) and passes it in, or
-replaces it with aggregate capacity accounting.
+A job is seen at the first slot boundary at or after its submission and its JCT counts from the submission
+(dl2d.sim.trace.Trace). `SimState` is a handful of arrays over all jobs of the trace and `advance` is
+element-wise math plus a table lookup; dl2d.sim.jaxenv is the same slot as a pure JAX environment (the parity
+tests in tests/sim/test_jaxenv.py), which takes the placement this engine makes as given.
 """
 from __future__ import annotations
 
@@ -389,10 +387,10 @@ def run(trace: Trace, scheduler: Callable[[SlotView], Allocation], cfg: SimConfi
         unplaced += info["unplaced"]
         if on_slot:
             on_slot(state)
-    jct = state.finish_time - trace.arrival_slot
+    jct = state.finish_time - trace.submitted  # from submission: a job waits for the slot boundary it is seen at
     return SimResult(
         policy=name or getattr(scheduler, "name", type(scheduler).__name__), jct_slots=jct, type_idx=trace.type_idx,
-        makespan_slots=float(np.max(state.finish_time) - first), gpu_util=np.array(gpu), cpu_util=np.array(cpu),
+        makespan_slots=float(np.max(state.finish_time) - np.min(trace.submitted)), gpu_util=np.array(gpu), cpu_util=np.array(cpu),
         rewards=np.array(rewards), slot_seconds=cfg.slot_seconds, decision_ms=1000 * decide_s / max(len(rewards), 1),
         wall_s=time.perf_counter() - t0, resizes=resizes, unplaced=unplaced,
         cross_node_gb=np.array(cross_gb), traffic_gb=np.array(traffic_gb),

@@ -9,7 +9,8 @@ static `EnvParams` (what every cluster of a batch shares) and a dynamic `EnvStat
 What a slot does is the engine's `step`, array for array (docs/simulator.md, "The JAX environment"):
 
 - the jobs are the trace's rows, padded to `max_jobs` (J) with invalid rows that never arrive; a job is
-  active while it has arrived and not finished;
+  active while it has arrived (at the slot boundary at or after its submission) and not finished; its JCT
+  counts from its submission;
 - the caller gives each job's workers and PS for the slot (counts, as an engine `Allocation` after
   placement: the environment trusts them to fit, it does not place tasks and reports aggregate overflow in
   ``info``); an all-reduce job gets no PS, an inactive job nothing, counts are clipped to the limits;
@@ -91,7 +92,8 @@ class Jobs:
     batch), so a slot computes only what depends on the placement."""
 
     valid: jnp.ndarray  # [J] bool
-    arrival_slot: jnp.ndarray  # [J] int
+    arrival_slot: jnp.ndarray  # [J] int: the first slot the job is seen in
+    submitted: jnp.ndarray  # [J] float, in slots: when it was submitted, within the slot before arrival_slot
     type_idx: jnp.ndarray  # [J] int, catalog.MODEL_NAMES
     est_epochs: jnp.ndarray  # [J] what the scheduler is told
     true_epochs: jnp.ndarray  # [J] hidden
@@ -217,6 +219,7 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
     jobs = Jobs(
         valid=jnp.asarray(pad(np.ones(n, bool), False, bool)),
         arrival_slot=jnp.asarray(pad(trace.arrival_slot, np.iinfo(np.int32).max, np.int32)),
+        submitted=jnp.asarray(pad(trace.submitted, 0.0, float), f),
         type_idx=jnp.asarray(pad(t, 0, np.int32)),
         est_epochs=jnp.asarray(pad(trace.est_epochs, 1.0, float), f),
         true_epochs=jnp.asarray(pad(trace.true_epochs, big, float), f),
@@ -454,8 +457,8 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
 
 
 def jct(state: EnvState) -> jnp.ndarray:
-    """[J] each job's completion time in slots (arrival to finish; NaN unfinished or padding)."""
-    return jnp.where(state.jobs.valid, state.finish_time - state.jobs.arrival_slot, jnp.nan)
+    """[J] each job's completion time in slots (submission to finish; NaN unfinished or padding)."""
+    return jnp.where(state.jobs.valid, state.finish_time - state.jobs.submitted, jnp.nan)
 
 
 def autoreset(params: EnvParams, nxt: EnvState, done) -> tuple[EnvState, jnp.ndarray]:

@@ -390,6 +390,6 @@ def lp_lower_bound(trace: Trace, cfg: SimConfig, bucket_s: float | None = None,
     edges = bucket_edges(release, horizon, bucket_s)
     completions, columns, tail = solve(rho, demand, start, edges, np.asarray(cfg.cluster.capacity, float),
                                        in_bucket=in_bucket)
-    lp = (completions - release.sum()) / (len(trace) * cfg.slot_seconds)
+    lp = (completions - trace.submitted.sum() * cfg.slot_seconds) / (len(trace) * cfg.slot_seconds)
     return LPBound(max(lp, simple.no_contention_slots, simple.capacity_slots), lp, simple.no_contention_slots,
                    simple.capacity_slots, float(bucket_s), len(edges) - 1, columns, tail, time.perf_counter() - t0)

@@ -27,8 +27,9 @@ FORMAT = "dl2d-trace"
 VERSION = 1
 SLOTS_PER_DAY = 72  # 20-minute slots
 CSV_FIELDS = ("id", "arrival_slot", "type", "est_epochs", "true_epochs", "speed_factor")
-#: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for)
-OPTIONAL_FIELDS = ("batch_size", "requested_workers")
+#: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for, and when
+#: within the slot before its arrival slot it was submitted)
+OPTIONAL_FIELDS = ("batch_size", "requested_workers", "submitted_slot")
 
 # Bounds of a trace file, checked while it is read, before anything is built from it. They are far
 # beyond any real experiment; what lies past them is a mistake (or an attack) that would otherwise run for days,
@@ -66,6 +67,7 @@ MAX_TYPE_CHARS = 133  # "site:" and a class name of at most 128 (dl2d.workload.s
 #: (low, high, low bound open, integer) of every numeric field of a job record.
 FIELD_BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
     "arrival_slot": (0, MAX_ARRIVAL_SLOT, False, True),
+    "submitted_slot": (0, MAX_ARRIVAL_SLOT, False, False),
     "est_epochs": (MIN_EPOCHS, MAX_TRACE_EPOCHS, False, False),
     "true_epochs": (MIN_EPOCHS, MAX_TRACE_EPOCHS, False, False),
     "speed_factor": (MIN_SPEED_FACTOR, MAX_SPEED_FACTOR, False, False),
@@ -116,6 +118,9 @@ class TraceConfig:
 class Trace:
     """Jobs sorted by arrival, as parallel arrays (job i is row i).
 
+    A job is submitted at ``submitted`` (in slots, fractional) and first seen by the scheduler at the next slot
+    boundary, ``arrival_slot`` = ceil(submitted), as a daemon deciding at slot boundaries sees it; its JCT counts
+    from its submission. A trace of whole-slot arrivals (the DL2 world's) has ``submitted`` = ``arrival_slot``.
     ``type_idx`` indexes dl2d.workload.catalog.MODEL_NAMES: a DL2 type (a PS job) or an all-reduce model,
     whose jobs keep their total ``batch_size`` whatever their size (0 for PS jobs: their speed table has it)."""
 
@@ -130,6 +135,7 @@ class Trace:
     #: a site's own job class per job ("" for none): an all-reduce job of a class the catalog does not hold
     #: (type_idx = catalog.UNSEEN), whose speed only a site's speed model gives; None: no such job
     site_class: np.ndarray | None = None
+    submitted: np.ndarray | None = None  # float, in slots, within (arrival_slot - 1, arrival_slot]; None: arrival_slot
 
     def __len__(self) -> int:
         return len(self.arrival_slot)
@@ -163,8 +169,10 @@ class Trace:
             object.__setattr__(self, "requested", np.ones(n, int))
         if self.site_class is None:
             object.__setattr__(self, "site_class", np.full(n, "", dtype=object))
+        if self.submitted is None:
+            object.__setattr__(self, "submitted", np.asarray(self.arrival_slot, float))
         for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor", "batch_size", "requested",
-                     "site_class"):
+                     "site_class", "submitted"):
             if len(getattr(self, name)) != n:
                 raise TraceError(f"trace column {name} has {len(getattr(self, name))} rows, expected {n}")
         if n and (np.any(self.type_idx < 0) or np.any(self.type_idx > UNSEEN)):
@@ -181,6 +189,12 @@ class Trace:
             raise TraceError("every job asks for at least one worker (requested_workers >= 1)")
         if n and np.any(np.diff(self.arrival_slot) < 0):
             raise TraceError("jobs must be sorted by arrival_slot")
+        early = np.flatnonzero((np.asarray(self.submitted) > self.arrival_slot)
+                               | (np.asarray(self.submitted) <= np.asarray(self.arrival_slot) - 1))
+        if len(early):
+            raise TraceError(f"job {int(early[0]) + 1}: submitted at slot {float(self.submitted[early[0]]):g} but "
+                             f"arriving at {int(self.arrival_slot[early[0]])}: a job arrives at the first slot "
+                             "boundary at or after its submission (arrival_slot = ceil(submitted_slot))")
 
 
 def daily_rate(slot: np.ndarray) -> np.ndarray:
@@ -229,7 +243,8 @@ def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: 
     """A trace of all-reduce jobs from a workload (dl2d.workload.workloads / .philly: arrival second, model, GPUs
     asked for, total batch). Each job needs its model's epochs to converge (dl2d.workload.catalog), told to the
     scheduler with ``epoch_estimate_error`` as in :class:`TraceConfig`, asks for one worker per GPU and gets a
-    hidden interference factor as DL2's jobs do; it arrives in the slot its second falls in. ``site_mix``: a
+    hidden interference factor as DL2's jobs do; it arrives at the first slot boundary at or after its second
+    (a scheduler deciding at slot boundaries sees it no sooner) and its JCT counts from that second. ``site_mix``: a
     site's own job mix replaces the workload's models (:func:`_site_classes`)."""
     from dl2d.workload.catalog import epochs_to_converge  # noqa: PLC0415 (scipy fit on first use only)
 
@@ -251,11 +266,13 @@ def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: 
     true = est * (1 + epoch_estimate_error * rng.uniform(-1, 1, n))
     s = interference_sigma
     factor = np.exp(rng.normal(-s * s / 2, s, n)) if s > 0 else np.ones(n)
-    return Trace(np.array([int(j.arrival_s // slot_seconds) for j in jobs]), types, est, np.maximum(true, 0.01),
+    submitted = np.array([j.arrival_s / slot_seconds for j in jobs], float)
+    return Trace(np.ceil(submitted).astype(int), types, est, np.maximum(true, 0.01),
                  factor, config={**(config or {}), "seed": seed, "slot_seconds": slot_seconds,
                                  "interference_sigma": interference_sigma,
                                  "epoch_estimate_error": epoch_estimate_error},
-                 batch_size=batch, requested=np.array([int(j.gpus) for j in jobs]), site_class=classes)
+                 batch_size=batch, requested=np.array([int(j.gpus) for j in jobs]), site_class=classes,
+                 submitted=submitted)
 
 
 def _site_classes(jobs, mix, seed: int):
@@ -284,15 +301,18 @@ def _site_classes(jobs, mix, seed: int):
 # ---------------------------------------------------------------- files
 
 def to_records(trace: Trace) -> list[dict]:
-    """One record per job; the optional fields only where the trace has all-reduce jobs or sized requests."""
+    """One record per job; the optional fields only where the trace has all-reduce jobs or sized requests, the
+    submission only where a job was submitted within a slot."""
     extra = bool(np.any(trace.allreduce) or np.any(trace.requested != 1))
+    within = bool(np.any(trace.submitted != trace.arrival_slot))
     return [
         {"id": i, "arrival_slot": int(trace.arrival_slot[i]),
          "type": SITE_PREFIX + trace.site_class[i] if trace.site_class[i] else MODEL_NAMES[trace.type_idx[i]],
          "est_epochs": float(trace.est_epochs[i]), "true_epochs": float(trace.true_epochs[i]),
          "speed_factor": float(trace.speed_factor[i]),
          **({"batch_size": float(trace.batch_size[i]), "requested_workers": int(trace.requested[i])}
-            if extra else {})}
+            if extra else {}),
+         **({"submitted_slot": float(trace.submitted[i])} if within else {})}
         for i in range(len(trace))
     ]
 
@@ -373,8 +393,16 @@ def _row(rec, where: str) -> tuple:
     else:
         batch = 0.0 if rec.get("batch_size") in (None, "") else _number(rec, "batch_size", where)
     requested = 1 if rec.get("requested_workers") in (None, "") else int(_number(rec, "requested_workers", where))
-    return (int(_number(rec, "arrival_slot", where)), t, _number(rec, "est_epochs", where),
-            _number(rec, "true_epochs", where), _number(rec, "speed_factor", where), batch, requested, cls)
+    arrival = int(_number(rec, "arrival_slot", where))
+    submitted = float(arrival)
+    if rec.get("submitted_slot") not in (None, ""):
+        submitted = _number(rec, "submitted_slot", where)
+        if not arrival - 1 < submitted <= arrival:
+            raise TraceError(f"{where}: field 'submitted_slot' ({submitted:g}) must lie within the slot before "
+                             f"arrival_slot ({arrival}): a job arrives at the first slot boundary at or after its "
+                             "submission")
+    return (arrival, t, _number(rec, "est_epochs", where), _number(rec, "true_epochs", where),
+            _number(rec, "speed_factor", where), batch, requested, cls, submitted)
 
 
 def from_records(records: list[dict], config: dict | None = None, source: str = "trace",
@@ -389,11 +417,12 @@ def from_records(records: list[dict], config: dict | None = None, source: str = 
     for n, rec in enumerate(records):
         where = f"{source}: line {lines[n]}, job {n + 1}" if lines else f"{source}: job {n + 1}"
         rows.append(_row(rec, where))
-    rows.sort(key=lambda r: r[0])  # stable: ties keep file order
+    rows.sort(key=lambda r: (r[0], r[8]))  # by arrival, then submission; stable: ties keep file order
     cols = list(zip(*rows))
     return Trace(np.array(cols[0], int), np.array(cols[1], int), np.array(cols[2]), np.array(cols[3]),
                  np.array(cols[4]), config=dict(config or {}), batch_size=np.array(cols[5], float),
-                 requested=np.array(cols[6], int), site_class=np.array(cols[7], dtype=object))
+                 requested=np.array(cols[6], int), site_class=np.array(cols[7], dtype=object),
+                 submitted=np.array(cols[8], float))
 
 
 def save(trace: Trace, path: str | Path) -> None:
@@ -402,7 +431,7 @@ def save(trace: Trace, path: str | Path) -> None:
     records = to_records(trace)
     if path.suffix == ".csv":
         buf = io.StringIO()
-        fields = CSV_FIELDS + (OPTIONAL_FIELDS if records and "batch_size" in records[0] else ())
+        fields = CSV_FIELDS + tuple(f for f in OPTIONAL_FIELDS if records and f in records[0])
         w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows(records)

@@ -57,9 +57,10 @@ def test_the_demo_runs_todays_world_by_default(tmp_path):
     with session_scope(engine) as s:
         jobs = list_jobs(s)
         assert len(jobs) == 6 and {j.spec["kind"] for j in jobs} == {"allreduce"}
-        # virtual time in 60 s slots: every job arrived at the start of one
+        # virtual time in 60 s slots: each job submitted at its trace's second, within a slot (the daemon sees it
+        # at the next slot's start; its JCT counts from the submission, as the bare simulator's does)
         slots = [(j.submitted_at - jobs[0].submitted_at).total_seconds() / 60 for j in jobs]
-        assert all(abs(k - round(k)) < 1e-6 for k in slots) and max(slots) > 0
+        assert max(slots) > 0 and any(abs(k - round(k)) > 1e-3 for k in slots)
     engine.dispose()
     bad = subprocess.run([*cmd[:4], "--demo-types", "wlm", *cmd[4:]], capture_output=True, text=True, timeout=60,
                          env=env)

@@ -60,6 +60,24 @@ def test_trains_on_the_site_twin_and_records_it(trained):
     assert f"--speed-model {site}" in ck.meta["command"]
 
 
+def test_a_rescored_checkpoint_records_what_training_scored_and_why(trained, tmp_path):
+    """train.rescore scores a checkpoint again as training did (here the same simulator: the same figures), keeps
+    the figures it replaced, and needs the speed model its meta names."""
+    import shutil
+
+    site, out, res, _ = trained
+    copy = tmp_path / "copy.msgpack"
+    shutil.copy(out, copy)
+    with pytest.raises(ValueError, match="speed model"):
+        TT.rescore(str(copy), "a test")
+    before = load_target(copy).meta
+    meta = TT.rescore(str(copy), "a test", site=SiteSpeeds.of(load_speed_model(site), source=str(site)))
+    assert meta["validation_jct"] == before["validation_jct"]
+    assert meta["teacher_validation_jct_mean"] == pytest.approx(res["val_jct_slots"]["elastic"], abs=1e-3)
+    assert meta["rescored"]["why"] == "a test" and meta["rescored"]["before"]["validation_jct"] == before["validation_jct"]
+    assert load_target(copy).meta == meta and load_target(copy).params.keys() == load_target(out).params.keys()
+
+
 def test_the_trained_checkpoint_runs_in_the_simulator(trained):
     site, out, _, _ = trained
     r = invoke("sim", "--policy", "dl2-target", "--checkpoint", str(out), "--jobs", "6", "--servers", "4",

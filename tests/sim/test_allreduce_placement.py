@@ -107,7 +107,7 @@ def test_the_simulator_packs_all_reduce_jobs_on_the_fewest_servers():
         assert all(v.allreduce_placement == rule for v, _ in steps)
         extra[rule] = [len(set(alloc.worker_servers[j])) - -(-len(alloc.worker_servers[j]) // 4)
                        for view, alloc in steps for j in range(len(view)) if alloc.worker_servers[j]]
-    assert len(extra["pack"]) == len(extra["spread"]) > 100
+    assert min(len(extra["pack"]), len(extra["spread"])) > 100  # job-slots placed (a job may end a slot apart)
     assert sum(extra["spread"]) > 10 and sum(extra["pack"]) == 0
 
 

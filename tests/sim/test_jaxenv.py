@@ -83,7 +83,7 @@ CASES = {  # name: (trace, engine config, policy)
     "dl2-optimus-long-restarts": (dl2_trace(2), replace(DL2, resize_overhead_s=1500.0), "optimus"),
     "today-drf": (today_trace(5), TODAY, "drf"),
     "today-elastic": (today_trace(6), TODAY, "elastic"),
-    "mixed-drf": (mixed_trace(5), replace(TODAY, cluster=WIDE), "drf"),
+    "mixed-drf": (mixed_trace(10), replace(TODAY, cluster=WIDE), "drf"),
     "site-elastic": (site_trace(4), replace(TODAY, site_speeds=SITE), "elastic"),
     "today-elastic-pack": (today_trace(6), replace(TODAY, allreduce_placement="pack"), "elastic"),
 }
@@ -142,7 +142,7 @@ def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dic
     assert t <= SLOTS
     out["epochs"][t:] = out["epochs"][t - 1]
     out["factor"][t:] = out["factor"][t - 1]
-    out.update(slots=t, jct=state.finish_time - tr.arrival_slot, shared=shared, moved=moved, unmeasured=unmeasured)
+    out.update(slots=t, jct=state.finish_time - tr.submitted, shared=shared, moved=moved, unmeasured=unmeasured)
     return out
 
 
@@ -161,7 +161,7 @@ def test_the_recorded_runs_exercise_what_depends_on_placement():
     """Multi-server all-reduce jobs sharing a server (the slowdown), a job moved at the same size (a restart),
     placements measured and not (Pollux's fit), a restart longer than a slot (whole slots without training)."""
     runs = [recorded(c, 0.1, 7) for c in ("today-drf", "today-elastic", "mixed-drf")]
-    assert all(r["shared"] > 0 and r["moved"] > 0 for r in runs) and runs[2]["unmeasured"] > 100
+    assert all(r["shared"] > 0 and r["moved"] > 0 for r in runs) and runs[2]["unmeasured"] > 50
     rec = recorded("dl2-optimus-long-restarts", 0.1, 7)
     assert (np.diff(rec["epochs"][:rec["slots"]], axis=0) == 0).all(axis=1).any()
 

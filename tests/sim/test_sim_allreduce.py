@@ -134,7 +134,9 @@ def test_packaged_workloads_become_traces():
     tr = T.from_workload(jobs, 60.0, seed=1)
     assert len(tr) == 160 and tr.allreduce.all()
     assert list(tr.requested) == [j.gpus for j in sorted(jobs, key=lambda j: j.arrival_s)]
-    assert np.all(tr.arrival_slot == np.array([int(j.arrival_s // 60) for j in sorted(jobs, key=lambda j: j.arrival_s)]))
+    seconds = np.array([j.arrival_s for j in sorted(jobs, key=lambda j: j.arrival_s)])
+    # seen at the slot boundary at or after its submission, its JCT counted from the submission
+    assert np.all(tr.arrival_slot == np.ceil(seconds / 60)) and np.allclose(tr.submitted, seconds / 60)
     assert set(tr.est_epochs) <= {float(catalog.epochs_to_converge(m)) for m in catalog.ALLREDUCE_MODELS}
 
 

@@ -175,8 +175,8 @@ def average_jcts(final, cut: int) -> tuple[list[float], int]:
     """Average JCT in slots of every cluster of a batch of final states; a job unfinished at slot ``cut`` counts
     as running until then (a lower bound on its JCT). Also how many jobs were unfinished."""
     fin = np.asarray(final.finished)
-    arrival = np.asarray(final.jobs.arrival_slot, float)
-    jct = np.where(fin, np.asarray(jax.vmap(X.jct)(final)), cut - arrival)
+    submitted = np.asarray(final.jobs.submitted, float)
+    jct = np.where(fin, np.asarray(jax.vmap(X.jct)(final)), cut - submitted)
     valid = np.asarray(final.jobs.valid)
     return [float(jct[i][valid[i]].mean()) for i in range(len(fin))], int((~fin & valid).sum())
 
@@ -301,6 +301,36 @@ def learn_planner(setup: TrainSetup, tc: T.TargetConfig, cfg: SimConfig, traces:
         net, _ = D.fit(tc, net, data, setup.plan_iters, lr=setup.plan_lr, seed=setup.rng + rnd)
         evaluate("plan", rnd, net)
     return net
+
+
+def rescore(path: str, why: str, site=None) -> dict:
+    """Score a checkpoint again on its validation traces, greedy as training scored it, with its teacher beside
+    it, and write the figures into its meta (the network unchanged), saying ``why``: what a simulator change does
+    to a shipped policy's recorded figures, without training it again. ``site``: the speed model it was trained
+    on, where its meta names one. The new meta."""
+    from dl2d.policy.checkpoint import TargetCheckpoint, load_target, save_target
+
+    ckpt = load_target(path)
+    meta = ckpt.meta
+    if meta.get("speed_model") and site is None:
+        raise ValueError(f"{path} was trained on the speed model {meta['speed_model']}: give it (site=)")
+    setup = TrainSetup(**meta["setup"])
+    cfg = sim_config(setup, site)
+    val = [make_trace(setup, cfg, s) for s in setup.validation_seeds()]
+    env, states = X.from_traces(val, cfg, setup.jobs, placement=False)
+
+    def score(episodes) -> list[float]:
+        final, reached = run_to_end(episodes, states, setup.max_eval_slots)
+        return [round(x, 3) for x in average_jcts(final, reached)[0]]
+
+    net = score(lambda s, n: P.evaluate(ckpt.config, env, ckpt.params, s, n))
+    teacher = score(lambda s, n: P.evaluate_teacher(ckpt.config, env, s, n))
+    was = {k: meta[k] for k in ("validation_jct", "teacher_validation_jct")}
+    meta = {**meta, "validation_jct": net, "validation_jct_mean": round(float(np.mean(net)), 3),
+            "teacher_validation_jct": teacher, "teacher_validation_jct_mean": round(float(np.mean(teacher)), 3),
+            "rescored": {"why": why, "by": "dl2d.policy.target.train.rescore", "before": was}}
+    save_target(path, TargetCheckpoint(ckpt.config, ckpt.params, meta))
+    return meta
 
 
 def checkpoint_meta(setup: TrainSetup, result: TrainResult, command: str, site=None, **extra) -> dict:
