@@ -21,9 +21,6 @@ from collections import defaultdict
 from importlib import resources
 
 import numpy as np
-from scipy.interpolate import RBFInterpolator
-from scipy.optimize import nnls
-from scipy.spatial import Delaunay, cKDTree
 
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, TYPE_NAMES
 
@@ -64,6 +61,9 @@ def _grid(max_n: int) -> np.ndarray:
 
 def interpolate_measured(points: list[tuple[int, int, float]], max_n: int = TABLE_MAX) -> np.ndarray:
     """[max_n+1, max_n+1] speeds from scattered measurements: linear RBF inside the hull, nearest outside."""
+    from scipy.interpolate import RBFInterpolator  # noqa: PLC0415 (scipy's imports cost every CLI call a second)
+    from scipy.spatial import Delaunay, cKDTree  # noqa: PLC0415
+
     data = np.array([(p, w, s) for p, w, s in points if s > 0], dtype=float)
     xy, z = data[:, :2], data[:, 2]
     query = _grid(max_n)
@@ -91,6 +91,8 @@ def parametric_features(p, w) -> np.ndarray:
 
 def fit_parametric(points: list[tuple[int, int, float]]) -> np.ndarray:
     """Non-negative coefficients of step time = w / speed, fitted by NNLS on relative error."""
+    from scipy.optimize import nnls  # noqa: PLC0415
+
     data = np.array([(p, w, s) for p, w, s in points if s > 0], dtype=float)
     p, w, s = data.T
     step = w / s

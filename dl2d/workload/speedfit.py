@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from scipy.optimize import nnls
 
 from dl2d.core.files import InputFileError, read_bounded
 
@@ -60,6 +59,8 @@ def fit_speed_params(sizes, seconds_per_epoch, counts, prior_seconds: np.ndarray
     observations and, with ``prior_weight`` samples' weight spread over every size, to the scaled prior, each
     row relative to its target (so a size's error counts in percent). A degenerate fit (all zero) gives the
     scaled prior."""
+    from scipy.optimize import nnls  # noqa: PLC0415 (half a second to import: only where a curve is fitted)
+
     W = len(prior_seconds) - 1
     sizes = np.asarray(sizes, float)
     t_obs = np.asarray(seconds_per_epoch, float)

@@ -32,7 +32,6 @@ from importlib import resources
 from typing import Iterable, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
 
 MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 Placement = tuple[int, ...]
@@ -177,6 +176,8 @@ def fit_pollux(m: Measurements) -> PolluxFit:
 
     def residual(x):
         return np.log(PolluxFit(*x).step_time(gpus, nodes, m.local_bsz)) - np.log(m.step_time)
+
+    from scipy.optimize import least_squares  # noqa: PLC0415 (half a second to import: only where a fit is made)
 
     lo = np.array([1e-6, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
     hi = np.array([np.inf] * 6 + [10.0])

@@ -20,7 +20,7 @@ from dl2d.sim import trace as T
 from dl2d.workload.catalog import IS_ALLREDUCE
 
 #: Examples per run (about 20 s in all on a 2-core machine); deadline: 5 s for any one example.
-JSON_EXAMPLES, CSV_EXAMPLES, RANDOM_EXAMPLES = 2000, 1500, 1000
+JSON_EXAMPLES, CSV_EXAMPLES, RANDOM_EXAMPLES = 1000, 800, 500
 
 
 def fuzz(n: int):
