@@ -85,7 +85,7 @@ def main() -> None:
     bucket_s = None if args.bound_bucket_slots is None else args.bound_bucket_slots * cfg.slot_seconds
     bound = None if args.no_bound else TT.lower_bound(traces, cfg, bucket_s)
     print(json.dumps({"summary": True, "world": setup.world, "cluster": setup.cluster, "jobs": setup.jobs,
-                      "not_the_training_setup": sorted(overrides), "seeds": [seeds.start, seeds.stop - 1],
+                      "not_the_training_setup": sorted(overrides), "seeds": [seeds[0], seeds[-1]],
                       "held_out": args.seeds != "validation", "allreduce_placement": cfg.allreduce_placement,
                       "best_heuristic": best,
                       "learned_vs_best": best and round(out["learned"]["mean"] / out[best]["mean"] - 1, 4),
