@@ -2,12 +2,14 @@
 
 Why: averages can agree while jobs do not (differences that offset). The artifact published each job's JCT at job
 load 1.0 for Tiresias, Optimus+Oracle and Pollux (dl2d/workload/data/pollux/results-jobload-1.0/, credit there);
-this runs dl2d's policy of the same name on the same workload in the artifact's settings (16 nodes x 4 T4 GPUs,
-60 s slots, a 30 s restart, no interference: no shared-node slowdown, no slot noise, no hidden per-job speed
-factor) and reports, per workload and policy: both averages, their ratio, the median per-job |ratio - 1| and the
-share of jobs within 5 % — the measure of the reference preset.
+this runs dl2d's policy of the same name on the same workload in the twin's reference preset (dl2d.sim.presets:
+16 nodes x 4 T4 GPUs, 60 s slots, a 30 s restart, no interference, the artifact's placement, batch and work rules
+and its rules for the two baselines), or with ``--preset dl2d`` in today's world less its interference (how far
+dl2d's own rules are from the artifact's), and reports, per workload and policy: both averages, their ratio,
+the median per-job |ratio - 1| and the share of jobs within 5 %.
 
-    python bench/bench_reference.py [--policies tiresias,optimus-oracle] [--workloads 1-8] [--out FILE.json]
+    python bench/bench_reference.py [--preset reference|dl2d] [--policies tiresias,optimus-oracle]
+                                    [--workloads 1-8] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -16,13 +18,13 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import replace
 from importlib import resources
 
 import numpy as np
 
 from dl2d.policy import registry
 from dl2d.sim import engine as E
+from dl2d.sim import presets
 from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world
 from dl2d.workload.seeds import seed_list
@@ -38,9 +40,15 @@ def published(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def artifact_config():
-    """Today's world in the artifact's settings: its cluster, slot and restart, and no interference."""
-    return replace(world("today").sim_config("t4-16", max_slots=MAX_SLOTS), shared_node_slowdown=0.0, slot_noise=0.0)
+def settings(preset: str) -> dict:
+    """The preset's settings; dl2d's own with no interference of any kind (the artifact has none)."""
+    none = {"interference": 0.0, "slot_noise": 0.0, "shared_node_slowdown": 0.0}
+    return presets.resolve(preset, none if preset == "dl2d" else {})
+
+
+def artifact_config(preset: str = "reference"):
+    """Today's world on the artifact's cluster with the preset's settings."""
+    return presets.sim_config(settings(preset), world("today").sim_config("t4-16", max_slots=MAX_SLOTS))
 
 
 def compare(ours: dict[str, float], theirs: dict[str, float]) -> dict:
@@ -56,15 +64,16 @@ def compare(ours: dict[str, float], theirs: dict[str, float]) -> dict:
             "median_ratio": round(float(np.median(r)), 4)}
 
 
-def run_one(policy: str, k: int, cfg) -> dict[str, float]:
+def run_one(policy: str, k: int, cfg, baseline_rules: str = "reference") -> dict[str, float]:
     jobs = sorted(packaged_workload(k, "workloads"), key=lambda j: j.arrival_s)
     trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0)
-    res = E.run(trace, registry.build(policy), cfg, seed=k)
+    res = E.run(trace, registry.build(policy, registry.PolicyOptions(baseline_rules=baseline_rules)), cfg, seed=k)
     return {j.name: float(t) * cfg.slot_seconds for j, t in zip(jobs, res.jct_slots)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=tuple(presets.PRESETS), default="reference")
     ap.add_argument("--policies", default="tiresias,optimus-oracle")
     ap.add_argument("--workloads", default="1-8")
     ap.add_argument("--out", default=None)
@@ -74,16 +83,18 @@ def main() -> None:
     if unknown:
         ap.error(f"--policies: no published results or no such policy: {', '.join(unknown)}")
     workloads = seed_list(args.workloads)
-    cfg = artifact_config()
+    chosen = settings(args.preset)
+    cfg = artifact_config(args.preset)
     out = {"command": "python " + shlex.join(["bench/bench_reference.py", *sys.argv[1:]]),
-           "settings": "t4-16, 60 s slots, 30 s restart, no shared-node slowdown, no slot noise, no per-job speed factor",
-           "rows": [], "means": {}}
+           "cluster": "t4-16", "slot_seconds": cfg.slot_seconds, "restart_seconds": cfg.resize_overhead_s,
+           "preset": args.preset, "settings": chosen, "rows": [], "means": {}}
     t0 = time.perf_counter()
     for policy in policies:
         ref = published(REFERENCE[policy])
         rows = []
         for k in workloads:
-            row = {"policy": policy, "workload": k, **compare(run_one(policy, k, cfg), ref["jcts"][f"workload-{k}"])}
+            ours = run_one(policy, k, cfg, chosen["baseline_rules"])
+            row = {"policy": policy, "workload": k, **compare(ours, ref["jcts"][f"workload-{k}"])}
             rows.append(row)
             print(json.dumps(row), flush=True)
         out["rows"] += rows

@@ -17,10 +17,13 @@ import click
 
 from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
+from dl2d.sim import presets as twin
 from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 from dl2d.sim.trace import MAX_TRACE_JOBS
 from dl2d.sim.worlds import DEFAULT_WORLD, WORLDS
+from dl2d.workload.catalog import WORK_RULES
 from dl2d.workload.philly import STYLES as WORKLOAD_STYLES
+from dl2d.workload.throughput import OFF_TABLE
 
 #: Every registered policy (dl2d.policy.registry); learned ones need --checkpoint.
 POLICIES = registry.names()
@@ -119,11 +122,11 @@ def site_speed_model(value: str, trace) -> tuple:
 
 
 def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured",
-                world: str = "today", whole_nodes: bool = False):
+                world: str = "today", whole_nodes: bool = False, baseline_rules: str = "dl2d"):
     """A policy by name from the registry; any problem (a missing or unreadable checkpoint) is a clear error."""
     options = registry.PolicyOptions(checkpoint=str(checkpoint) if checkpoint else "",
                                      tetris_threshold=tetris_threshold, speed_model=speed_model, world=world,
-                                     whole_nodes=whole_nodes)
+                                     whole_nodes=whole_nodes, baseline_rules=baseline_rules)
     try:
         return registry.build(name, options)
     except registry.PolicyBuildError as e:
@@ -192,9 +195,8 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--estimate-error", type=click.FloatRange(0, 1, max_open=True), callback=finite_number,
               default=0.0, show_default=True,
               help="Relative error of the user's epoch estimate: true = estimate x (1 + E x U(-1, 1)).")
-@click.option("--interference", type=click.FloatRange(min=0), callback=finite_number,
-              default=0.27, show_default=True,
-              help="Sigma of each job's persistent log-normal speed factor (cluster interference).")
+@click.option("--interference", type=click.FloatRange(min=0), callback=finite_number, default=None,
+              help="Sigma of each job's persistent log-normal speed factor (cluster interference) [default: 0.27].")
 @click.option("--cluster", type=click.Choice(CLUSTERS), default=None,
               help="Cluster preset [default: the world's]: t4-16 / t4-128 / t4-512 nodes of 4 T4 GPUs, 48 cores, "
                    "192 GB; dl2 = 500, testbed = 13, small = 40, tiny = 4 servers of 2 GPUs, 8 cores, 48 GB.")
@@ -206,17 +208,36 @@ def sparkline(values, width: int = 24) -> str:
 @click.option("--restart-seconds", type=click.FloatRange(0, MAX_SECONDS), callback=finite_number,
               default=None,
               help="Training a job loses when it is resized or moved [default: today 30, dl2 0].")
-@click.option("--allreduce-placement", type=click.Choice(ALLREDUCE_PLACEMENTS), default="pack", show_default=True,
+@click.option("--allreduce-placement", type=click.Choice(ALLREDUCE_PLACEMENTS), default=None,
               help="Where an all-reduce job's new workers go: pack (the server that best fits the workers the job "
                    "still wants, so it spans the fewest nodes, as Slurm places a job) or spread (the least loaded "
-                   "server, DL2's rule, which PS jobs always follow).")
+                   "server, DL2's rule, which PS jobs always follow) [default: pack].")
 @click.option("--speed-model", metavar="measured|parametric|FILE", default="measured", show_default=True,
               help="Training speeds of PS jobs: measured (the DL2 testbed data, interpolated) or parametric "
                    "(Optimus-style fit); or a speed-model FILE from `dl2ctl calibrate`: its curves are the truth and "
                    "the schedulers' estimate of the all-reduce models it holds (a twin of the cluster it came from).")
-@click.option("--slot-noise", type=click.FloatRange(0, 1, max_open=True), callback=finite_number,
-              default=0.1, show_default=True,
-              help="Per job and slot speed noise: speed x (1 + N x U(-1, 1)).")
+@click.option("--slot-noise", type=click.FloatRange(0, 1, max_open=True), callback=finite_number, default=None,
+              help="Per job and slot speed noise: speed x (1 + N x U(-1, 1)) [default: 0.1].")
+@click.option("--preset", "twin_preset", type=click.Choice(tuple(twin.PRESETS)), default="dl2d", show_default=True,
+              help="today: the twin's frictions and rules as a set (dl2d.sim.presets): dl2d's own, or reference, the "
+                   "Pollux artifact's simulator (no interference, its placement, batch and work rules, its "
+                   "Tiresias and Optimus+Oracle). Each option below (and --interference, --slot-noise, "
+                   "--allreduce-placement) overrides its part.")
+@click.option("--shared-node-slowdown", type=click.FloatRange(0, 1, max_open=True), callback=finite_number,
+              default=None, help="How much slower a multi-node job trains on a node another multi-node job shares "
+                                 "[default: the world's, today 0.1, dl2 0].")
+@click.option("--accumulate", type=click.Choice(tuple(twin.ACCUMULATE)), default=None,
+              help="An all-reduce job's batch on its GPUs: none (split evenly whatever its size), cap (each GPU at "
+                   "most its model's largest measured local batch, gradient accumulation beyond it) or artifact "
+                   "(cap, and a one-GPU job beyond its model's initial batch over two passes) [default: none].")
+@click.option("--off-table", type=click.Choice(OFF_TABLE), default=None,
+              help="Speed at a placement never measured: fit (Pollux's throughput model) or interpolate (between "
+                   "the measurements, as the Pollux artifact) [default: fit].")
+@click.option("--work", type=click.Choice(WORK_RULES), default=None,
+              help="An all-reduce job's work: iterations (of the measured runs, interpolated in log batch) or "
+                   "progress (statistical efficiency from the measured gradient noise) [default: iterations].")
+@click.option("--baseline-rules", type=click.Choice(twin.BASELINE_RULES), default=None,
+              help="tiresias and optimus-oracle: dl2d's rules, or the Pollux artifact's (reference) [default: dl2d].")
 @click.option("--tetris-threshold", type=click.IntRange(min=1), default=None,
               help="Bundles Tetris gives a job before moving to the next [default: the per-job maximum, 16].")
 @click.option("--whole-nodes", is_flag=True,
@@ -233,8 +254,8 @@ def sparkline(values, width: int = 24) -> str:
 @click.pass_context
 def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals,
         max_arrivals, epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
-        allreduce_placement, speed_model, slot_noise, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound,
-        as_json) -> None:
+        allreduce_placement, speed_model, slot_noise, twin_preset, shared_node_slowdown, accumulate, off_table, work,
+        baseline_rules, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound, as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
     A job's completion time (JCT) runs from its arrival slot to the moment it finishes, fractions of a slot
@@ -275,6 +296,14 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     if wrong:
         raise click.UsageError(f"{flags(wrong)} only shape the {'dl2' if world == 'today' else 'today'} world's "
                                f"traces (--world {'dl2' if world == 'today' else 'today'})")
+    if world != "today" and twin_preset != "dl2d":
+        raise click.UsageError(f"--preset {twin_preset} is a setting of today's world (--world today)")
+    settings = twin.resolve(twin_preset, {"interference": interference, "slot_noise": slot_noise,
+                                     "shared_node_slowdown": shared_node_slowdown,
+                                     "allreduce_placement": allreduce_placement, "accumulate": accumulate,
+                                     "off_table": off_table, "work": work, "baseline_rules": baseline_rules},
+                            WORLDS[world])
+    interference = settings["interference"]
     workload_folder, workload_k = parse_workload(workload)
     if workload_k is not None and given(("jobs", "load", "style")):
         raise click.UsageError(f"{flags(given(('jobs', 'load', 'style')))} shape a generated Philly workload, not "
@@ -351,7 +380,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     schedulers = {}
     for n in names:
         try:
-            schedulers[n] = make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world, whole_nodes)
+            schedulers[n] = make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world, whole_nodes,
+                                        settings["baseline_rules"])
         except click.ClickException as e:
             if compare is None:
                 raise
@@ -362,9 +392,9 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
         if cfg is not None:
             limits = {"max_workers": cfg.max_workers, "max_ps": cfg.max_ps}
     overhead = the_world.resize_overhead_s if restart_seconds is None else restart_seconds
-    sim_cfg = the_world.sim_config(slot_seconds=slot_seconds, speed_model=speed_model, slot_noise=slot_noise,
-                                   resize_overhead_s=overhead, allreduce_placement=allreduce_placement, **limits)
-    sim_cfg = replace(sim_cfg, cluster=spec, site_speeds=site)
+    sim_cfg = the_world.sim_config(slot_seconds=slot_seconds, speed_model=speed_model, resize_overhead_s=overhead,
+                                   **limits)
+    sim_cfg = twin.sim_config(settings, replace(sim_cfg, cluster=spec, site_speeds=site))
     bound = lower_bound(trace, sim_cfg)
     if lp_bound:
         from dl2d.sim.lp_bound import lp_lower_bound
@@ -412,10 +442,12 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
         "world": world, "trace": trace_setting,
         "cluster": {"servers": spec.num_servers, "gpus": spec.gpus, "cpus": spec.cpus, "mem_gb": spec.mem_gb},
         "sim": {"slot_seconds": slot_seconds, "speed_model": site.source if site else speed_model,
-                "slot_noise": slot_noise, "seed": seed,
+                "slot_noise": sim_cfg.slot_noise, "seed": seed,
                 "max_workers": sim_cfg.max_workers, "max_ps": sim_cfg.max_ps, "restart_seconds": overhead,
-                "allreduce_placement": allreduce_placement,
-                "shared_node_slowdown": sim_cfg.shared_node_slowdown, "whole_nodes": whole_nodes},
+                "allreduce_placement": sim_cfg.allreduce_placement,
+                "shared_node_slowdown": sim_cfg.shared_node_slowdown, "whole_nodes": whole_nodes,
+                "preset": twin_preset, "speed_rules": sim_cfg.speed_rules.as_dict(),
+                "baseline_rules": settings["baseline_rules"]},
         "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),
                         "avg_jct_hours": round(bound.avg_jct_slots * slot_seconds / 3600, 3),
                         "no_contention_slots": round(bound.no_contention_slots, 3),

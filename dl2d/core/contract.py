@@ -68,6 +68,7 @@ class SlotView:
     est_speed: np.ndarray = field(kw_only=True)  # [jobs, max_ps + 1, max_workers + 1]
     slot_seconds: float = field(default=1200.0, kw_only=True)  # length of the slot being decided
     requested_workers: np.ndarray | None = field(default=None, kw_only=True)  # [jobs] workers asked for; None: 1
+    batch_size: np.ndarray | None = field(default=None, kw_only=True)  # [jobs] total batch (all-reduce); None: unknown
     # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
@@ -89,6 +90,8 @@ class SlotView:
                              f"{self.max_workers + 1}), got {np.shape(self.est_speed)}")
         if self.requested_workers is not None and np.shape(self.requested_workers) != (n,):
             raise ValueError(f"requested_workers has shape {np.shape(self.requested_workers)}, expected ({n},)")
+        if self.batch_size is not None and np.shape(self.batch_size) != (n,):
+            raise ValueError(f"batch_size has shape {np.shape(self.batch_size)}, expected ({n},)")
         check_allreduce_placement(self.allreduce_placement)
         for name in ("prev_worker_servers", "prev_ps_servers"):
             servers = getattr(self, name)
@@ -110,7 +113,7 @@ class SlotView:
             job_speed_factor=pick(self.job_speed_factor), job_shared_gpu=pick(self.job_shared_gpu),
             worker_demand=pick(self.worker_demand).reshape(-1, 3), ps_demand=pick(self.ps_demand).reshape(-1, 3),
             kind=pick_tuple(self.kind), est_speed=pick(self.est_speed), requested_workers=pick(self.requested_workers),
-            prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
+            batch_size=pick(self.batch_size), prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
 
     @property
     def allreduce(self) -> np.ndarray:

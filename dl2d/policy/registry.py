@@ -101,6 +101,9 @@ class PolicyOptions:
     #: a job of more workers than a node holds gets whole nodes (8, 12, ... on nodes of 4 GPUs), as sites give
     #: multi-node jobs: none then shares a node with another (policies with "whole_nodes" in their options)
     whole_nodes: bool = False
+    #: "reference": the rules of the Pollux artifact's simulator for the baselines it ran (Tiresias's queues,
+    #: Optimus+Oracle's replica cap; policies with "baseline_rules" in their options), to compare with its results
+    baseline_rules: str = "dl2d"
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:
@@ -154,7 +157,8 @@ CATALOG = (
     PolicyEntry("slurm", "Slurm as it is: each job exactly what it asked for, FIFO with EASY backfill, never "
                 "resized (the baseline without dl2d)", _P + "baselines.slurm_fifo:build", heuristic=True),
     PolicyEntry("tiresias", "Tiresias: discretised two-dimensional least-attained-service, each job what it asked "
-                "for, preemptive, no knowledge of job length", _P + "baselines.tiresias:build", heuristic=True),
+                "for, preemptive, no knowledge of job length", _P + "baselines.tiresias:build", heuristic=True,
+                options=("baseline_rules",)),
     PolicyEntry("drf", "dominant resource fairness: progressive filling by dominant share",
                 _P + "baselines.heuristics:build_drf", heuristic=True, work_conserving=True),
     PolicyEntry("tetris", "packing alignment + shortest remaining time, bundles up to a threshold",
@@ -195,7 +199,7 @@ CATALOG = (
     # yardsticks of the simulator (they read its truth: not for a real cluster)
     PolicyEntry("optimus-oracle", "Optimus on the measured speed table the simulator trains with (less "
                 "interference and noise): an upper reference for simulator benchmarks",
-                _P + "baselines.optimus:build_oracle", daemon=False),
+                _P + "baselines.optimus:build_oracle", daemon=False, options=("baseline_rules",)),
     PolicyEntry("oracle", "the speed oracle: every job its fastest configuration on the simulator's own speed "
                 "table (a JCT lower bound; simulator benchmarks only)", _P + "baselines.oracle:build", daemon=False,
                 options=("speed_model",)),

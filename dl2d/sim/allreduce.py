@@ -45,13 +45,14 @@ def shares_a_server(worker_servers: Sequence[Sequence[int]]) -> np.ndarray:
                      for j in range(len(worker_servers))], bool)
 
 
-def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, per_node: int | None = None
-                ) -> np.ndarray:
+def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, per_node: int | None = None,
+                rules: catalog.SpeedRules = catalog.DEFAULT_RULES) -> np.ndarray:
     """[jobs] epochs per second of each all-reduce job on its placement, before interference and noise.
     ``models``: each job's model or class name (dl2d.sim.trace.Trace.speed_names). ``site`` (a
     dl2d.workload.speedfit.SiteSpeeds): a site's calibrated curves, which replace the measured lookup for the
     classes it holds (by GPU count), slowed by a class's spread slowdown where its job spans more nodes than
-    the fewest of ``per_node`` GPUs that hold it; a class the catalog does not hold has no other speed."""
+    the fewest of ``per_node`` GPUs that hold it; a class the catalog does not hold has no other speed.
+    ``rules``: how the measured lookup turns a placement and batch into a speed (dl2d.workload.catalog.SpeedRules)."""
     out = np.zeros(len(worker_servers))
     for j, servers in enumerate(worker_servers):
         placement = gpu_placement(servers, gpus_per_worker[j])
@@ -61,7 +62,7 @@ def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, 
         rate = site.epochs_per_s(model, sum(placement)) if site is not None else None
         if rate is not None and per_node and len(placement) > len(catalog.packed(sum(placement), per_node)):
             rate /= 1.0 + site.spread_slowdown(model)
-        out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement)
+        out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement, rules)
     return out
 
 

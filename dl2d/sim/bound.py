@@ -75,13 +75,14 @@ def _node_splits(workers: int, most: int, parts: int):
 
 
 def fastest_placement_rate(model: str, batch: float, workers: int, gpus_per_worker: int, per_node: int,
-                           nodes: int = 0) -> float:
+                           nodes: int = 0, rules: catalog.SpeedRules = catalog.DEFAULT_RULES) -> float:
     """Epochs per second of ``workers`` workers at the fastest placement a cluster of ``nodes`` nodes holds, by
     the measured lookup (dl2d.workload.throughput). A placement's speed is its measurement where it was measured
     and the fit's otherwise, and the fit reads only the GPU count and whether the job spans nodes; so the
     fastest is among the packed placement, the even spreads (:func:`placements`), the measured placements of
-    that many GPUs and any one unmeasured placement over several nodes. Enumerating every placement instead
-    (thousands at 64 GPUs) gives the same figure (a test compares them)."""
+    that many GPUs and any one unmeasured placement over several nodes (under ``rules`` that interpolate
+    off-table placements, which read the node count as well: one for each node count). Enumerating every placement
+    instead (thousands at 64 GPUs) gives the same figure (a test compares them)."""
     g = max(int(gpus_per_worker), 1)
     gpus = workers * g
     measured = throughput.throughput_model(model).measured(gpus)
@@ -89,16 +90,19 @@ def fastest_placement_rate(model: str, batch: float, workers: int, gpus_per_work
     candidates.update(p for p in measured if holdable(p, g, per_node, nodes))
     known = set(measured)
     most = max(int(per_node) // g, 1)
+    spans: set[int] = set()  # node counts of the unmeasured placements taken
     for split in _node_splits(workers, most, workers if nodes <= 0 else int(nodes)):
         p = throughput.canonical(x * g for x in split)
-        if len(p) > 1 and p not in known:  # the fit's figure for a job over several nodes
+        if len(p) > 1 and p not in known and len(p) not in spans:  # the off-table figure of a job over nodes
             candidates.add(p)
-            break
-    return max(catalog.allreduce_epoch_rate(model, batch, p) for p in candidates)
+            spans.add(len(p))
+            if rules.off_table == "fit":  # the fit reads only whether it spans nodes
+                break
+    return max(catalog.allreduce_epoch_rate(model, batch, p, rules) for p in candidates)
 
 
 def allreduce_rates(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int,
-                    site=None, nodes: int = 0) -> np.ndarray:
+                    site=None, nodes: int = 0, rules: catalog.SpeedRules = catalog.DEFAULT_RULES) -> np.ndarray:
     """[max_workers] epochs per second on 1..max_workers workers, each at its fastest placement on at most
     ``nodes`` nodes (:func:`fastest_placement_rate`), before interference (``site``: a site's calibrated curves,
     which replace the measured lookup for the models they hold)."""
@@ -106,15 +110,15 @@ def allreduce_rates(model: str, batch: float, max_workers: int, gpus_per_worker:
     for w in range(1, max_workers + 1):
         own = site.epochs_per_s(model, w * gpus_per_worker) if site is not None else None
         rates.append(own if own is not None else fastest_placement_rate(model, batch, w, gpus_per_worker, per_node,
-                                                                        nodes))
+                                                                        nodes, rules))
     return np.array(rates, float)
 
 
 def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int, site=None,
-                   nodes: int = 0):
+                   nodes: int = 0, rules: catalog.SpeedRules = catalog.DEFAULT_RULES):
     """(highest epochs per second, fewest GPU-seconds per epoch) over sizes and placements, before interference
     (:func:`allreduce_rates`)."""
-    rates = allreduce_rates(model, batch, max_workers, gpus_per_worker, per_node, site, nodes)
+    rates = allreduce_rates(model, batch, max_workers, gpus_per_worker, per_node, site, nodes, rules)
     gpus = np.arange(1, max_workers + 1) * gpus_per_worker
     with np.errstate(divide="ignore"):
         return float(rates.max()), float(np.min(gpus / rates))
@@ -174,7 +178,7 @@ def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
             key = (names[i], float(trace.batch_size[i]))
             if key not in cache:
                 cache[key] = best_allreduce(names[i], key[1], cfg.max_workers, g, per_node, cfg.site_speeds,
-                                             cfg.cluster.num_servers)
+                                             cfg.cluster.num_servers, cfg.speed_rules)
             rate[i], work[i] = cache[key]
         else:
             rate[i], work[i] = best_ps(t, table, cfg.max_ps, cfg.max_workers)

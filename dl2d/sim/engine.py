@@ -25,7 +25,7 @@ from dl2d.core.placement import place_servers
 from dl2d.sim import allreduce, hetero, network
 from dl2d.sim.cluster import ClusterSpec
 from dl2d.sim.trace import Trace
-from dl2d.workload.catalog import MODEL_NAMES, WORKER_DEMAND, demand_fields, speed_estimate
+from dl2d.workload.catalog import DEFAULT_RULES, MODEL_NAMES, WORKER_DEMAND, SpeedRules, demand_fields, speed_estimate
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH
 from dl2d.workload.speed import epochs_trained, speed_table
 from dl2d.workload.speedfit import SiteSpeeds
@@ -61,6 +61,9 @@ class SimConfig:
     # a site's calibrated speed curves (dl2d.workload.speedfit.SiteSpeeds, from `dl2ctl calibrate`): the truth
     # and the scheduler's estimate of the all-reduce models it holds; None: the measured lookup for all
     site_speeds: SiteSpeeds | None = None
+    # how an all-reduce job's speed follows from the measurements (per-GPU batch cap and accumulation, off-table
+    # placements, work): dl2d's own by default, the Pollux artifact's in the reference preset (dl2d.sim.presets)
+    speed_rules: SpeedRules = DEFAULT_RULES
 
     @property
     def heterogeneous(self) -> bool:
@@ -118,10 +121,11 @@ class SimState:
 def trace_speed_estimate(trace: Trace, cfg: SimConfig) -> np.ndarray:
     """[N, max_ps + 1, max_workers + 1]: what a scheduler believes of every job's speed (computed once per
     trace and limits)."""
-    key = ("est_speed", cfg.max_ps, cfg.max_workers, float(cfg.cluster.gpus), cfg.site_speeds)
+    key = ("est_speed", cfg.max_ps, cfg.max_workers, float(cfg.cluster.gpus), cfg.site_speeds, cfg.speed_rules)
     cache = trace.__dict__.setdefault("_cache", {})
     if key not in cache:
-        est = speed_estimate(trace.type_idx, trace.batch_size, cfg.max_ps, cfg.max_workers, cfg.cluster.gpus)
+        est = speed_estimate(trace.type_idx, trace.batch_size, cfg.max_ps, cfg.max_workers, cfg.cluster.gpus,
+                             rules=cfg.speed_rules)
         if cfg.site_speeds is not None:  # the site's own curve is what its scheduler would know
             names = trace.speed_names()
             for j in np.flatnonzero(trace.allreduce):
@@ -142,7 +146,7 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
         max_workers=cfg.max_workers, max_ps=cfg.max_ps, server_speed=server_speeds(state, cfg),
         **demand_fields(trace.type_idx[idx]), est_speed=trace_speed_estimate(trace, cfg)[idx],
-        requested_workers=trace.requested[idx], slot_seconds=cfg.slot_seconds,
+        requested_workers=trace.requested[idx], batch_size=trace.batch_size[idx], slot_seconds=cfg.slot_seconds,
         prev_worker_servers=tuple(state.worker_servers[i] for i in idx),
         prev_ps_servers=tuple(state.ps_servers[i] for i in idx), allreduce_placement=cfg.allreduce_placement,
         job_speed_factor=None if state.speed_factors is None else measured_speed_factor(state.speed_factors[idx]),
@@ -223,7 +227,8 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         servers = [w_srv[j] for j in ar_jobs]
         names = trace.speed_names()
         rate = allreduce.epoch_rates([names[i] for i in jobs[ar_jobs]], trace.batch_size[jobs[ar_jobs]], servers,
-                                     view.worker_demand[ar_jobs, 0], cfg.site_speeds, int(cfg.cluster.gpus))
+                                     view.worker_demand[ar_jobs, 0], cfg.site_speeds, int(cfg.cluster.gpus),
+                                     cfg.speed_rules)
         shared = allreduce.shares_a_server(servers)
         epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
     nxt, reward, trained = advance(state, trace, jobs, epochs)

@@ -164,6 +164,9 @@ def make_params(cfg: SimConfig, max_jobs: int, *, has_allreduce: bool, placement
     servers are not modelled here (they need PS placements and per-server walks): refused."""
     if cfg.cross_node_comm or cfg.heterogeneous:
         raise ValueError("the JAX environment does not model cross-node PS traffic or heterogeneous servers")
+    if cfg.speed_rules != catalog.DEFAULT_RULES:
+        raise ValueError("the JAX environment models dl2d's own speed rules only, not "
+                         f"{cfg.speed_rules.as_dict()} (the NumPy engine models every one)")
     if max_jobs < 1:
         raise ValueError("max_jobs must be >= 1")
     f = _ftype()

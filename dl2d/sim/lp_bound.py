@@ -171,7 +171,7 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
             key = ("ar", names[i], float(trace.batch_size[i]))
             if key not in cache:
                 rate = allreduce_rates(names[i], key[2], cfg.max_workers, g, per_node, cfg.site_speeds,
-                                       cfg.cluster.num_servers)
+                                       cfg.cluster.num_servers, cfg.speed_rules)
                 w = np.arange(1, cfg.max_workers + 1, dtype=float)
                 demand = w[:, None] * catalog.WORKER_DEMAND[t][None, :].astype(float)
                 fit = np.flatnonzero(fits(demand, capacity))  # the hull of the sizes the cluster can hold

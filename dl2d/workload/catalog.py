@@ -9,7 +9,10 @@ DL2 world is unchanged); indices 8-13 are today's six all-reduce models with mea
 Work is counted in epochs in both worlds. An all-reduce model's epochs to convergence are the epochs of its
 measured training runs (the rows of its ``validation-<B>.csv``: 100 for cifar10, 90 for imagenet, ...), and one
 epoch at total batch B is ``iterations_to_finish(model, B) / epochs`` iterations. So its speed in epochs per
-second on a placement is ``1 / (step_time(placement, B / GPUs) x iterations per epoch)``.
+second on a placement is ``1 / (step_time(placement, B / GPUs) x iterations per epoch)``. :class:`SpeedRules`
+names how the measurements become that speed; the Pollux artifact's simulator's rules (a per-GPU batch cap with
+gradient accumulation, off-table placements interpolated, work as statistical-efficiency progress) are
+:data:`REFERENCE_RULES`.
 
 What a scheduler knows of a job's speed (:func:`speed_estimate`, the view's ``est_speed``): for a DL2 job, the
 Optimus-style parametric fit of its type (dl2d.workload.speed), which is smooth where the measurements are
@@ -21,11 +24,12 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from dl2d.core.jobs import JobDemand, JobKind, TaskDemand
-from dl2d.workload import throughput, workloads
+from dl2d.workload import batching, efficiency, throughput, workloads
 from dl2d.workload.jobtypes import BATCHES_PER_EPOCH, JOB_TYPES, TYPE_NAMES
 from dl2d.workload.speed import lookup, parametric_table
 
@@ -94,7 +98,42 @@ def epochs_to_converge(model: str) -> int:
     return counts.pop()
 
 
-def iterations_per_epoch(model: str, batch_size: float) -> float:
+WORK_RULES = ("iterations", "progress")
+
+
+@dataclass(frozen=True)
+class SpeedRules:
+    """How an all-reduce job's speed follows from the measurements. dl2d's defaults: a total batch split evenly
+    over the GPUs whatever its size, off-table placements by Pollux's fit, work as the iterations of the measured
+    runs interpolated in log batch (dl2d.workload.workloads). :data:`REFERENCE_RULES`: the Pollux artifact's
+    simulator's (each GPU's batch capped, with gradient accumulation beyond, dl2d.workload.batching; off-table
+    placements interpolated; work as statistical-efficiency progress, dl2d.workload.efficiency)."""
+
+    accumulate: bool = False  # the per-GPU batch cap and gradient accumulation beyond it
+    one_gpu_accumulates: bool = False  # the artifact's: one GPU accumulates over 2 passes beyond the initial batch
+    off_table: str = "fit"  # fit | interpolate (dl2d.workload.throughput.OFF_TABLE)
+    work: str = "iterations"  # iterations | progress
+
+    def __post_init__(self):
+        if self.off_table not in throughput.OFF_TABLE:
+            raise ValueError(f"off_table must be one of {', '.join(throughput.OFF_TABLE)}, got {self.off_table!r}")
+        if self.work not in WORK_RULES:
+            raise ValueError(f"work must be one of {', '.join(WORK_RULES)}, got {self.work!r}")
+        if self.one_gpu_accumulates and not self.accumulate:
+            raise ValueError("one_gpu_accumulates needs accumulate")
+
+    def as_dict(self) -> dict:
+        return {"accumulate": self.accumulate, "one_gpu_accumulates": self.one_gpu_accumulates,
+                "off_table": self.off_table, "work": self.work}
+
+
+DEFAULT_RULES = SpeedRules()
+REFERENCE_RULES = SpeedRules(accumulate=True, one_gpu_accumulates=True, off_table="interpolate", work="progress")
+
+
+def iterations_per_epoch(model: str, batch_size: float, work: str = "iterations") -> float:
+    if work == "progress":
+        return efficiency.iterations_to_finish(model, float(batch_size)) / epochs_to_converge(model)
     return workloads.iterations_to_finish(model, batch_size) / epochs_to_converge(model)
 
 
@@ -105,29 +144,37 @@ def packed(gpus: int, per_node: int) -> throughput.Placement:
 
 
 @functools.lru_cache(maxsize=65536)
-def allreduce_epoch_rate(model: str, batch_size: float, placement: throughput.Placement) -> float:
+def allreduce_epoch_rate(model: str, batch_size: float, placement: throughput.Placement,
+                         rules: SpeedRules = DEFAULT_RULES) -> float:
     """Epochs per second of an all-reduce job of ``model`` keeping total batch ``batch_size`` on ``placement``
-    (GPUs per node, canonical): the measured lookup, no interference, no noise."""
+    (GPUs per node, canonical) under ``rules``: the measured lookup, no interference, no noise."""
     gpus = sum(placement)
-    step = throughput.throughput_model(model).step_time(placement, batch_size / gpus)
-    return 1.0 / (step * iterations_per_epoch(model, batch_size))
+    if rules.accumulate:
+        step, trained = batching.iteration_seconds(model, placement, batch_size, rules.off_table,
+                                                   rules.one_gpu_accumulates)
+    else:
+        step = throughput.throughput_model(model).times(placement, batch_size / gpus, rules.off_table)[0]
+        trained = batch_size
+    return 1.0 / (step * iterations_per_epoch(model, trained, rules.work))
 
 
 # ------------------------------------------------------------------------------------------ the estimate
 
 @functools.lru_cache(maxsize=4096)
-def _allreduce_curve(model: str, batch_size: float, gpus_per_worker: int, per_node: int, max_workers: int):
+def _allreduce_curve(model: str, batch_size: float, gpus_per_worker: int, per_node: int, max_workers: int,
+                     rules: SpeedRules):
     curve = np.zeros(max_workers + 1)
     for w in range(1, max_workers + 1):
-        curve[w] = allreduce_epoch_rate(model, batch_size, packed(w * gpus_per_worker, per_node))
+        curve[w] = allreduce_epoch_rate(model, batch_size, packed(w * gpus_per_worker, per_node), rules)
     curve.setflags(write=False)
     return curve
 
 
 def speed_estimate(type_idx, batch_size, max_ps: int, max_workers: int, gpus_per_node: float,
-                   gpus_per_worker=None) -> np.ndarray:
+                   gpus_per_worker=None, rules: SpeedRules = DEFAULT_RULES) -> np.ndarray:
     """[J, max_ps + 1, max_workers + 1]: each job's believed speed in epochs per second with (PS, workers)
-    (module docstring). All-reduce jobs have speed in row PS = 0 only; PS jobs none there."""
+    (module docstring), an all-reduce job's under ``rules``. All-reduce jobs have speed in row PS = 0 only; PS
+    jobs none there."""
     t = np.asarray(type_idx, int)
     out = np.zeros((len(t), max_ps + 1, max_workers + 1))
     dl2 = np.flatnonzero(~IS_ALLREDUCE[t])
@@ -140,7 +187,7 @@ def speed_estimate(type_idx, batch_size, max_ps: int, max_workers: int, gpus_per
     b = np.asarray(batch_size, float)
     for j in np.flatnonzero(IS_ALLREDUCE[t] & (t != UNSEEN)):  # an unseen class: no belief here (zeros)
         gw = max(int(math.ceil(g[j])), 1)
-        out[j, 0] = _allreduce_curve(MODEL_NAMES[t[j]], float(b[j]), gw, per_node, max_workers)
+        out[j, 0] = _allreduce_curve(MODEL_NAMES[t[j]], float(b[j]), gw, per_node, max_workers, rules)
     return out
 
 

@@ -60,18 +60,21 @@ def even_spread(gpus: int, nodes: int) -> Placement:
 
 @dataclass(frozen=True)
 class Measurements:
-    """One model's measured iterations: row i is placement[i] at local_bsz[i] -> step_time[i] seconds."""
+    """One model's measured iterations: row i is placement[i] at local_bsz[i] -> step_time[i] seconds, of which
+    sync_time[i] synchronising gradients (the rest computing them: what a gradient-accumulation step repeats)."""
 
     placements: tuple[Placement, ...]
     local_bsz: np.ndarray
     step_time: np.ndarray
+    sync_time: np.ndarray
 
     def __len__(self) -> int:
         return len(self.placements)
 
     def __add__(self, other: "Measurements") -> "Measurements":
         return Measurements(self.placements + other.placements, np.concatenate([self.local_bsz, other.local_bsz]),
-                            np.concatenate([self.step_time, other.step_time]))
+                            np.concatenate([self.step_time, other.step_time]),
+                            np.concatenate([self.sync_time, other.sync_time]))
 
 
 def _rows(text: str, source: str, columns: Sequence[str]):
@@ -93,9 +96,22 @@ def _positive(row, key: str, source: str, n: int) -> float:
     return v
 
 
+def _sync(row, step: float, source: str, n: int) -> float:
+    """A row's sync_time: within [0, step_time]; 0 where the file has no such column."""
+    if row.get("sync_time") in (None, ""):
+        return 0.0
+    try:
+        v = float(row["sync_time"])
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} line {n}: sync_time is not a number: {row['sync_time']!r}") from None
+    if not math.isfinite(v) or not 0 <= v <= step:
+        raise ValueError(f"{source} line {n}: sync_time must lie within [0, step_time], got {row['sync_time']!r}")
+    return v
+
+
 def parse_placements(text: str, source: str = "placements.csv") -> Measurements:
     """``placement,local_bsz,step_time,sync_time`` rows (placement: one digit per node)."""
-    pl, bsz, st = [], [], []
+    pl, bsz, st, sy = [], [], [], []
     for n, row in _rows(text, source, ("placement", "local_bsz", "step_time")):
         digits = str(row["placement"]).strip()
         if not digits.isdigit():
@@ -106,12 +122,13 @@ def parse_placements(text: str, source: str = "placements.csv") -> Measurements:
             raise ValueError(f"{source} line {n}: {e}") from None
         bsz.append(_positive(row, "local_bsz", source, n))
         st.append(_positive(row, "step_time", source, n))
-    return Measurements(tuple(pl), np.array(bsz), np.array(st))
+        sy.append(_sync(row, st[-1], source, n))
+    return Measurements(tuple(pl), np.array(bsz), np.array(st), np.array(sy))
 
 
 def parse_scalability(text: str, source: str = "scalability.csv") -> Measurements:
     """``num_nodes,num_replicas,local_bsz,step_time,sync_time`` rows (replicas spread evenly over the nodes)."""
-    pl, bsz, st = [], [], []
+    pl, bsz, st, sy = [], [], [], []
     for n, row in _rows(text, source, ("num_nodes", "num_replicas", "local_bsz", "step_time")):
         try:
             pl.append(even_spread(int(row["num_replicas"]), int(row["num_nodes"])))
@@ -119,7 +136,8 @@ def parse_scalability(text: str, source: str = "scalability.csv") -> Measurement
             raise ValueError(f"{source} line {n}: {e}") from None
         bsz.append(_positive(row, "local_bsz", source, n))
         st.append(_positive(row, "step_time", source, n))
-    return Measurements(tuple(pl), np.array(bsz), np.array(st))
+        sy.append(_sync(row, st[-1], source, n))
+    return Measurements(tuple(pl), np.array(bsz), np.array(st), np.array(sy))
 
 
 def _check_model(model: str) -> None:
@@ -187,17 +205,22 @@ def fit_pollux(m: Measurements) -> PolluxFit:
 
 # ------------------------------------------------------------------------------------------ the lookup
 
+OFF_TABLE = ("fit", "interpolate")
+
+
 class ThroughputModel:
     """Step time and throughput of one model at any placement and batch (rules in the module docstring)."""
 
     def __init__(self, m: Measurements):
         self.fit = fit_pollux(m)
-        by: dict[Placement, dict[float, list[float]]] = {}
-        for p, b, t in zip(m.placements, m.local_bsz.tolist(), m.step_time.tolist()):
-            by.setdefault(p, {}).setdefault(b, []).append(t)
-        # per placement: sorted measured local batches and their mean step times
-        self.points: dict[Placement, tuple[list[float], list[float]]] = {
-            p: (sorted(v), [float(np.mean(v[b])) for b in sorted(v)]) for p, v in by.items()}
+        by: dict[Placement, dict[float, list[tuple[float, float]]]] = {}
+        for p, b, t, y in zip(m.placements, m.local_bsz.tolist(), m.step_time.tolist(), m.sync_time.tolist()):
+            by.setdefault(p, {}).setdefault(b, []).append((t, y))
+        # per placement: sorted measured local batches, their mean step times and mean sync times
+        self.points: dict[Placement, tuple[list[float], list[float], list[float]]] = {
+            p: (sorted(v), [float(np.mean([t for t, _ in v[b]])) for b in sorted(v)],
+                [float(np.mean([y for _, y in v[b]])) for b in sorted(v)]) for p, v in by.items()}
+        self._m = m
 
     def measured(self, gpus: int) -> tuple[Placement, ...]:
         """The measured placements of ``gpus`` GPUs. Every other placement's step time is the fit's, which reads
@@ -207,22 +230,62 @@ class ThroughputModel:
     def _fitted(self, p: Placement, local_bsz: float) -> float:
         return float(self.fit.step_time(sum(p), len(p), local_bsz))
 
+    def _fitted_sync(self, p: Placement, local_bsz: float) -> float:
+        """The fit's step time less its compute time: the part a gradient-accumulation step does not repeat."""
+        grad = self.fit.alpha_grad + self.fit.beta_grad * float(local_bsz)
+        return max(self._fitted(p, local_bsz) - grad, 0.0)
+
     def step_time(self, placement: Iterable[int], local_bsz: float) -> float:
         """Seconds per iteration at ``placement`` (GPUs per node) with ``local_bsz`` samples per GPU."""
+        return self.times(placement, local_bsz)[0]
+
+    def times(self, placement: Iterable[int], local_bsz: float, off_table: str = "fit") -> tuple[float, float]:
+        """(step time, sync time) in seconds at ``placement`` with ``local_bsz`` samples per GPU. A measured
+        placement: linear in the local batch between its measurements, the fit through the nearest one outside
+        them. Any other placement: Pollux's fit (``off_table`` "fit"), or (``"interpolate"``, as the Pollux
+        artifact's simulator does) linear interpolation over (nodes, GPUs, local batch) between all of the
+        model's measurements, the fit where the point lies outside them."""
         if not math.isfinite(local_bsz) or local_bsz <= 0:
             raise ValueError(f"the local batch must be > 0, got {local_bsz!r}")
+        if off_table not in OFF_TABLE:
+            raise ValueError(f"off_table must be one of {', '.join(OFF_TABLE)}, got {off_table!r}")
         p = canonical(placement)
         if p not in self.points:
-            return self._fitted(p, local_bsz)
-        xs, ys = self.points[p]
+            if off_table == "interpolate":
+                got = self._interpolated(len(p), sum(p), local_bsz)
+                if got is not None:
+                    return got
+            return self._fitted(p, local_bsz), self._fitted_sync(p, local_bsz)
+        xs, steps, syncs = self.points[p]
         i = bisect_left(xs, local_bsz)
         if i < len(xs) and xs[i] == local_bsz:
-            return ys[i]
+            return steps[i], syncs[i]
         if 0 < i < len(xs):  # between two measurements: linear
             w = (local_bsz - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return ys[i - 1] + w * (ys[i] - ys[i - 1])
+            return steps[i - 1] + w * (steps[i] - steps[i - 1]), syncs[i - 1] + w * (syncs[i] - syncs[i - 1])
         edge = 0 if i == 0 else len(xs) - 1  # outside the measured batches: the fit, through the nearest point
-        return self._fitted(p, local_bsz) * ys[edge] / self._fitted(p, xs[edge])
+        step = self._fitted(p, local_bsz) * steps[edge] / self._fitted(p, xs[edge])
+        return step, step * syncs[edge] / steps[edge]
+
+    @functools.cached_property
+    def _interpolator(self):
+        """Piecewise-linear (step, sync) over (nodes, GPUs, local batch): the mean of the measurements at each
+        point (scipy's Delaunay-based LinearNDInterpolator)."""
+        from scipy.interpolate import LinearNDInterpolator  # noqa: PLC0415 (only where a placement is off the table)
+
+        m = self._m
+        keys: dict[tuple[float, float, float], list[tuple[float, float]]] = {}
+        for p, b, t, y in zip(m.placements, m.local_bsz.tolist(), m.step_time.tolist(), m.sync_time.tolist()):
+            keys.setdefault((float(len(p)), float(sum(p)), float(b)), []).append((t, y))
+        xs = np.array(list(keys))
+        ys = np.array([np.mean(v, axis=0) for v in keys.values()])
+        return LinearNDInterpolator(xs, ys)
+
+    def _interpolated(self, nodes: int, gpus: int, local_bsz: float) -> tuple[float, float] | None:
+        got = self._interpolator([[float(min(nodes, 16)), float(gpus), float(local_bsz)]])[0]
+        if not np.all(np.isfinite(got)) or got[0] <= 0:
+            return None
+        return float(got[0]), float(min(max(got[1], 0.0), got[0]))
 
     def throughput(self, placement: Iterable[int], total_batch: float) -> float:
         """Samples per second of a job keeping its total batch ``total_batch`` on ``placement``."""

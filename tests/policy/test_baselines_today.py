@@ -88,6 +88,36 @@ def test_tiresias_promotes_a_starving_job():
     assert any(s.get(0) == 8 for s in served[2:]) and any(s.get(1) == 8 for s in served[1:])  # they take turns
 
 
+def test_the_artifacts_tiresias_serves_a_queue_in_the_order_jobs_entered_it_and_never_moves_a_running_job():
+    """Tiresias.REFERENCE (the Pollux artifact's): B, submitted after A, passes 16 GPU-hours first and is served
+    before A in the second queue; a running job keeps its servers when a newcomer starts beside it."""
+    from dl2d.policy.baselines.tiresias import REFERENCE
+
+    policy = Tiresias(**REFERENCE)
+    assert list(policy.thresholds) == [16 * 3600.0] and policy.starvation_factor == 0
+    # A (4 GPUs) and B (8 GPUs) arrive together; B passes 16 GPU-hours at slot 120, A only at slot 240
+    tr = trace_of((0, "imagenet", 4, 800), (0, "imagenet", 8, 1600))
+    view = E.view_of(tr, replace(E.SimState.initial(2), slot=300), cfg())
+    service = {0: 16 * 3600.0 + 1, 1: 16 * 3600.0 + 1}
+    policy.attained = dict(service)
+    policy.entered = {1: (1, 120), 0: (1, 240)}  # as its own count saw them enter the second queue
+    assert policy.order(view).tolist() == [1, 0]
+    by_arrival = Tiresias(thresholds=(16 * 3600.0,), starvation_factor=0.0)  # dl2d's order: by arrival, A first
+    by_arrival.attained = dict(service)
+    assert by_arrival.order(view).tolist() == [0, 1]
+    # a running job stays where it is when a job of a higher queue starts (dl2d's Tiresias places the newcomer
+    # first, where the running one was, and moves it: a restart)
+    tr = trace_of((0, "cifar10", 3, 384), (2, "ncf", 4, 1024))
+    spread = replace(cfg(), allreduce_placement="spread")
+    moved = {}
+    for keep in (True, False):
+        _, views = run_slots(tr, Tiresias(**{**REFERENCE, "thresholds": (60.0,), "keep_running": keep}), 4, spread)
+        before = sorted(views[1][1].worker_servers[0])
+        assert all(a.workers.tolist() == [3, 4] for _, a in views[2:])
+        moved[keep] = any(sorted(a.worker_servers[0]) != before for _, a in views[2:])
+    assert moved == {True: False, False: True}
+
+
 def test_srpt_on_one_machine():
     done = srpt_completions(np.array([0.0, 1.0, 2.0]), np.array([4.0, 1.0, 5.0]))
     assert list(done) == [5.0, 2.0, 10.0]

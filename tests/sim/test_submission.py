@@ -14,7 +14,6 @@ from dl2d.sim import trace as T
 from dl2d.sim.worlds import world
 from dl2d.workload import philly
 from dl2d.workload.workloads import WorkloadJob
-from tests.testkit.policy import build_any
 
 SLOT = 60.0
 
@@ -36,11 +35,18 @@ def contended(seed: int) -> T.Trace:
     return replace(tr, est_epochs=np.minimum(tr.est_epochs, 2.0), true_epochs=np.minimum(tr.true_epochs, 2.0))
 
 
-@pytest.mark.parametrize("policy", ["elastic-chooser", "drf", "slurm", "tiresias", "optimus"])
-def test_no_job_trains_before_its_submission_and_its_jct_counts_from_it(policy):
+@pytest.mark.parametrize("policy, preset", [("elastic-chooser", "dl2d"), ("drf", "dl2d"), ("slurm", "dl2d"),
+                                            ("tiresias", "dl2d"), ("optimus", "dl2d"), ("tiresias", "reference"),
+                                            ("optimus-oracle", "reference"), ("elastic", "reference")])
+def test_no_job_trains_before_its_submission_and_its_jct_counts_from_it(policy, preset):
+    """In dl2d's own twin and in the reference preset (the Pollux artifact's rules: batch cap and accumulation,
+    interpolated placements, progress as work, its baselines' rules), the bound's too."""
+    from dl2d.policy import registry
+    from dl2d.sim import presets
     from dl2d.sim.cluster import ClusterSpec, T4_NODE
 
-    cfg = replace(world("today").sim_config(), cluster=ClusterSpec(4, **T4_NODE))
+    settings = presets.resolve(preset, {})
+    cfg = presets.sim_config(settings, replace(world("today").sim_config(), cluster=ClusterSpec(4, **T4_NODE)))
     tr = contended(3)
     assert np.any(tr.submitted < tr.arrival_slot), "the trace must have jobs submitted within a slot"
     first_run = np.full(len(tr), np.inf)
@@ -49,7 +55,8 @@ def test_no_job_trains_before_its_submission_and_its_jct_counts_from_it(policy):
         ran = (state.workers > 0) & np.isinf(first_run)
         first_run[ran] = state.slot - 1
 
-    res = E.run(tr, build_any(policy), cfg, seed=0, on_slot=watch)
+    res = E.run(tr, registry.build(policy, registry.PolicyOptions(baseline_rules=settings["baseline_rules"])), cfg,
+                seed=0, on_slot=watch)
     assert np.all(first_run >= tr.arrival_slot) and np.all(tr.arrival_slot >= tr.submitted)
     finish = tr.submitted + res.jct_slots
     # a job trains from the start of a slot at or after its submission, and finishes after it started

@@ -24,7 +24,7 @@ def test_every_measured_point_is_reproduced(model):
 @pytest.mark.parametrize("model", T.MODELS)
 def test_monotone_where_the_measurements_are_and_beyond(model):
     tm = T.throughput_model(model)
-    for p, (xs, ys) in tm.points.items():
+    for p, (xs, ys, _) in tm.points.items():
         for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
             for w in (0.25, 0.5, 0.75):
                 y = tm.step_time(p, x0 + w * (x1 - x0))

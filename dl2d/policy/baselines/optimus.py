@@ -93,6 +93,67 @@ class Optimus:
         return b.allocation()
 
 
+class ReferenceOptimus(IgnoresFeedback):
+    """The Optimus+Oracle of the Pollux artifact's simulator, to compare with its published results: GPUs counted,
+    not placed, while they are handed out; every job in arrival order one GPU while any is left; then one GPU at a
+    time to the job whose estimated remaining time it cuts the most (``est_speed`` at the packed placement), up to
+    the job's cap, its total batch over its model's smallest measured local batch (NCF: one GPU, as the artifact
+    has it). Then a job that keeps its count keeps its servers, and the others, fewest GPUs first, are placed as
+    the view's ``allreduce_placement`` places them (the artifact fills from the node with the most free GPUs:
+    "spread"). All-reduce jobs only."""
+
+    name = "optimus-oracle"
+
+    @staticmethod
+    def caps(view: SlotView) -> np.ndarray:
+        from dl2d.workload.batching import limits  # noqa: PLC0415
+        from dl2d.workload.catalog import MODEL_NAMES  # noqa: PLC0415
+
+        if view.batch_size is None:
+            raise ValueError("the artifact's Optimus+Oracle needs each job's total batch (the view's batch_size)")
+        out = np.ones(len(view), int)
+        for j, t in enumerate(view.type_idx.tolist()):
+            model = MODEL_NAMES[t]
+            if model != "ncf":
+                out[j] = max(int(view.batch_size[j] // limits(model).min_local), 1)
+        return np.minimum(out, view.max_workers)
+
+    def counts(self, view: SlotView) -> np.ndarray:
+        """[jobs] the GPUs each job gets (module rule), before placement."""
+        epochs = view.remaining_epochs
+        seconds = np.where(view.est_speed[:, 0] > 0, 1.0 / np.where(view.est_speed[:, 0] > 0, view.est_speed[:, 0], 1),
+                           np.inf)  # [jobs, workers + 1] seconds per epoch
+        cap = self.caps(view)
+        left = int(view.free[:, 0].sum() + 1e-9)
+        n = np.zeros(len(view), int)
+        for j in np.argsort(view.arrival_slot, kind="stable"):
+            if left >= 1:
+                n[j], left = 1, left - 1
+
+        def gain(j: int) -> float:
+            if n[j] == 0 or n[j] + 1 > cap[j] or left < 1:
+                return 0.0
+            return float((seconds[j, n[j]] - seconds[j, n[j] + 1]) * epochs[j])
+
+        gains = np.array([gain(j) for j in range(len(view))])
+        while left > 0 and len(gains) and gains.max() > 0:
+            j = int(np.argmax(gains))
+            n[j] += 1
+            left -= 1
+            gains[j] = gain(j)
+        return n
+
+    def __call__(self, view: SlotView) -> Allocation:
+        n = self.counts(view)
+        b = AllocationBuilder(view)
+        kept = [j for j in range(len(view)) if n[j] > 0 and n[j] == view.prev_workers[j]]
+        for j in kept:
+            b.add_gang(j, int(n[j]), 0, stay=True)
+        for j in sorted((j for j in range(len(view)) if n[j] > 0 and j not in kept), key=lambda j: n[j]):
+            b.add_gang(j, int(n[j]), 0)
+        return b.allocation()
+
+
 class RelativeOptimus(Optimus):
     """Optimus's greedy rule with a task's worth measured against the job's own remaining time: the share of
     it the task cuts, ``1 - speed now / speed after`` (Optimus: the seconds it cuts). It no longer reads how
@@ -197,5 +258,7 @@ def build_relative(options: PolicyOptions) -> FittedOptimus:
     return FittedOptimus(rule=RelativeOptimus(), name="optimus-relative")
 
 
-def build_oracle(options: PolicyOptions) -> StatelessPolicy:
+def build_oracle(options: PolicyOptions) -> StatelessPolicy | ReferenceOptimus:
+    if options.baseline_rules == "reference":
+        return ReferenceOptimus()
     return StatelessPolicy(Optimus(), "optimus-oracle")
