@@ -10,11 +10,11 @@ bound and the per-slot GPU utilisation) as pure JSON on stdout, with the progres
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import click
 
+from dl2d.cli.options import finite_number, flags, given_options, parse_workload, site_speed_model, sparkline
 from dl2d.core.contract import ALLREDUCE_PLACEMENTS
 from dl2d.policy import registry
 from dl2d.sim import presets as twin
@@ -31,22 +31,14 @@ LEARNED = registry.names(learned=True)
 CLUSTERS = tuple(PRESETS)
 #: Options that only shape a generated trace: rejected together with --trace.
 GENERATION_OPTIONS = ("jobs", "arrivals", "max_arrivals", "epochs_model", "estimate_error", "interference",
-                      "workload", "load", "style")
+                      "workload", "load", "style", "adaptive_batch")
 #: Options of one world's generated traces only.
 DL2_ONLY = ("arrivals", "max_arrivals", "epochs_model")
-TODAY_ONLY = ("workload", "load", "style")
+TODAY_ONLY = ("workload", "load", "style", "adaptive_batch")
 DEFAULT_JOBS = {"today": 160, "dl2": 200}
 #: A slot, or the training a resize costs, is at most a day (slots are 60 s today, 20 minutes in DL2's world;
 #: the daemon's sim.resize_overhead_s has the same bound); `inf` used to end in a traceback.
 MAX_SECONDS = 86_400.0
-SPARK = "▁▂▃▄▅▆▇█"
-
-
-def finite_number(ctx, param, value):
-    """click callback: a float option is a finite number (FloatRange lets nan through, and inf where unbounded)."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number")
-    return value
 
 
 def parse_policies(text: str) -> list[str]:
@@ -90,71 +82,17 @@ def parse_checkpoints(values, names: list[str], world: str = "today", strict: bo
     return out
 
 
-def given_options(ctx: click.Context, names) -> list[str]:
-    """The parameters among ``names`` given on the command line (not defaults)."""
-    return [n for n in names if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
-
-
-def flags(names) -> str:
-    """Parameter names as their flags: ``--sl-iters, --lr``."""
-    return ", ".join("--" + n.replace("_", "-") for n in names)
-
-
-def site_speed_model(value: str, trace) -> tuple:
-    """``--speed-model``: (a site's calibrated curves or None, the PS speed table's name). A FILE is read with
-    dl2d.workload.speedfit (a bad one is a clear error); its classes that are no model of the trace are named
-    on stderr, as they change nothing."""
-    if value in ("measured", "parametric"):
-        return None, value
-    from dl2d.workload.speedfit import SiteSpeeds, SpeedModelError, load_speed_model
-
-    try:
-        site = SiteSpeeds.of(load_speed_model(value), source=str(value))
-    except SpeedModelError as e:
-        raise click.BadParameter(f"{e} (give measured, parametric or a file from dl2ctl calibrate)",
-                                 param_hint="--speed-model") from None
-    models = {n for n, ar in zip(trace.speed_names(), trace.allreduce) if ar}
-    unused = [n for n in site.names() if n not in models]
-    if unused:
-        click.echo(f"--speed-model: {', '.join(unused)}: no all-reduce model of this trace; those curves are not "
-                   "used", err=True)
-    return site, "measured"
-
-
 def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None, speed_model: str = "measured",
-                world: str = "today", whole_nodes: bool = False, baseline_rules: str = "dl2d"):
+                world: str = "today", whole_nodes: bool = False, baseline_rules: str = "dl2d", batch: str = "fixed"):
     """A policy by name from the registry; any problem (a missing or unreadable checkpoint) is a clear error."""
     options = registry.PolicyOptions(checkpoint=str(checkpoint) if checkpoint else "",
                                      tetris_threshold=tetris_threshold, speed_model=speed_model, world=world,
-                                     whole_nodes=whole_nodes, baseline_rules=baseline_rules)
+                                     whole_nodes=whole_nodes, baseline_rules=baseline_rules, batch=batch)
     try:
         return registry.build(name, options)
     except registry.PolicyBuildError as e:
         raise click.ClickException(f"cannot load {name} checkpoint {checkpoint}: {e}" if checkpoint else str(e)) \
             from None
-
-
-def parse_workload(text: str) -> tuple[str, int | None]:
-    """`philly` (generated) or `pollux:K` / `pollux-realistic:K` (the packaged workload K, 1-8)."""
-    name, _, k = text.strip().lower().partition(":")
-    if name == "philly" and not k:
-        return "philly", None
-    folders = {"pollux": "workloads", "pollux-realistic": "workloads-realistic"}
-    if name in folders and k.isdigit() and 1 <= int(k) <= 8:
-        return folders[name], int(k)
-    raise click.BadParameter(f"{text!r}: give philly, pollux:K or pollux-realistic:K with K in 1-8",
-                             param_hint="--workload")
-
-
-def sparkline(values, width: int = 24) -> str:
-    """Mean of `values` over `width` equal chunks, drawn with block characters (0 = ▁, 1 = █)."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    if v.size == 0:
-        return ""
-    chunks = np.array_split(v, min(width, v.size))
-    return "".join(SPARK[min(int(np.mean(c) * len(SPARK)), len(SPARK) - 1)] for c in chunks)
 
 
 @click.command()
@@ -238,6 +176,12 @@ def sparkline(values, width: int = 24) -> str:
                    "progress (statistical efficiency from the measured gradient noise) [default: iterations].")
 @click.option("--baseline-rules", type=click.Choice(twin.BASELINE_RULES), default=None,
               help="tiresias and optimus-oracle: dl2d's rules, or the Pollux artifact's (reference) [default: dl2d].")
+@click.option("--adaptive-batch", is_flag=True,
+              help="today: every job of the workload lets the scheduler choose its total batch (within its model's "
+                   "measured limits; its work stays what it was submitted with).")
+@click.option("--batch", "batch_rule", type=click.Choice(registry.BATCH_RULES), default="fixed", show_default=True,
+              help="goodput: each policy gives every job that allows it, at each (re)start, the batch of the "
+                   "highest goodput (throughput x statistical efficiency) on its GPUs.")
 @click.option("--tetris-threshold", type=click.IntRange(min=1), default=None,
               help="Bundles Tetris gives a job before moving to the next [default: the per-job maximum, 16].")
 @click.option("--whole-nodes", is_flag=True,
@@ -255,7 +199,8 @@ def sparkline(values, width: int = 24) -> str:
 def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals,
         max_arrivals, epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
         allreduce_placement, speed_model, slot_noise, twin_preset, shared_node_slowdown, accumulate, off_table, work,
-        baseline_rules, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound, as_json) -> None:
+        baseline_rules, adaptive_batch, batch_rule, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound,
+        as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
     A job's completion time (JCT) runs from its arrival slot to the moment it finishes, fractions of a slot
@@ -349,7 +294,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
             else:
                 wl = workloads.packaged_workload(workload_k, workload_folder)
             trace = T.from_workload(wl, slot_seconds, seed=seed, interference_sigma=interference,
-                                    epoch_estimate_error=estimate_error,
+                                    epoch_estimate_error=estimate_error, adaptive=adaptive_batch,
                                     config={"workload": workload, "load": load,
                                             **({"style": style} if workload_k is None else {})})
         except (T.TraceError, ValueError) as e:
@@ -381,7 +326,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     for n in names:
         try:
             schedulers[n] = make_policy(n, checkpoint.get(n), tetris_threshold, speed_model, world, whole_nodes,
-                                        settings["baseline_rules"])
+                                        settings["baseline_rules"], batch_rule)
         except click.ClickException as e:
             if compare is None:
                 raise
@@ -433,7 +378,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
         trace_setting = {"file": str(trace_path)}
     elif world == "today":
         trace_setting = {"workload": workload, "jobs": len(trace), "seed": seed, "estimate_error": estimate_error,
-                         "interference": interference,
+                         "interference": interference, "adaptive_batch": adaptive_batch,
                          **({"load": load, "style": style} if workload_k is None else {})}
     else:
         trace_setting = {"jobs": jobs, "seed": seed, "arrivals": arrivals, "max_arrivals": max_arrivals,
@@ -447,7 +392,7 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                 "allreduce_placement": sim_cfg.allreduce_placement,
                 "shared_node_slowdown": sim_cfg.shared_node_slowdown, "whole_nodes": whole_nodes,
                 "preset": twin_preset, "speed_rules": sim_cfg.speed_rules.as_dict(),
-                "baseline_rules": settings["baseline_rules"]},
+                "baseline_rules": settings["baseline_rules"], "batch": batch_rule},
         "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),
                         "avg_jct_hours": round(bound.avg_jct_slots * slot_seconds / 3600, 3),
                         "no_contention_slots": round(bound.no_contention_slots, 3),

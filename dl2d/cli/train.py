@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from dl2d.cli.sim import finite_number, flags, given_options
+from dl2d.cli.options import finite_number, flags, given_options
 from dl2d.policy import registry
 from dl2d.sim.cluster import MAX_SERVERS, PRESETS
 from dl2d.sim.trace import MAX_TRACE_JOBS

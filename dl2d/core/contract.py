@@ -68,7 +68,11 @@ class SlotView:
     est_speed: np.ndarray = field(kw_only=True)  # [jobs, max_ps + 1, max_workers + 1]
     slot_seconds: float = field(default=1200.0, kw_only=True)  # length of the slot being decided
     requested_workers: np.ndarray | None = field(default=None, kw_only=True)  # [jobs] workers asked for; None: 1
-    batch_size: np.ndarray | None = field(default=None, kw_only=True)  # [jobs] total batch (all-reduce); None: unknown
+    #: [jobs] the total batch each all-reduce job trains at (last slot's; its submitted one before it ran); None:
+    #: unknown
+    batch_size: np.ndarray | None = field(default=None, kw_only=True)
+    #: [jobs] True where the job lets the scheduler choose its total batch (Allocation.batch_size); None: none does
+    adaptive: np.ndarray | None = field(default=None, kw_only=True)
     # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
@@ -90,8 +94,9 @@ class SlotView:
                              f"{self.max_workers + 1}), got {np.shape(self.est_speed)}")
         if self.requested_workers is not None and np.shape(self.requested_workers) != (n,):
             raise ValueError(f"requested_workers has shape {np.shape(self.requested_workers)}, expected ({n},)")
-        if self.batch_size is not None and np.shape(self.batch_size) != (n,):
-            raise ValueError(f"batch_size has shape {np.shape(self.batch_size)}, expected ({n},)")
+        for name in ("batch_size", "adaptive"):
+            if getattr(self, name) is not None and np.shape(getattr(self, name)) != (n,):
+                raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}, expected ({n},)")
         check_allreduce_placement(self.allreduce_placement)
         for name in ("prev_worker_servers", "prev_ps_servers"):
             servers = getattr(self, name)
@@ -113,7 +118,7 @@ class SlotView:
             job_speed_factor=pick(self.job_speed_factor), job_shared_gpu=pick(self.job_shared_gpu),
             worker_demand=pick(self.worker_demand).reshape(-1, 3), ps_demand=pick(self.ps_demand).reshape(-1, 3),
             kind=pick_tuple(self.kind), est_speed=pick(self.est_speed), requested_workers=pick(self.requested_workers),
-            batch_size=pick(self.batch_size), prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
+            batch_size=pick(self.batch_size), adaptive=pick(self.adaptive), prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
 
     @property
     def allreduce(self) -> np.ndarray:
@@ -144,6 +149,9 @@ class Allocation:
     ps: np.ndarray
     worker_servers: tuple[tuple[int, ...], ...] | None = None
     ps_servers: tuple[tuple[int, ...], ...] | None = None
+    #: [jobs] the total batch each job trains at from this slot (only a job the view marks adaptive may change
+    #: it); None, or 0 for a job: it keeps the view's batch_size
+    batch_size: np.ndarray | None = None
 
     @staticmethod
     def empty(n: int) -> "Allocation":
@@ -177,3 +185,12 @@ def validate(view: SlotView, alloc: Allocation) -> None:
         raise ValueError("allocation outside [0, max_workers] / [0, max_ps]")
     if np.any(p[view.allreduce] > 0):
         raise ValueError("allocation gives parameter servers to an all-reduce job")
+    if alloc.batch_size is not None:
+        b = np.asarray(alloc.batch_size, float)
+        if b.shape != (len(view),) or not np.all(np.isfinite(b)) or np.any(b < 0):
+            raise ValueError(f"allocation's batch_size must be {len(view)} finite numbers >= 0 (0: keep the batch)")
+        adaptive = np.zeros(len(view), bool) if view.adaptive is None else np.asarray(view.adaptive, bool)
+        current = np.zeros(len(view)) if view.batch_size is None else np.asarray(view.batch_size, float)
+        fixed = np.flatnonzero((b > 0) & ~adaptive & (b != current))
+        if len(fixed):
+            raise ValueError(f"allocation changes the batch of job {view.job_ids[fixed[0]]}, which does not allow it")

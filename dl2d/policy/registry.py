@@ -24,6 +24,8 @@ from dl2d.core.contract import Allocation, SlotView
 
 #: How tasks are placed on servers: the policy's own placement, or DLTAP re-placing the policy's tasks.
 PLACEMENTS = ("balance", "dltap")
+#: how a policy treats a job that lets the scheduler choose its total batch (PolicyOptions.batch)
+BATCH_RULES = ("fixed", "goodput")
 
 
 @runtime_checkable
@@ -104,6 +106,9 @@ class PolicyOptions:
     #: "reference": the rules of the Pollux artifact's simulator for the baselines it ran (Tiresias's queues,
     #: Optimus+Oracle's replica cap; policies with "baseline_rules" in their options), to compare with its results
     baseline_rules: str = "dl2d"
+    #: "goodput": every job that lets the scheduler choose its batch gets, at each (re)start, the batch of the
+    #: highest goodput on its GPUs (dl2d.policy.elastic.goodput; any policy); "fixed": batches as submitted
+    batch: str = "fixed"
 
 
 def no_problems(options: PolicyOptions) -> list[tuple[str, str]]:
@@ -260,6 +265,8 @@ def build(name: str, options: PolicyOptions = PolicyOptions(), placement: str = 
     the factory fails (e.g. an unreadable checkpoint)."""
     if placement not in PLACEMENTS:
         raise PolicyBuildError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if options.batch not in BATCH_RULES:
+        raise PolicyBuildError(f"batch must be one of {', '.join(BATCH_RULES)}, got {options.batch!r}")
     found = problems(name, options)
     if found:
         option, msg = found[0]
@@ -274,6 +281,10 @@ def build(name: str, options: PolicyOptions = PolicyOptions(), placement: str = 
         from dl2d.policy.seeds.dltap import with_dltap
 
         policy = with_dltap(policy, trim=trim)
+    if options.batch == "goodput":
+        from dl2d.policy.elastic.goodput import with_goodput_batch
+
+        policy = with_goodput_batch(policy)
     return policy
 
 

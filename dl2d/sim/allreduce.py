@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dl2d.workload import catalog, throughput
+from dl2d.workload import catalog, efficiency, throughput
 
 
 def gpu_placement(servers: Sequence[int], gpus_per_worker: float) -> throughput.Placement | None:
@@ -64,6 +64,48 @@ def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, 
             rate /= 1.0 + site.spread_slowdown(model)
         out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement, rules)
     return out
+
+
+def progress_rates(models, batch_size, worker_servers, gpus_per_worker, epochs_done, seconds, rules, site=None
+                   ) -> np.ndarray:
+    """[jobs] epochs each job trains in its ``seconds`` (already slowed by its interference) under the progress
+    rule (:func:`progress_epochs`); NaN for a job without workers or with a site's own curve (its epochs are the
+    curve's)."""
+    out = np.full(len(worker_servers), np.nan)
+    for j, servers in enumerate(worker_servers):
+        placement = gpu_placement(servers, gpus_per_worker[j])
+        model = str(models[j])
+        if placement is None or (site is not None and model in site.names()) or model not in catalog.ALLREDUCE_MODELS:
+            continue
+        step, trained = catalog.iteration_seconds(model, float(batch_size[j]), placement, rules)
+        out[j] = progress_epochs(model, trained, step, float(epochs_done[j]), float(seconds[j]))
+    return out
+
+
+def progress_epochs(model: str, trained_batch: float, iteration_s: float, epochs_done: float, seconds: float) -> float:
+    """Epochs a job of ``model`` training at total batch ``trained_batch``, ``iteration_s`` seconds an iteration,
+    trains in ``seconds`` from ``epochs_done``, under the progress rule (dl2d.workload.efficiency): epoch by epoch,
+    each at its own gain, as the Pollux artifact's simulator steps a job. Where it finishes within ``seconds`` the
+    epochs it would train at the same pace over all of them (the engine reads the finish moment from that)."""
+    r = efficiency.runs(model)
+    starts, last = r.epoch_starts, r.epochs
+    k = min(int(epochs_done), last)
+    p = starts[k] + (epochs_done - k) * (starts[k + 1] - starts[k]) if k < last else starts[last]
+    left = seconds
+    while left > 0 and k < last:
+        rate = efficiency.gain(r, trained_batch, k) / iteration_s  # progress per second in epoch k
+        need = starts[k + 1] - p
+        if rate * left < need:
+            p += rate * left
+            left = 0.0
+        else:
+            left -= need / rate
+            p, k = starts[k + 1], k + 1
+    now = k + (p - starts[k]) / (starts[k + 1] - starts[k]) if k < last else float(last)
+    trained = now - epochs_done
+    if k >= last and left > 0:  # done after seconds - left of them
+        return trained * seconds / max(seconds - left, 1e-12)
+    return trained
 
 
 def moved(prev: Sequence[Sequence[int]], now: Sequence[Sequence[int]]) -> np.ndarray:

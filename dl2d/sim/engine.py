@@ -102,6 +102,7 @@ class SimState:
     # [N, SPEED_FACTOR_SLOTS] each job's measured / predicted speed in its last full slots, newest last (NaN: none
     # yet), as the daemon measures it (dl2d.daemon.jobstats): the view's job_speed_factor is their mean
     speed_factors: np.ndarray | None = None
+    batch: np.ndarray | None = None  # [N] the total batch each job trains at (None: each its trace's)
 
     @staticmethod
     def initial(n: int) -> "SimState":
@@ -137,6 +138,11 @@ def trace_speed_estimate(trace: Trace, cfg: SimConfig) -> np.ndarray:
     return cache[key]
 
 
+def batches(trace: Trace, state: SimState) -> np.ndarray:
+    """[N] the total batch each job trains at now."""
+    return trace.batch_size if state.batch is None else state.batch
+
+
 def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
     idx = state.active(trace)
     cap = cfg.cluster.empty()
@@ -146,7 +152,8 @@ def view_of(trace: Trace, state: SimState, cfg: SimConfig) -> SlotView:
         prev_workers=state.workers[idx], prev_ps=state.ps[idx], free=cap.copy(), capacity=cap,
         max_workers=cfg.max_workers, max_ps=cfg.max_ps, server_speed=server_speeds(state, cfg),
         **demand_fields(trace.type_idx[idx]), est_speed=trace_speed_estimate(trace, cfg)[idx],
-        requested_workers=trace.requested[idx], batch_size=trace.batch_size[idx], slot_seconds=cfg.slot_seconds,
+        requested_workers=trace.requested[idx], batch_size=batches(trace, state)[idx],
+        adaptive=trace.adaptive[idx] if trace.adaptive.any() else None, slot_seconds=cfg.slot_seconds,
         prev_worker_servers=tuple(state.worker_servers[i] for i in idx),
         prev_ps_servers=tuple(state.ps_servers[i] for i in idx), allreduce_placement=cfg.allreduce_placement,
         job_speed_factor=None if state.speed_factors is None else measured_speed_factor(state.speed_factors[idx]),
@@ -203,6 +210,8 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     changed = (w != state.workers[jobs]) | (p != state.ps[jobs])
     if ar.any():  # an all-reduce job moved to other servers restarts as well
         changed |= ar & allreduce.moved([state.worker_servers[i] for i in jobs], w_srv)
+    batch = chosen_batches(trace, state, jobs, alloc)
+    changed |= batch != batches(trace, state)[jobs]  # a job takes a new batch at a restart (DL2D_BATCH_SIZE)
     debt = state.restart_debt[jobs] + cfg.resize_overhead_s * changed
     seconds = cfg.slot_seconds - np.minimum(debt, cfg.slot_seconds)
     factor = trace.speed_factor[jobs] * noise
@@ -226,11 +235,17 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     if len(ar_jobs):
         servers = [w_srv[j] for j in ar_jobs]
         names = trace.speed_names()
-        rate = allreduce.epoch_rates([names[i] for i in jobs[ar_jobs]], trace.batch_size[jobs[ar_jobs]], servers,
-                                     view.worker_demand[ar_jobs, 0], cfg.site_speeds, int(cfg.cluster.gpus),
-                                     cfg.speed_rules)
+        models = [names[i] for i in jobs[ar_jobs]]
+        rate = allreduce.epoch_rates(models, batch[ar_jobs], servers, view.worker_demand[ar_jobs, 0], cfg.site_speeds,
+                                     int(cfg.cluster.gpus), cfg.speed_rules)
         shared = allreduce.shares_a_server(servers)
-        epochs[ar_jobs] = rate * factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared) * seconds[ar_jobs]
+        pace = factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared)
+        epochs[ar_jobs] = rate * pace * seconds[ar_jobs]
+        if cfg.speed_rules.work == "progress":  # epoch by epoch, each at its own statistical efficiency
+            walk = allreduce.progress_rates(models, batch[ar_jobs], servers, view.worker_demand[ar_jobs, 0],
+                                            state.epochs_done[jobs[ar_jobs]], pace * seconds[ar_jobs],
+                                            cfg.speed_rules, cfg.site_speeds)
+            epochs[ar_jobs] = np.where(np.isnan(walk), epochs[ar_jobs], walk)
     nxt, reward, trained = advance(state, trace, jobs, epochs)
     factors = measure_speed(state.speed_factors, view, jobs, epochs, w, p, table, nxt.finish_time, cfg.slot_seconds)
     workers, ps = nxt.workers.copy(), nxt.ps.copy()
@@ -240,8 +255,11 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
     all_w, all_p = list(state.worker_servers), list(state.ps_servers)
     for k, i in enumerate(jobs):
         all_w[i], all_p[i] = w_srv[k], p_srv[k]
+    now_batch = batches(trace, state).copy()
+    now_batch[jobs] = batch
     nxt = replace(nxt, workers=workers, ps=ps, server_perf=perf, restart_debt=restart_debt,
-                  worker_servers=tuple(all_w), ps_servers=tuple(all_p), speed_factors=factors)
+                  worker_servers=tuple(all_w), ps_servers=tuple(all_p), speed_factors=factors,
+                  batch=now_batch if trace.adaptive.any() else None)
     total_mb, cross_mb = np.zeros(0), np.zeros(0)
     if len(ps_jobs):
         t = view.type_idx[ps_jobs]
@@ -257,6 +275,23 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         "traffic_gb": float(np.sum(total_mb)) / 1024, "cross_node_gb": float(np.sum(cross_mb)) / 1024,
     }
     return nxt, reward, info
+
+
+def chosen_batches(trace: Trace, state: SimState, jobs: np.ndarray, alloc: Allocation) -> np.ndarray:
+    """[jobs] the total batch each job trains at this slot: the allocation's where it sets one (validate has
+    checked that only adaptive jobs change theirs), within its model's limits (ValueError naming the job)."""
+    from dl2d.workload.batching import limits  # noqa: PLC0415
+
+    now = batches(trace, state)[jobs].astype(float)
+    if alloc.batch_size is None:
+        return now
+    want = np.asarray(alloc.batch_size, float)
+    for k in np.flatnonzero((want > 0) & (want != now)):
+        lim = limits(MODEL_NAMES[int(trace.type_idx[jobs[k]])])
+        if not lim.init <= want[k] <= lim.max_total:
+            raise ValueError(f"job {int(jobs[k])}: batch {want[k]:g} outside its model's [{lim.init}, "
+                             f"{lim.max_total}]")
+    return np.where(want > 0, want, now)
 
 
 def measure_speed(factors: np.ndarray | None, view: SlotView, jobs: np.ndarray, epochs: np.ndarray, w: np.ndarray,

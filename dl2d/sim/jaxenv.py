@@ -195,6 +195,8 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
     if n > max_jobs:
         raise ValueError(f"a trace of {n} jobs does not fit max_jobs = {max_jobs}")
     trace.check_site(cfg.site_speeds)
+    if np.any(trace.adaptive):
+        raise ValueError("the JAX environment does not model jobs that adapt their batch (the NumPy engine does)")
     names = trace.speed_names()
     f = _ftype()
     J = max_jobs

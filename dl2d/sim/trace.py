@@ -27,9 +27,10 @@ FORMAT = "dl2d-trace"
 VERSION = 1
 SLOTS_PER_DAY = 72  # 20-minute slots
 CSV_FIELDS = ("id", "arrival_slot", "type", "est_epochs", "true_epochs", "speed_factor")
-#: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for, and when
-#: within the slot before its arrival slot it was submitted)
-OPTIONAL_FIELDS = ("batch_size", "requested_workers", "submitted_slot")
+#: optional columns (all-reduce jobs need a batch size; every job may say how many workers it asked for, when
+#: within the slot before its arrival slot it was submitted, and, 1 or 0, whether it lets the scheduler choose its
+#: total batch)
+OPTIONAL_FIELDS = ("batch_size", "requested_workers", "submitted_slot", "adaptive_batch")
 
 # Bounds of a trace file, checked while it is read, before anything is built from it. They are far
 # beyond any real experiment; what lies past them is a mistake (or an attack) that would otherwise run for days,
@@ -73,6 +74,7 @@ FIELD_BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
     "speed_factor": (MIN_SPEED_FACTOR, MAX_SPEED_FACTOR, False, False),
     "batch_size": (0, MAX_BATCH_SIZE, False, False),  # > 0 for an all-reduce job; a PS job's may be 0 (unused)
     "requested_workers": (1, MAX_REQUESTED_WORKERS, False, True),
+    "adaptive_batch": (0, 1, False, True),
 }
 
 
@@ -136,6 +138,9 @@ class Trace:
     #: (type_idx = catalog.UNSEEN), whose speed only a site's speed model gives; None: no such job
     site_class: np.ndarray | None = None
     submitted: np.ndarray | None = None  # float, in slots, within (arrival_slot - 1, arrival_slot]; None: arrival_slot
+    #: True where an all-reduce job of a catalog model lets the scheduler choose its total batch (within its model's
+    #: limits, dl2d.workload.batching; its work stays what it was submitted with); None: no job does
+    adaptive: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_slot)
@@ -171,8 +176,10 @@ class Trace:
             object.__setattr__(self, "site_class", np.full(n, "", dtype=object))
         if self.submitted is None:
             object.__setattr__(self, "submitted", np.asarray(self.arrival_slot, float))
+        if self.adaptive is None:
+            object.__setattr__(self, "adaptive", np.zeros(n, bool))
         for name in ("type_idx", "est_epochs", "true_epochs", "speed_factor", "batch_size", "requested",
-                     "site_class", "submitted"):
+                     "site_class", "submitted", "adaptive"):
             if len(getattr(self, name)) != n:
                 raise TraceError(f"trace column {name} has {len(getattr(self, name))} rows, expected {n}")
         if n and (np.any(self.type_idx < 0) or np.any(self.type_idx > UNSEEN)):
@@ -185,6 +192,10 @@ class Trace:
         if len(bad):
             raise TraceError(f"job {int(bad[0]) + 1}: an all-reduce job ({MODEL_NAMES[self.type_idx[bad[0]]]}) "
                              "needs a batch_size > 0")
+        odd = np.flatnonzero(np.asarray(self.adaptive, bool) & ~(self.allreduce & ~labelled))
+        if len(odd):
+            raise TraceError(f"job {int(odd[0]) + 1}: only an all-reduce job of a catalog model may adapt its batch "
+                             "(adaptive_batch)")
         if n and np.any(np.asarray(self.requested) < 1):
             raise TraceError("every job asks for at least one worker (requested_workers >= 1)")
         if n and np.any(np.diff(self.arrival_slot) < 0):
@@ -239,13 +250,15 @@ def generate(cfg: TraceConfig = TraceConfig(), seed: int = 0) -> Trace:
 
 
 def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: float = 0.27,
-                  epoch_estimate_error: float = 0.0, config: dict | None = None, site_mix=()) -> Trace:
+                  epoch_estimate_error: float = 0.0, config: dict | None = None, site_mix=(),
+                  adaptive: bool = False) -> Trace:
     """A trace of all-reduce jobs from a workload (dl2d.workload.workloads / .philly: arrival second, model, GPUs
     asked for, total batch). Each job needs its model's epochs to converge (dl2d.workload.catalog), told to the
     scheduler with ``epoch_estimate_error`` as in :class:`TraceConfig`, asks for one worker per GPU and gets a
     hidden interference factor as DL2's jobs do; it arrives at the first slot boundary at or after its second
     (a scheduler deciding at slot boundaries sees it no sooner) and its JCT counts from that second. ``site_mix``: a
-    site's own job mix replaces the workload's models (:func:`_site_classes`)."""
+    site's own job mix replaces the workload's models (:func:`_site_classes`). ``adaptive``: every job of a catalog
+    model lets the scheduler choose its total batch."""
     from dl2d.workload.catalog import epochs_to_converge  # noqa: PLC0415 (scipy fit on first use only)
 
     if not slot_seconds > 0:
@@ -272,7 +285,7 @@ def from_workload(jobs, slot_seconds: float, seed: int = 0, interference_sigma: 
                                  "interference_sigma": interference_sigma,
                                  "epoch_estimate_error": epoch_estimate_error},
                  batch_size=batch, requested=np.array([int(j.gpus) for j in jobs]), site_class=classes,
-                 submitted=submitted)
+                 submitted=submitted, adaptive=np.array([adaptive and not c for c in classes], bool))
 
 
 def _site_classes(jobs, mix, seed: int):
@@ -305,6 +318,7 @@ def to_records(trace: Trace) -> list[dict]:
     submission only where a job was submitted within a slot."""
     extra = bool(np.any(trace.allreduce) or np.any(trace.requested != 1))
     within = bool(np.any(trace.submitted != trace.arrival_slot))
+    adapts = bool(np.any(trace.adaptive))
     return [
         {"id": i, "arrival_slot": int(trace.arrival_slot[i]),
          "type": SITE_PREFIX + trace.site_class[i] if trace.site_class[i] else MODEL_NAMES[trace.type_idx[i]],
@@ -312,7 +326,8 @@ def to_records(trace: Trace) -> list[dict]:
          "speed_factor": float(trace.speed_factor[i]),
          **({"batch_size": float(trace.batch_size[i]), "requested_workers": int(trace.requested[i])}
             if extra else {}),
-         **({"submitted_slot": float(trace.submitted[i])} if within else {})}
+         **({"submitted_slot": float(trace.submitted[i])} if within else {}),
+         **({"adaptive_batch": int(bool(trace.adaptive[i]))} if adapts else {})}
         for i in range(len(trace))
     ]
 
@@ -401,8 +416,12 @@ def _row(rec, where: str) -> tuple:
             raise TraceError(f"{where}: field 'submitted_slot' ({submitted:g}) must lie within the slot before "
                              f"arrival_slot ({arrival}): a job arrives at the first slot boundary at or after its "
                              "submission")
+    adaptive = False if rec.get("adaptive_batch") in (None, "") else bool(_number(rec, "adaptive_batch", where))
+    if adaptive and (not IS_ALLREDUCE[t] or cls):
+        raise TraceError(f"{where}: field 'adaptive_batch': only an all-reduce job of a catalog model may adapt its "
+                         "batch")
     return (arrival, t, _number(rec, "est_epochs", where), _number(rec, "true_epochs", where),
-            _number(rec, "speed_factor", where), batch, requested, cls, submitted)
+            _number(rec, "speed_factor", where), batch, requested, cls, submitted, adaptive)
 
 
 def from_records(records: list[dict], config: dict | None = None, source: str = "trace",
@@ -422,7 +441,7 @@ def from_records(records: list[dict], config: dict | None = None, source: str = 
     return Trace(np.array(cols[0], int), np.array(cols[1], int), np.array(cols[2]), np.array(cols[3]),
                  np.array(cols[4]), config=dict(config or {}), batch_size=np.array(cols[5], float),
                  requested=np.array(cols[6], int), site_class=np.array(cols[7], dtype=object),
-                 submitted=np.array(cols[8], float))
+                 submitted=np.array(cols[8], float), adaptive=np.array(cols[9], bool))
 
 
 def save(trace: Trace, path: str | Path) -> None:

@@ -143,18 +143,23 @@ def packed(gpus: int, per_node: int) -> throughput.Placement:
     return throughput.canonical([per_node] * full + ([rest] if rest else []))
 
 
+def iteration_seconds(model: str, batch_size: float, placement: throughput.Placement,
+                      rules: SpeedRules = DEFAULT_RULES) -> tuple[float, float]:
+    """(seconds per iteration, the total batch it trains) of ``model`` at total batch ``batch_size`` on
+    ``placement`` under ``rules``: the batch split evenly, or capped per GPU with accumulation beyond."""
+    if rules.accumulate:
+        return batching.iteration_seconds(model, placement, batch_size, rules.off_table, rules.one_gpu_accumulates)
+    return throughput.throughput_model(model).times(placement, batch_size / sum(placement), rules.off_table)[0], \
+        float(batch_size)
+
+
 @functools.lru_cache(maxsize=65536)
 def allreduce_epoch_rate(model: str, batch_size: float, placement: throughput.Placement,
                          rules: SpeedRules = DEFAULT_RULES) -> float:
     """Epochs per second of an all-reduce job of ``model`` keeping total batch ``batch_size`` on ``placement``
-    (GPUs per node, canonical) under ``rules``: the measured lookup, no interference, no noise."""
-    gpus = sum(placement)
-    if rules.accumulate:
-        step, trained = batching.iteration_seconds(model, placement, batch_size, rules.off_table,
-                                                   rules.one_gpu_accumulates)
-    else:
-        step = throughput.throughput_model(model).times(placement, batch_size / gpus, rules.off_table)[0]
-        trained = batch_size
+    (GPUs per node, canonical) under ``rules``: the measured lookup, no interference, no noise. Under the
+    progress rule, the mean over the job's epochs (the engine walks them one by one: dl2d.sim.allreduce)."""
+    step, trained = iteration_seconds(model, batch_size, placement, rules)
     return 1.0 / (step * iterations_per_epoch(model, trained, rules.work))
 
 

@@ -25,18 +25,19 @@ import numpy as np
 
 from dl2d.workload.throughput import MODELS
 
-_COLUMNS = ("progress", "grad_sqr", "grad_var")
+_COLUMNS = ("progress", "grad_sqr", "grad_var", "iteration")
 
 
 @dataclass(frozen=True)
 class GradientRuns:
     """One model's measured runs: ``batches`` [R] ascending, and per run and epoch [R, E] the cumulative progress at
-    the epoch's end and the gradient statistics during it."""
+    the epoch's end, the gradient statistics during it and the cumulative iterations at its end."""
 
     batches: np.ndarray
     progress: np.ndarray
     grad_sqr: np.ndarray
     grad_var: np.ndarray
+    iterations: np.ndarray
 
     @property
     def epochs(self) -> int:
@@ -79,7 +80,7 @@ def parse_runs(files: dict[int, str], source: str) -> GradientRuns:
     if len({len(r) for r in rows.values()}) != 1:
         raise ValueError(f"{source}: runs of different epochs: { {b: len(r) for b, r in rows.items()} }")
     data = np.stack([rows[b] for b in sorted(rows)])
-    return GradientRuns(np.array(sorted(rows), float), data[..., 0], data[..., 1], data[..., 2])
+    return GradientRuns(np.array(sorted(rows), float), data[..., 0], data[..., 1], data[..., 2], data[..., 3])
 
 
 @functools.cache
@@ -98,6 +99,13 @@ def grad_stats(r: GradientRuns, batch: float, epoch: int) -> tuple[float, float]
     runs, the nearest run's outside them."""
     e = min(max(int(epoch), 0), r.epochs - 1)
     return (float(np.interp(batch, r.batches, r.grad_sqr[:, e])), float(np.interp(batch, r.batches, r.grad_var[:, e])))
+
+
+def measured_iterations(r: GradientRuns, batch: float, epoch: int) -> float:
+    """The cumulative iterations of the measured runs at the end of epoch ``epoch`` (0-based), linear in the batch
+    between runs (what the Pollux artifact's Optimus+Oracle knows of a job's remaining work)."""
+    e = min(max(int(epoch), 0), r.epochs - 1)
+    return float(np.interp(batch, r.batches, r.iterations[:, e]))
 
 
 def gain(r: GradientRuns, batch: float, epoch: int) -> float:

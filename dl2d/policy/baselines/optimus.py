@@ -25,6 +25,7 @@ as the slot before (a resize or move restarts an all-reduce job, and the restart
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field, replace
@@ -94,36 +95,66 @@ class Optimus:
 
 
 class ReferenceOptimus(IgnoresFeedback):
-    """The Optimus+Oracle of the Pollux artifact's simulator, to compare with its published results: GPUs counted,
-    not placed, while they are handed out; every job in arrival order one GPU while any is left; then one GPU at a
-    time to the job whose estimated remaining time it cuts the most (``est_speed`` at the packed placement), up to
-    the job's cap, its total batch over its model's smallest measured local batch (NCF: one GPU, as the artifact
-    has it). Then a job that keeps its count keeps its servers, and the others, fewest GPUs first, are placed as
-    the view's ``allreduce_placement`` places them (the artifact fills from the node with the most free GPUs:
-    "spread"). All-reduce jobs only."""
+    """The Optimus+Oracle of the Pollux artifact's simulator, to compare with its published results. GPUs are
+    counted, not placed, while they are handed out: every job in arrival order one GPU while any is left; then one
+    GPU at a time to the job whose remaining time it cuts the most, up to the job's cap, its total batch over its
+    model's smallest measured local batch (NCF: one GPU, as the artifact has it). What it knows of a job is the
+    artifact's oracle: its remaining iterations as the measured runs count them at its batch
+    (dl2d.workload.efficiency.measured_iterations, from the epoch it is in) and the measured step time of its
+    batch on the packed placement of each GPU count, split as the artifact splits it (dl2d.workload.batching, a
+    single GPU always over two passes). Then a job that keeps its count keeps its servers, and the others, fewest
+    GPUs first, are placed as the view's ``allreduce_placement`` places them (the artifact fills from the node with
+    the most free GPUs: "spread"). All-reduce jobs of catalog models only."""
 
     name = "optimus-oracle"
 
     @staticmethod
-    def caps(view: SlotView) -> np.ndarray:
-        from dl2d.workload.batching import limits  # noqa: PLC0415
+    def _model(view: SlotView, j: int) -> str:
         from dl2d.workload.catalog import MODEL_NAMES  # noqa: PLC0415
+
+        return MODEL_NAMES[int(view.type_idx[j])]
+
+    def caps(self, view: SlotView) -> np.ndarray:
+        from dl2d.workload.batching import limits  # noqa: PLC0415
 
         if view.batch_size is None:
             raise ValueError("the artifact's Optimus+Oracle needs each job's total batch (the view's batch_size)")
         out = np.ones(len(view), int)
-        for j, t in enumerate(view.type_idx.tolist()):
-            model = MODEL_NAMES[t]
+        for j in range(len(view)):
+            model = self._model(view, j)
             if model != "ncf":
                 out[j] = max(int(view.batch_size[j] // limits(model).min_local), 1)
         return np.minimum(out, view.max_workers)
 
+    @staticmethod
+    @functools.lru_cache(maxsize=65536)
+    def step_seconds(model: str, batch: float, gpus: int, per_node: int) -> float:
+        """The artifact's prediction of one iteration's seconds on ``gpus`` GPUs, packed."""
+        from dl2d.workload import batching, catalog, throughput  # noqa: PLC0415
+
+        lim = batching.limits(model)
+        atomic, accum = batching.split(batch, gpus, lim)
+        if gpus == 1 and accum == 0:  # the artifact's Optimus predicts one GPU over two passes, whatever the batch
+            atomic, accum = max(min(math.ceil(math.ceil(batch) / 2 - 1e-8), int(lim.max_total / 2)), 1), 1
+        step, sync = throughput.throughput_model(model).times(catalog.packed(gpus, per_node), float(atomic),
+                                                               "interpolate")
+        return step + (step - sync) * accum
+
+    def remaining_iterations(self, view: SlotView, j: int) -> float:
+        from dl2d.workload import efficiency  # noqa: PLC0415
+
+        r = efficiency.runs(self._model(view, j))
+        epoch = int(view.epochs_done[j])
+        if epoch >= r.epochs - 1:
+            return 1.0
+        b = float(view.batch_size[j])
+        return efficiency.measured_iterations(r, b, r.epochs - 1) - efficiency.measured_iterations(r, b, epoch)
+
     def counts(self, view: SlotView) -> np.ndarray:
-        """[jobs] the GPUs each job gets (module rule), before placement."""
-        epochs = view.remaining_epochs
-        seconds = np.where(view.est_speed[:, 0] > 0, 1.0 / np.where(view.est_speed[:, 0] > 0, view.est_speed[:, 0], 1),
-                           np.inf)  # [jobs, workers + 1] seconds per epoch
+        """[jobs] the GPUs each job gets (class docstring), before placement."""
         cap = self.caps(view)
+        per_node = max(int(view.capacity[:, 0].max()), 1)
+        remaining = [self.remaining_iterations(view, j) for j in range(len(view))]
         left = int(view.free[:, 0].sum() + 1e-9)
         n = np.zeros(len(view), int)
         for j in np.argsort(view.arrival_slot, kind="stable"):
@@ -133,7 +164,9 @@ class ReferenceOptimus(IgnoresFeedback):
         def gain(j: int) -> float:
             if n[j] == 0 or n[j] + 1 > cap[j] or left < 1:
                 return 0.0
-            return float((seconds[j, n[j]] - seconds[j, n[j] + 1]) * epochs[j])
+            model, b = self._model(view, j), float(view.batch_size[j])
+            cut = self.step_seconds(model, b, int(n[j]), per_node) - self.step_seconds(model, b, int(n[j]) + 1, per_node)
+            return float(cut * remaining[j])
 
         gains = np.array([gain(j) for j in range(len(view))])
         while left > 0 and len(gains) and gains.max() > 0:

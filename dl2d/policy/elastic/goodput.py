@@ -1,0 +1,86 @@
+"""The batch with the GPUs: any policy's allocation, and each job that lets the scheduler choose its total batch
+(the view's ``adaptive``) given, whenever it (re)starts, the batch of the highest goodput on the GPUs it gets
+(dl2d.workload.goodput: throughput x statistical efficiency, Pollux's objective for one job).
+
+A job takes a new batch only at a restart (it reads its batch when it starts, as the job contract gives it): a job
+restarting anyway gets the best batch for its new GPUs; one that keeps its GPUs is restarted for a new batch only
+where that trains at least :data:`WORTH` faster than its own (a job's best batch grows as its gradients get
+noisier, epoch by epoch). The gradient statistics are its model's at the epoch it is in: what
+the job itself measures and reports in the twin (a real job's own report in the daemon). The step times are the
+measured tables' (dl2d.workload.batching), the scheduler's belief of the cluster; where an allocation does not
+name its servers, the packed placement.
+
+This is the least a batch-adapting policy does (the sizes are the inner policy's, chosen for the submitted batch);
+choosing sizes and batches together is the ``pollux`` baseline's and the learned policy's work.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from dl2d.core.contract import Allocation, SlotView
+from dl2d.policy.registry import Policy, StatelessPolicy
+from dl2d.workload import goodput, throughput
+from dl2d.workload.catalog import ALLREDUCE_MODELS, MODEL_NAMES, packed
+
+
+def placement_of(servers, gpus_per_worker: float, workers: int, per_node: int) -> throughput.Placement:
+    """GPUs per node of a job's workers on ``servers`` (packed when the allocation names none)."""
+    g = max(int(round(gpus_per_worker)), 1)
+    if servers:
+        return throughput.canonical(n * g for n in Counter(int(s) for s in servers).values())
+    return packed(workers * g, per_node)
+
+
+#: how much more goodput a new batch must give a job that keeps its GPUs to be worth a restart
+WORTH = 0.2
+
+
+class GoodputBatch:
+    """Wraps a policy (module docstring)."""
+
+    def __init__(self, inner):
+        name = getattr(inner, "name", type(inner).__name__)
+        self.inner: Policy = inner if isinstance(inner, Policy) else StatelessPolicy(inner, name)
+        self.name = f"{name}+goodput"
+
+    def batches(self, view: SlotView, a: Allocation) -> np.ndarray:
+        """[jobs] the batch each adaptive job restarting under ``a`` takes (0: it keeps its own)."""
+        out = np.zeros(len(view))
+        per_node = max(int(view.capacity[:, 0].max()), 1) if len(view.capacity) else 1
+        prev = view.prev_worker_servers
+        for j in np.flatnonzero(np.asarray(view.adaptive, bool) & (np.asarray(a.workers) > 0)):
+            model = MODEL_NAMES[int(view.type_idx[j])]
+            if model not in ALLREDUCE_MODELS:
+                continue
+            servers = a.worker_servers[j] if a.worker_servers is not None else None
+            moved = servers is not None and prev is not None and sorted(servers) != sorted(prev[j])
+            placement = placement_of(servers, view.worker_demand[j, 0], int(a.workers[j]), per_node)
+            epoch = int(view.epochs_done[j])
+            best, g_best = goodput.best_batch(model, placement, epoch)
+            if best <= 0:
+                continue
+            if a.workers[j] == view.prev_workers[j] and not moved:  # it would run on as it is
+                now = float(view.batch_size[j])
+                if g_best < (1 + WORTH) * goodput.goodput(model, placement, now, epoch):
+                    continue
+            out[j] = best
+        return out
+
+    def __call__(self, view: SlotView) -> Allocation:
+        a = self.inner(view)
+        if view.adaptive is None or not np.any(view.adaptive) or not len(view):
+            return a
+        return replace(a, batch_size=self.batches(view, a))
+
+    def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
+        self.inner.applied(view, allocation, overridden)
+
+    def observe(self, reward: float):
+        return self.inner.observe(reward)
+
+
+def with_goodput_batch(policy) -> GoodputBatch:
+    return GoodputBatch(policy)

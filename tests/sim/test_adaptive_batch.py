@@ -1,0 +1,132 @@
+"""Jobs whose batch the scheduler chooses: the trace's ``adaptive`` flag, an allocation's ``batch_size``, the
+engine training each epoch at its own statistical efficiency (the progress rule) at the chosen batch, a batch
+change costing a restart, and the goodput-optimal batch any policy can give (dl2d.policy.elastic.goodput)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dl2d.cli.main import cli
+from dl2d.core.contract import Allocation
+from dl2d.policy import registry
+from dl2d.sim import allreduce as A
+from dl2d.sim import engine as E
+from dl2d.sim import presets
+from dl2d.sim import trace as T
+from dl2d.sim.cluster import ClusterSpec, T4_NODE
+from dl2d.sim.worlds import world
+from dl2d.workload import catalog, efficiency, goodput
+from dl2d.workload.workloads import WorkloadJob, packaged_workload
+
+RULES = presets.speed_rules(presets.resolve("reference", {}))
+
+
+def cfg(**over):
+    base = presets.sim_config(presets.resolve("reference", {}), world("today").sim_config())
+    return replace(base, cluster=ClusterSpec(2, **T4_NODE), **over)
+
+
+def one_job(model="cifar10", batch=128.0, adaptive=True, epochs=None):
+    tr = T.from_workload([WorkloadJob("a", 0.0, model, 4, batch)], 60.0, interference_sigma=0.0, adaptive=adaptive)
+    if epochs is not None:
+        tr = replace(tr, est_epochs=np.array([epochs]), true_epochs=np.array([epochs]))
+    return tr
+
+
+class Fixed:
+    """Four GPUs on node 0, and a total batch (0: the job's own) every slot."""
+
+    name = "fixed"
+
+    def __init__(self, batch=0.0):
+        self.batch = batch
+
+    def __call__(self, view):
+        n = len(view)
+        return Allocation(np.full(n, 4), np.zeros(n, int), tuple((0, 0, 0, 0) for _ in range(n)),
+                          tuple(() for _ in range(n)), np.full(n, self.batch))
+
+
+def test_the_walk_over_epochs_takes_what_the_jobs_progress_needs():
+    """Under the progress rule a job keeping batch M trains epoch by epoch at each epoch's gain; done, it has
+    taken efficiency.iterations_to_finish(M) iterations, and its first epochs (least noise: a large batch is
+    worth least) go slower than the mean."""
+    step, trained = catalog.iteration_seconds("yolov3", 64.0, (4,), RULES)
+    whole = efficiency.iterations_to_finish("yolov3", trained) * step
+    assert A.progress_epochs("yolov3", trained, step, 0.0, whole) == pytest.approx(50.0, rel=1e-9)
+    mean = 50.0 / whole
+    assert A.progress_epochs("yolov3", trained, step, 0.0, 600.0) < 0.5 * mean * 600.0
+    half = A.progress_epochs("yolov3", trained, step, 0.0, whole / 2)
+    assert A.progress_epochs("yolov3", trained, step, half, whole / 2) == pytest.approx(50.0 - half, rel=1e-9)
+
+
+def test_an_adaptive_job_at_its_own_batch_trains_as_a_fixed_one_and_a_new_batch_costs_a_restart():
+    own = E.run(one_job(adaptive=False), Fixed(), cfg())
+    same = E.run(one_job(), Fixed(128.0), cfg())
+    assert same.jct_slots[0] == pytest.approx(own.jct_slots[0], rel=1e-12)
+    larger = E.run(one_job(), Fixed(1024.0), cfg())  # 4 GPUs train 1024 faster than 128 (cifar10)
+    assert larger.jct_slots[0] < own.jct_slots[0]
+    tr = one_job()
+    state = replace(E.SimState.initial(1), slot=0)
+    rng = np.random.default_rng(0)
+    state, _, _ = E.step(tr, state, Fixed(128.0)(E.view_of(tr, state, cfg())), cfg(), rng)
+    state, _, info = E.step(tr, state, Fixed(256.0)(E.view_of(tr, state, cfg())), cfg(), rng)
+    assert info["resized"] == 1 and state.batch[0] == 256.0  # same GPUs, a new batch: a restart
+    assert E.view_of(tr, state, cfg()).batch_size[0] == 256.0
+
+
+def test_a_batch_the_job_does_not_allow_is_refused():
+    tr = one_job(adaptive=False)
+    with pytest.raises(ValueError, match="does not allow it"):
+        E.run(tr, Fixed(256.0), cfg())
+    with pytest.raises(ValueError, match="outside its model's"):
+        E.run(one_job(), Fixed(64.0), cfg())  # below cifar10's initial 128
+    with pytest.raises(ValueError, match="does not model jobs that adapt"):
+        from dl2d.sim import jaxenv as X
+        X.job_arrays(one_job(), world("today").sim_config(), 4)
+
+
+def test_a_trace_file_keeps_which_jobs_adapt(tmp_path):
+    tr = T.from_workload(packaged_workload(1, "workloads-realistic")[:5], 60.0, adaptive=True)
+    for name in ("t.json", "t.csv"):
+        T.save(tr, tmp_path / name)
+        assert T.load(tmp_path / name).adaptive.tolist() == [True] * 5
+    bad = {"format": "dl2d-trace", "version": 1, "jobs": [
+        {"id": 0, "arrival_slot": 0, "type": "resnet-50", "est_epochs": 5, "true_epochs": 5, "speed_factor": 1,
+         "adaptive_batch": 1}]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(T.TraceError, match="adaptive_batch"):
+        T.load(tmp_path / "bad.json")
+
+
+def test_the_best_batch_grows_as_the_gradients_get_noisier():
+    early, _ = goodput.best_batch("cifar10", (4, 4), 0)
+    late, _ = goodput.best_batch("cifar10", (4, 4), 90)
+    assert 128 <= early < late <= 4096
+    assert goodput.goodput("cifar10", (1,), 128.0, 0) == pytest.approx(
+        1 / catalog.iteration_seconds("cifar10", 128.0, (1,))[0])  # at the initial batch: one iteration each
+
+
+def test_goodput_batches_speed_up_users_small_jobs():
+    """The Pollux workloads as users submitted them (one GPU, a small batch each): elastic with the goodput
+    batch against elastic with the submitted batches, in the reference preset, the first 60 jobs."""
+    jobs = packaged_workload(1, "workloads-realistic")[:60]
+    c = presets.sim_config(presets.resolve("reference", {}), world("today").sim_config("t4-16"))
+    fixed = E.run(T.from_workload(jobs, 60.0, interference_sigma=0.0), registry.build("elastic"), c)
+    chosen = E.run(T.from_workload(jobs, 60.0, interference_sigma=0.0, adaptive=True),
+                   registry.build("elastic", registry.PolicyOptions(batch="goodput")), c)
+    assert chosen.avg_jct_slots < 0.85 * fixed.avg_jct_slots
+    assert registry.build("elastic", registry.PolicyOptions(batch="goodput")).name == "elastic+goodput"
+
+
+def test_the_simulator_command_adapts_batches_and_records_it():
+    r = CliRunner().invoke(cli, ["sim", "--jobs", "30", "--adaptive-batch", "--batch", "goodput",
+                                 "--policy", "elastic", "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["trace"]["adaptive_batch"] is True and out["sim"]["batch"] == "goodput"
+    assert out["results"][0]["policy"] == "elastic+goodput"
