@@ -163,6 +163,3 @@ def test_the_shipped_table_gives_its_recorded_validation_jct_under_the_planner()
     cfg = TT.sim_config(setup)
     res = E.run(TT.make_trace(setup, cfg, v["seed"]), LP.on_table(table, in_bucket=8), cfg, seed=v["seed"])
     assert float(res.jct_slots.mean()) == pytest.approx(v["jct_slots"], abs=1e-2)
-    # and the planner on the simulator's own table is no better there: the learned one lost nothing on this trace
-    own = E.run(TT.make_trace(setup, cfg, v["seed"]), LP.on_measured_speeds(cfg, in_bucket=8), cfg, seed=v["seed"])
-    assert v["jct_slots"] <= float(own.jct_slots.mean()) + 0.05

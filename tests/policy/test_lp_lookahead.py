@@ -104,10 +104,10 @@ def test_local_moves_start_a_waiting_job_first_shrink_the_largest_grow_the_first
     lead = next(j for j in sorted(range(len(view)), key=lambda j: (p.now[j] < 0, p.alpha[j])) if own.workers[j])
     assert grown.workers[lead] + grown.ps[lead] > tasks[lead]  # the first job it runs, one size larger
     # as candidates of the lookahead they are drawn from nothing: two seeds give one run
-    tr = TR.generate(TR.TraceConfig(num_jobs=6), seed=3)
+    tr = TR.generate(TR.TraceConfig(num_jobs=4), seed=3)
     cfg = E.SimConfig(cluster=preset("tiny"), max_workers=8, max_ps=8)
     table = speed_table(cfg.speed_model)
-    runs = [Lookahead(table, 1, 2, None, seed, 0, starts=2, shrinks=2, grows=1, rounds=3) for seed in (1, 2)]
+    runs = [Lookahead(table, 1, 2, None, seed, 0, starts=2, shrinks=2, grows=1, rounds=2) for seed in (1, 2)]
     jcts = [E.run(tr, look, cfg, seed=3).jct_slots for look in runs]
     np.testing.assert_array_equal(jcts[0], jcts[1])
     planner = E.run(tr, on_measured_speeds(cfg), cfg, seed=3).jct_slots

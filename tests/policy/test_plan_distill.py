@@ -137,7 +137,7 @@ def test_the_training_runs_planner_phase_learns_the_planners_choices():
     pairs on the planner's own runs of those traces, which the untrained network does not."""
     from dl2d.policy.target import train as TT
     setup = TT.TrainSetup(world="dl2", servers=4, jobs=6, clusters=2, slots=4, val_traces=1, sl_iters=0, rl_iters=0,
-                          plan_rounds=2, plan_traces=1, plan_iters=300, plan_lr=3e-3, teacher="optimus-relative",
+                          plan_rounds=2, plan_traces=1, plan_iters=100, plan_lr=1e-2, teacher="optimus-relative",
                           every_count=True)
     cfg = TT.sim_config(setup)
     progress, evals = [], []
