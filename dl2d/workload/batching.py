@@ -1,25 +1,21 @@
-"""How a job's total batch is split over its GPUs: the per-model batch limits the measurements support, and the
-per-GPU batch and gradient-accumulation steps of a total batch on some GPUs.
+"""A model's batch limits and a total batch's step time on some GPUs.
 
-A GPU holds at most ``max_local`` samples at once (the largest local batch measured for the model in
+A GPU holds at most ``max_local`` samples in a pass (the largest local batch measured for the model in
 ``data/pollux/<model>/placements.csv``; YOLOv3's 8, as the Pollux artifact sets it, where its table goes to 16).
-A total batch B on R GPUs asks ``ceil(B / R)`` of each; beyond ``max_local`` each GPU accumulates gradients over
-``accum + 1`` passes of ``ceil(local / (accum + 1))`` samples (its *atomic* batch) before one synchronisation, so
-an iteration takes ``step + accum x (step - sync)`` seconds. The Pollux artifact's simulator also makes a job on
-one GPU whose batch exceeds its model's initial one accumulate over at least two passes
-(``one_gpu_accumulates``): that is the artifact's rule, kept as a switch so its results can be reproduced.
-
-These are the limits a batch-adapting scheduler keeps to as well: ``init`` (the smallest measured total batch,
-the one a job's progress is counted in, dl2d.workload.efficiency) and ``max_total`` (the largest measured).
+The split of a total batch into per-GPU passes with gradient accumulation beyond that is the one rule every side
+speaks (dl2d.core.batch); an iteration takes ``step + accum x (step - sync)`` seconds of the measured step at
+the atomic batch. These are the limits a batch-adapting scheduler keeps to as well: ``init`` (the smallest
+measured total batch, the one a job's progress is counted in, dl2d.workload.efficiency) and ``max_total`` (the
+largest measured).
 """
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from dl2d.core.batch import split as core_split
 from dl2d.workload import throughput, workloads
 
 #: Largest local batch per GPU where the Pollux artifact sets one below its measured table's largest.
@@ -51,16 +47,9 @@ def limits(model: str) -> BatchLimits:
 
 def split(batch: float, gpus: int, lim: BatchLimits, one_gpu_accumulates: bool = False) -> tuple[int, int]:
     """(atomic batch per GPU per pass, accumulation steps beyond the first pass) of total batch ``batch`` on
-    ``gpus`` GPUs (module docstring); the atomic batch never makes the total exceed ``lim.max_total``."""
-    if not math.isfinite(batch) or batch <= 0 or gpus < 1:
-        raise ValueError(f"a split needs a total batch > 0 and a GPU at least, got {batch!r} on {gpus!r}")
-    local = math.ceil(batch / gpus - 1e-8)
-    accum = math.ceil(local / lim.max_local - 1e-8) - 1
-    if one_gpu_accumulates and gpus == 1 and batch > lim.init:
-        accum = max(1, accum)
-    atomic = math.ceil(local / (accum + 1) - 1e-8)
-    atomic = min(atomic, int(lim.max_total / (gpus * (accum + 1))))
-    return max(atomic, 1), accum
+    ``gpus`` GPUs within ``lim`` (dl2d.core.batch.split, the rule every side speaks); the atomic batch never makes
+    the total exceed ``lim.max_total``."""
+    return core_split(batch, gpus, lim.max_local, lim.max_total, lim.init, one_gpu_accumulates)
 
 
 def iteration_seconds(model: str, placement: throughput.Placement, batch: float, off_table: str = "fit",
