@@ -1,4 +1,5 @@
-"""dl2d's twin against the Pollux artifact's own simulator, job by job, on the eight tuned Pollux workloads.
+"""dl2d's twin against the Pollux artifact's own simulator, job by job, on the eight tuned Pollux workloads: its
+Tiresias, Optimus+Oracle and (``--policies pollux``) Pollux.
 
 Why: averages can agree while jobs do not (differences that offset). The artifact published each job's JCT at job
 load 1.0 for Tiresias, Optimus+Oracle and Pollux (dl2d/workload/data/pollux/results-jobload-1.0/, credit there);
@@ -18,6 +19,7 @@ import json
 import shlex
 import sys
 import time
+from dataclasses import replace
 from importlib import resources
 
 import numpy as np
@@ -27,6 +29,7 @@ from dl2d.sim import engine as E
 from dl2d.sim import presets
 from dl2d.sim.trace import from_workload
 from dl2d.sim.worlds import world
+from dl2d.workload.catalog import model_index
 from dl2d.workload.seeds import seed_list
 from dl2d.workload.workloads import packaged_workload
 
@@ -64,11 +67,25 @@ def compare(ours: dict[str, float], theirs: dict[str, float]) -> dict:
             "median_ratio": round(float(np.median(r)), 4)}
 
 
-def run_one(policy: str, k: int, cfg, baseline_rules: str = "reference") -> dict[str, float]:
+def pollux_trace(trace):
+    """The artifact's Pollux jobs: every batch Pollux's to choose, but NCF's, fixed at 32 768."""
+    ncf = trace.type_idx == model_index("ncf")
+    return replace(trace, adaptive=trace.adaptive & ~ncf, batch_size=np.where(ncf, 32768.0, trace.batch_size))
+
+
+def run_one(policy: str, k: int, cfg, baseline_rules: str = "reference", generations: int = 100
+            ) -> tuple[dict[str, float], float]:
+    """({job: JCT s}, decision ms a slot) of ``policy`` on tuned workload ``k``."""
     jobs = sorted(packaged_workload(k, "workloads"), key=lambda j: j.arrival_s)
-    trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0)
-    res = E.run(trace, registry.build(policy, registry.PolicyOptions(baseline_rules=baseline_rules)), cfg, seed=k)
-    return {j.name: float(t) * cfg.slot_seconds for j, t in zip(jobs, res.jct_slots)}
+    trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0, adaptive=policy == "pollux")
+    if policy == "pollux":
+        from dl2d.policy.baselines.pollux import Pollux
+
+        scheduler, trace = Pollux(seed=k, generations=generations), pollux_trace(trace)
+    else:
+        scheduler = registry.build(policy, registry.PolicyOptions(baseline_rules=baseline_rules))
+    res = E.run(trace, scheduler, cfg, seed=k)
+    return {j.name: float(t) * cfg.slot_seconds for j, t in zip(jobs, res.jct_slots)}, res.decision_ms
 
 
 def main() -> None:
@@ -76,6 +93,7 @@ def main() -> None:
     ap.add_argument("--preset", choices=tuple(presets.PRESETS), default="reference")
     ap.add_argument("--policies", default="tiresias,optimus-oracle")
     ap.add_argument("--workloads", default="1-8")
+    ap.add_argument("--generations", type=int, default=100, help="pollux: its genetic search's generations")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
@@ -93,8 +111,9 @@ def main() -> None:
         ref = published(REFERENCE[policy])
         rows = []
         for k in workloads:
-            ours = run_one(policy, k, cfg, chosen["baseline_rules"])
-            row = {"policy": policy, "workload": k, **compare(ours, ref["jcts"][f"workload-{k}"])}
+            ours, ms = run_one(policy, k, cfg, chosen["baseline_rules"], args.generations)
+            row = {"policy": policy, "workload": k, **compare(ours, ref["jcts"][f"workload-{k}"]),
+                   "decision_ms": round(ms, 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
         out["rows"] += rows

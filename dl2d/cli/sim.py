@@ -176,6 +176,10 @@ def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None
                    "progress (statistical efficiency from the measured gradient noise) [default: iterations].")
 @click.option("--baseline-rules", type=click.Choice(twin.BASELINE_RULES), default=None,
               help="tiresias and optimus-oracle: dl2d's rules, or the Pollux artifact's (reference) [default: dl2d].")
+@click.option("--batch-change", type=click.Choice(twin.BATCH_CHANGES), default=None,
+              help="When a job that adapts its batch takes a new one: at a restart, as the scheduler gives it "
+                   "(dl2d's job contract), or in-place, its own goodput-optimal batch at every epoch (an AdaptDL "
+                   "job; needs --work progress) [default: restart].")
 @click.option("--adaptive-batch", is_flag=True,
               help="today: every job of the workload lets the scheduler choose its total batch (within its model's "
                    "measured limits; its work stays what it was submitted with).")
@@ -199,7 +203,7 @@ def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None
 def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals,
         max_arrivals, epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
         allreduce_placement, speed_model, slot_noise, twin_preset, shared_node_slowdown, accumulate, off_table, work,
-        baseline_rules, adaptive_batch, batch_rule, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound,
+        baseline_rules, batch_change, adaptive_batch, batch_rule, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound,
         as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
@@ -246,7 +250,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
     settings = twin.resolve(twin_preset, {"interference": interference, "slot_noise": slot_noise,
                                      "shared_node_slowdown": shared_node_slowdown,
                                      "allreduce_placement": allreduce_placement, "accumulate": accumulate,
-                                     "off_table": off_table, "work": work, "baseline_rules": baseline_rules},
+                                     "off_table": off_table, "work": work, "baseline_rules": baseline_rules,
+                                     "batch_change": batch_change},
                             WORLDS[world])
     interference = settings["interference"]
     workload_folder, workload_k = parse_workload(workload)
@@ -392,7 +397,8 @@ def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, st
                 "allreduce_placement": sim_cfg.allreduce_placement,
                 "shared_node_slowdown": sim_cfg.shared_node_slowdown, "whole_nodes": whole_nodes,
                 "preset": twin_preset, "speed_rules": sim_cfg.speed_rules.as_dict(),
-                "baseline_rules": settings["baseline_rules"], "batch": batch_rule},
+                "baseline_rules": settings["baseline_rules"], "batch": batch_rule,
+                "batch_change": settings["batch_change"]},
         "lower_bound": {"avg_jct_slots": round(bound.avg_jct_slots, 3),
                         "avg_jct_hours": round(bound.avg_jct_slots * slot_seconds / 3600, 3),
                         "no_contention_slots": round(bound.no_contention_slots, 3),

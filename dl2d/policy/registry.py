@@ -164,6 +164,9 @@ CATALOG = (
     PolicyEntry("tiresias", "Tiresias: discretised two-dimensional least-attained-service, each job what it asked "
                 "for, preemptive, no knowledge of job length", _P + "baselines.tiresias:build", heuristic=True,
                 options=("baseline_rules",)),
+    PolicyEntry("pollux", "Pollux: each job's GPUs by a cluster-wide genetic search over goodput (throughput x "
+                "statistical efficiency), its batch with them (simulator only: it reads the measured tables)",
+                _P + "baselines.pollux:build", daemon=False, options=("seed",)),
     PolicyEntry("drf", "dominant resource fairness: progressive filling by dominant share",
                 _P + "baselines.heuristics:build_drf", heuristic=True, work_conserving=True),
     PolicyEntry("tetris", "packing alignment + shortest remaining time, bundles up to a threshold",

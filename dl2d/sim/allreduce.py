@@ -66,33 +66,54 @@ def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, 
     return out
 
 
-def progress_rates(models, batch_size, worker_servers, gpus_per_worker, epochs_done, seconds, rules, site=None
-                   ) -> np.ndarray:
-    """[jobs] epochs each job trains in its ``seconds`` (already slowed by its interference) under the progress
-    rule (:func:`progress_epochs`); NaN for a job without workers or with a site's own curve (its epochs are the
-    curve's)."""
+def progress_rates(models, batch_size, worker_servers, gpus_per_worker, epochs_done, seconds, rules, site=None,
+                   in_place=None) -> tuple[np.ndarray, np.ndarray]:
+    """([jobs] epochs each job trains in its ``seconds`` (already slowed by its interference) under the progress
+    rule, [jobs] the batch it trains at by the slot's end). NaN epochs for a job without workers or with a site's
+    own curve (its epochs are the curve's). ``in_place`` [jobs] True: the job chooses its own batch at every
+    epoch, the goodput-optimal one for its GPUs, without a restart (as an AdaptDL job does)."""
+    from dl2d.workload import goodput  # noqa: PLC0415
+
     out = np.full(len(worker_servers), np.nan)
+    batch_out = np.asarray(batch_size, float).copy()
     for j, servers in enumerate(worker_servers):
         placement = gpu_placement(servers, gpus_per_worker[j])
         model = str(models[j])
         if placement is None or (site is not None and model in site.names()) or model not in catalog.ALLREDUCE_MODELS:
             continue
+        choose = None
+        if in_place is not None and in_place[j]:
+            def choose(epoch, model=model, placement=placement):
+                best, _ = goodput.best_batch(model, placement, epoch, None, None, rules.off_table,
+                                             rules.one_gpu_accumulates)
+                return best, catalog.iteration_seconds(model, best, placement, rules)
         step, trained = catalog.iteration_seconds(model, float(batch_size[j]), placement, rules)
-        out[j] = progress_epochs(model, trained, step, float(epochs_done[j]), float(seconds[j]))
-    return out
+        if choose is None:
+            out[j] = progress_epochs(model, trained, step, float(epochs_done[j]), float(seconds[j]))
+            continue
+        out[j], chosen = progress_epochs(model, trained, step, float(epochs_done[j]), float(seconds[j]), choose)
+        if chosen is not None and chosen > 0:
+            batch_out[j] = chosen
+    return out, batch_out
 
 
-def progress_epochs(model: str, trained_batch: float, iteration_s: float, epochs_done: float, seconds: float) -> float:
+def progress_epochs(model: str, trained_batch: float, iteration_s: float, epochs_done: float, seconds: float,
+                    choose=None):
     """Epochs a job of ``model`` training at total batch ``trained_batch``, ``iteration_s`` seconds an iteration,
     trains in ``seconds`` from ``epochs_done``, under the progress rule (dl2d.workload.efficiency): epoch by epoch,
     each at its own gain, as the Pollux artifact's simulator steps a job. Where it finishes within ``seconds`` the
-    epochs it would train at the same pace over all of them (the engine reads the finish moment from that)."""
+    epochs it would train at the same pace over all of them (the engine reads the finish moment from that).
+    ``choose(epoch) -> (batch, (seconds an iteration, batch trained))``: the job's own batch for each epoch it
+    enters (and the one it is in); then (epochs, the last batch chosen), else just the epochs."""
     r = efficiency.runs(model)
     starts, last = r.epoch_starts, r.epochs
     k = min(int(epochs_done), last)
     p = starts[k] + (epochs_done - k) * (starts[k + 1] - starts[k]) if k < last else starts[last]
     left = seconds
+    chosen = None
     while left > 0 and k < last:
+        if choose is not None:
+            chosen, (iteration_s, trained_batch) = choose(k)
         rate = efficiency.gain(r, trained_batch, k) / iteration_s  # progress per second in epoch k
         need = starts[k + 1] - p
         if rate * left < need:
@@ -104,8 +125,8 @@ def progress_epochs(model: str, trained_batch: float, iteration_s: float, epochs
     now = k + (p - starts[k]) / (starts[k + 1] - starts[k]) if k < last else float(last)
     trained = now - epochs_done
     if k >= last and left > 0:  # done after seconds - left of them
-        return trained * seconds / max(seconds - left, 1e-12)
-    return trained
+        trained = trained * seconds / max(seconds - left, 1e-12)
+    return (trained, chosen) if choose is not None else trained
 
 
 def moved(prev: Sequence[Sequence[int]], now: Sequence[Sequence[int]]) -> np.ndarray:

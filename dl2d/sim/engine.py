@@ -64,6 +64,10 @@ class SimConfig:
     # how an all-reduce job's speed follows from the measurements (per-GPU batch cap and accumulation, off-table
     # placements, work): dl2d's own by default, the Pollux artifact's in the reference preset (dl2d.sim.presets)
     speed_rules: SpeedRules = DEFAULT_RULES
+    # a job that lets the scheduler choose its batch chooses its own at every epoch, the goodput-optimal one for its
+    # GPUs, in place (as an AdaptDL job does; the Pollux artifact's); off: its batch changes only at a restart, as
+    # dl2d's job contract gives it (progress rule only)
+    batch_in_place: bool = False
 
     @property
     def heterogeneous(self) -> bool:
@@ -242,10 +246,13 @@ def step(trace: Trace, state: SimState, alloc: Allocation, cfg: SimConfig, rng: 
         pace = factor[ar_jobs] * (1 - cfg.shared_node_slowdown * shared)
         epochs[ar_jobs] = rate * pace * seconds[ar_jobs]
         if cfg.speed_rules.work == "progress":  # epoch by epoch, each at its own statistical efficiency
-            walk = allreduce.progress_rates(models, batch[ar_jobs], servers, view.worker_demand[ar_jobs, 0],
-                                            state.epochs_done[jobs[ar_jobs]], pace * seconds[ar_jobs],
-                                            cfg.speed_rules, cfg.site_speeds)
+            in_place = trace.adaptive[jobs[ar_jobs]] if cfg.batch_in_place else None
+            walk, walked = allreduce.progress_rates(models, batch[ar_jobs], servers, view.worker_demand[ar_jobs, 0],
+                                                    state.epochs_done[jobs[ar_jobs]], pace * seconds[ar_jobs],
+                                                    cfg.speed_rules, cfg.site_speeds, in_place)
             epochs[ar_jobs] = np.where(np.isnan(walk), epochs[ar_jobs], walk)
+            batch = batch.copy()
+            batch[ar_jobs] = walked
     nxt, reward, trained = advance(state, trace, jobs, epochs)
     factors = measure_speed(state.speed_factors, view, jobs, epochs, w, p, table, nxt.finish_time, cfg.slot_seconds)
     workers, ps = nxt.workers.copy(), nxt.ps.copy()

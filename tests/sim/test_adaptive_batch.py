@@ -26,8 +26,9 @@ RULES = presets.speed_rules(presets.resolve("reference", {}))
 
 
 def cfg(**over):
+    """The reference preset's rules, a batch changing at a restart unless ``batch_in_place``."""
     base = presets.sim_config(presets.resolve("reference", {}), world("today").sim_config())
-    return replace(base, cluster=ClusterSpec(2, **T4_NODE), **over)
+    return replace(base, cluster=ClusterSpec(2, **T4_NODE), **{"batch_in_place": False, **over})
 
 
 def one_job(model="cifar10", batch=128.0, adaptive=True, epochs=None):
@@ -130,3 +131,14 @@ def test_the_simulator_command_adapts_batches_and_records_it():
     out = json.loads(r.output)
     assert out["trace"]["adaptive_batch"] is True and out["sim"]["batch"] == "goodput"
     assert out["results"][0]["policy"] == "elastic+goodput"
+
+
+def test_a_job_choosing_its_own_batch_in_place_grows_it_epoch_by_epoch_without_a_restart():
+    """--batch-change in-place (the reference preset's): an AdaptDL job re-chooses its goodput-optimal batch at every
+    epoch; it is never restarted for it, and it finishes before the same job held at its submitted batch."""
+    batches = []
+    res = E.run(one_job(epochs=100.0), Fixed(), cfg(batch_in_place=True), on_slot=lambda s: batches.append(s.batch[0]))
+    held = E.run(one_job(epochs=100.0), Fixed(), cfg(batch_in_place=False))
+    assert res.resizes == 1 and held.resizes == 1  # the start only
+    assert len(set(batches)) > 2 and batches[-1] > batches[0]
+    assert res.jct_slots[0] < held.jct_slots[0]

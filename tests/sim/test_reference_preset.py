@@ -64,10 +64,11 @@ def test_each_rule_of_the_preset_is_its_own_setting():
     """An option given beside a preset wins over it; the rest are the preset's; with neither, dl2d's own."""
     ref = presets.resolve("reference", {"work": "iterations"})
     assert ref["work"] == "iterations" and ref["accumulate"] == "artifact" and ref["off_table"] == "interpolate"
-    assert ref["baseline_rules"] == "reference" and ref["interference"] == 0.0
+    assert ref["baseline_rules"] == "reference" and ref["interference"] == 0.0 and ref["batch_change"] == "in-place"
     own = presets.resolve("dl2d", {})
     assert own == {"interference": 0.27, "slot_noise": 0.1, "shared_node_slowdown": 0.1, "allreduce_placement": "pack",
-                   "accumulate": "none", "off_table": "fit", "work": "iterations", "baseline_rules": "dl2d"}
+                   "accumulate": "none", "off_table": "fit", "work": "iterations", "baseline_rules": "dl2d",
+                   "batch_change": "restart"}
     assert presets.resolve("dl2d", {}, world("dl2"))["shared_node_slowdown"] == 0.0
     assert presets.speed_rules(own) == presets.speed_rules(presets.resolve("dl2d", {"accumulate": "none"}))
     with pytest.raises(ValueError, match="unknown preset"):
