@@ -203,8 +203,8 @@ def make_policy(name: str, checkpoint: Path | None, tetris_threshold: int | None
 def sim(ctx, policy, checkpoints, compare, trace_path, world, workload, load, style, jobs, seed, arrivals,
         max_arrivals, epochs_model, estimate_error, interference, cluster, servers, slot_seconds, restart_seconds,
         allreduce_placement, speed_model, slot_noise, twin_preset, shared_node_slowdown, accumulate, off_table, work,
-        baseline_rules, batch_change, adaptive_batch, batch_rule, tetris_threshold, whole_nodes, save_trace, per_type, lp_bound,
-        as_json) -> None:
+        baseline_rules, batch_change, adaptive_batch, batch_rule, tetris_threshold, whole_nodes, save_trace, per_type,
+        lp_bound, as_json) -> None:
     """Simulate a GPU cluster under a scheduling policy and report job completion times.
 
     A job's completion time (JCT) runs from its arrival slot to the moment it finishes, fractions of a slot

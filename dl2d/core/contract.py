@@ -118,7 +118,8 @@ class SlotView:
             job_speed_factor=pick(self.job_speed_factor), job_shared_gpu=pick(self.job_shared_gpu),
             worker_demand=pick(self.worker_demand).reshape(-1, 3), ps_demand=pick(self.ps_demand).reshape(-1, 3),
             kind=pick_tuple(self.kind), est_speed=pick(self.est_speed), requested_workers=pick(self.requested_workers),
-            batch_size=pick(self.batch_size), adaptive=pick(self.adaptive), prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
+            batch_size=pick(self.batch_size), adaptive=pick(self.adaptive),
+            prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
 
     @property
     def allreduce(self) -> np.ndarray:

@@ -22,12 +22,8 @@ import numpy as np
 from dl2d.workload import catalog, efficiency, throughput
 
 
-def gpu_placement(servers: Sequence[int], gpus_per_worker: float) -> throughput.Placement | None:
-    """GPUs per server of a job whose workers are on ``servers`` (one entry per worker); None without workers."""
-    if not len(servers):
-        return None
-    g = max(int(round(gpus_per_worker)), 1)
-    return throughput.canonical(n * g for n in Counter(int(s) for s in servers).values())
+#: GPUs per server of a job whose workers are on the given servers (one entry per worker); None without workers
+gpu_placement = throughput.placement_on
 
 
 def multi_server(servers: Sequence[int]) -> bool:
@@ -62,7 +58,8 @@ def epoch_rates(models, batch_size, worker_servers, gpus_per_worker, site=None, 
         rate = site.epochs_per_s(model, sum(placement)) if site is not None else None
         if rate is not None and per_node and len(placement) > len(catalog.packed(sum(placement), per_node)):
             rate /= 1.0 + site.spread_slowdown(model)
-        out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement, rules)
+        out[j] = rate if rate is not None else catalog.allreduce_epoch_rate(model, float(batch_size[j]), placement,
+                                                                            rules)
     return out
 
 

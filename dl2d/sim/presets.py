@@ -12,8 +12,9 @@ and new ones filled from the node with the most free GPUs ("spread"), each GPU's
 accumulation beyond it and a one-GPU job accumulating over two passes beyond its model's initial batch
 (dl2d.workload.batching), off-table placements interpolated between the measurements, work counted as
 statistical-efficiency progress (dl2d.workload.efficiency), a job that adapts its batch choosing its own at every
-epoch in place (as AdaptDL does), and the artifact's own rules for the two baselines it ran (Tiresias: two queues at 16 GPU-hours, no starvation guard; Optimus+Oracle: replicas capped at the batch
-over the smallest local batch). The cluster (16 x 4 T4), the 60 s slot and the 30 s restart are today's already.
+epoch in place (as AdaptDL does), and the artifact's own rules for the two baselines it ran (Tiresias: two queues
+at 16 GPU-hours, no starvation guard; Optimus+Oracle: replicas capped at the batch over the smallest local batch).
+The cluster (16 x 4 T4), the 60 s slot and the 30 s restart are today's already.
 """
 from __future__ import annotations
 

@@ -108,11 +108,19 @@ def measured_iterations(r: GradientRuns, batch: float, epoch: int) -> float:
     return float(np.interp(batch, r.batches, r.iterations[:, e]))
 
 
+def gain_of(stats, batch, init):
+    """Progress (iterations at batch ``init``) of one iteration at ``batch`` with gradient statistics ``stats`` =
+    (grad_sqr, grad_var): ``(var + sqr) / (var / s + sqr)``, s = batch / init; 1 where that is not defined.
+    Element-wise over arrays."""
+    sqr, var = stats
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = var / (batch / init) + sqr
+        return np.where(denom > 0, (var + sqr) / denom, 1.0)[()]
+
+
 def gain(r: GradientRuns, batch: float, epoch: int) -> float:
     """Progress (iterations at the initial batch) one iteration at total batch ``batch`` makes during ``epoch``."""
-    sqr, var = grad_stats(r, batch, epoch)
-    scale = batch / r.init
-    return (var + sqr) / (var / scale + sqr)
+    return gain_of(grad_stats(r, batch, epoch), batch, r.init)
 
 
 @functools.lru_cache(maxsize=65536)

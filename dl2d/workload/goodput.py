@@ -22,20 +22,12 @@ from dl2d.workload import batching, efficiency, throughput
 CANDIDATES = 50
 
 
-def gain_of(stats: tuple[float, float], batch: float, init: float) -> float:
-    """Progress of one iteration at ``batch`` with gradient statistics ``stats`` = (grad_sqr, grad_var)."""
-    sqr, var = stats
-    scale = batch / init
-    denom = var / scale + sqr
-    return (var + sqr) / denom if denom > 0 else 1.0
-
-
 def goodput(model: str, placement: throughput.Placement, batch: float, epoch: int, stats=None,
             off_table: str = "fit", one_gpu_accumulates: bool = False) -> float:
     """Progress per second of ``model`` at total batch ``batch`` on ``placement`` during ``epoch``."""
     seconds, trained = batching.iteration_seconds(model, placement, batch, off_table, one_gpu_accumulates)
     r = efficiency.runs(model)
-    g = efficiency.gain(r, trained, epoch) if stats is None else gain_of(stats, trained, r.init)
+    g = efficiency.gain(r, trained, epoch) if stats is None else efficiency.gain_of(stats, trained, r.init)
     return g / seconds
 
 

@@ -27,6 +27,7 @@ import functools
 import io
 import math
 from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from typing import Iterable, Sequence
@@ -48,6 +49,14 @@ def canonical(placement: Iterable[int]) -> Placement:
     if not gpus:
         raise ValueError("a placement needs at least one GPU")
     return tuple(sorted(gpus, reverse=True))
+
+
+def placement_on(servers, gpus_per_worker: float) -> Placement | None:
+    """GPUs per node of a job whose workers are on ``servers`` (one entry per worker); None without workers."""
+    if not len(servers):
+        return None
+    g = max(int(round(gpus_per_worker)), 1)
+    return canonical(n * g for n in Counter(int(s) for s in servers).values())
 
 
 def even_spread(gpus: int, nodes: int) -> Placement:

@@ -165,7 +165,8 @@ class ReferenceOptimus(IgnoresFeedback):
             if n[j] == 0 or n[j] + 1 > cap[j] or left < 1:
                 return 0.0
             model, b = self._model(view, j), float(view.batch_size[j])
-            cut = self.step_seconds(model, b, int(n[j]), per_node) - self.step_seconds(model, b, int(n[j]) + 1, per_node)
+            now, more = (self.step_seconds(model, b, int(m), per_node) for m in (n[j], n[j] + 1))
+            cut = now - more
             return float(cut * remaining[j])
 
         gains = np.array([gain(j) for j in range(len(view))])

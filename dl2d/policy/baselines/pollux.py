@@ -20,9 +20,10 @@ one trains 20 % faster (dl2d.policy.elastic.goodput); one that does not keeps it
 that batch.
 
 What differs from the artifact: the search is an elitist single-objective genetic algorithm, not pymoo's NSGA-II
-(whose second objective, cluster utility, only serves autoscaling, off in the artifact's runs); a batch change is
-a restart (dl2d's job contract: a job reads its batch when it starts), where AdaptDL changes a job's batch between
-epochs in place. Simulator only (it reads the measured tables): not for the daemon.
+(whose second objective, cluster utility, only serves autoscaling, off in the artifact's runs); the batch Pollux
+gives a job takes effect at a restart (dl2d's job contract: a job reads its batch when it starts), unless the
+twin lets jobs choose their own in place between epochs as AdaptDL's do (``--batch-change in-place``, the
+reference preset's). Simulator only (it reads the measured tables): not for the daemon.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from dl2d.core.contract import Allocation, SlotView
 from dl2d.core.placement import fit_counts
 from dl2d.policy.baselines.heuristics import AllocationBuilder
 from dl2d.policy.baselines.slurm_fifo import asked
-from dl2d.policy.elastic.goodput import GoodputBatch
+from dl2d.policy.elastic.goodput import goodput_batches
 from dl2d.policy.registry import IgnoresFeedback, PolicyOptions
 from dl2d.workload import batching, efficiency, throughput
 from dl2d.workload.catalog import ALLREDUCE_MODELS, MODEL_NAMES
@@ -70,9 +71,7 @@ def goodput_table(model: str, batch: float, adaptive: bool, stats: tuple[float, 
     with np.errstate(divide="ignore", invalid="ignore"):
         step = fit.step_time(rr, np.maximum(k, 1.0), np.maximum(atomic, 1.0)) \
             + accum * (fit.alpha_grad + fit.beta_grad * atomic)
-        sqr, var = stats
-        scale = trained / lim.init
-        gain = np.where(var / scale + sqr > 0, (var + sqr) / (var / scale + sqr), 1.0)
+        gain = efficiency.gain_of(stats, trained, lim.init)
         good = np.where((atomic >= lim.min_local) | ~adaptive, gain / step, 0.0)
     good = np.where((k >= 1) & (k <= r) & (r >= 1), good, 0.0)
     return good.max(axis=2)
@@ -165,7 +164,6 @@ class Pollux(IgnoresFeedback):
         self.restarts: dict[int, int] = {}
         self.attained: dict[int, float] = {}
         self._pop: tuple[list[int], np.ndarray] | None = None  # job ids, [P, jobs, nodes]
-        self._batch = GoodputBatch(lambda v: Allocation.empty(len(v)))
 
     def _account(self, view: SlotView) -> None:
         live = set()
@@ -208,7 +206,7 @@ class Pollux(IgnoresFeedback):
         alloc = b.allocation()
         adaptive = np.zeros(n, bool) if view.adaptive is None else np.asarray(view.adaptive, bool)
         if adaptive.any():
-            alloc = replace(alloc, batch_size=self._batch.batches(view, alloc))
+            alloc = replace(alloc, batch_size=goodput_batches(view, alloc))
         return alloc
 
     def _size(self, view: SlotView, b: AllocationBuilder, jobs: np.ndarray) -> None:
@@ -248,8 +246,7 @@ class Pollux(IgnoresFeedback):
         penalty = np.maximum(age - restarts * RESTART_S, 0.0) / (age + RESTART_S)
         search = Search(speedup, caps, room.astype(int), np.minimum(base, room[None, :]), penalty,
                         1.0 / max(view.capacity[:, 0].sum(), 1), self.rng)
-        pop = self.run_search(search, [ids[j] for j in order], search.base)
-        best = pop[int(np.argmax(search.fitness(pop)))]
+        best = self.run_search(search, [ids[j] for j in order], search.base)[0]  # best first
         for i, j in enumerate(order):
             servers = [srv for srv in range(nodes) for _ in range(int(best[i, srv]))]
             if servers and prev[j] and sorted(servers) != sorted(prev[j]):

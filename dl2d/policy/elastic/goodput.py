@@ -15,7 +15,6 @@ choosing sizes and batches together is the ``pollux`` baseline's and the learned
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -28,14 +27,37 @@ from dl2d.workload.catalog import ALLREDUCE_MODELS, MODEL_NAMES, packed
 
 def placement_of(servers, gpus_per_worker: float, workers: int, per_node: int) -> throughput.Placement:
     """GPUs per node of a job's workers on ``servers`` (packed when the allocation names none)."""
-    g = max(int(round(gpus_per_worker)), 1)
     if servers:
-        return throughput.canonical(n * g for n in Counter(int(s) for s in servers).values())
-    return packed(workers * g, per_node)
+        return throughput.placement_on(servers, gpus_per_worker)
+    return packed(workers * max(int(round(gpus_per_worker)), 1), per_node)
 
 
 #: how much more goodput a new batch must give a job that keeps its GPUs to be worth a restart
 WORTH = 0.2
+
+
+def goodput_batches(view: SlotView, a: Allocation) -> np.ndarray:
+    """[jobs] the batch each adaptive job restarting under ``a`` takes (0: it keeps its own)."""
+    out = np.zeros(len(view))
+    per_node = max(int(view.capacity[:, 0].max()), 1) if len(view.capacity) else 1
+    prev = view.prev_worker_servers
+    for j in np.flatnonzero(np.asarray(view.adaptive, bool) & (np.asarray(a.workers) > 0)):
+        model = MODEL_NAMES[int(view.type_idx[j])]
+        if model not in ALLREDUCE_MODELS:
+            continue
+        servers = a.worker_servers[j] if a.worker_servers is not None else None
+        moved = servers is not None and prev is not None and sorted(servers) != sorted(prev[j])
+        placement = placement_of(servers, view.worker_demand[j, 0], int(a.workers[j]), per_node)
+        epoch = int(view.epochs_done[j])
+        best, g_best = goodput.best_batch(model, placement, epoch)
+        if best <= 0:
+            continue
+        if a.workers[j] == view.prev_workers[j] and not moved:  # it would run on as it is
+            now = float(view.batch_size[j])
+            if g_best < (1 + WORTH) * goodput.goodput(model, placement, now, epoch):
+                continue
+        out[j] = best
+    return out
 
 
 class GoodputBatch:
@@ -46,34 +68,11 @@ class GoodputBatch:
         self.inner: Policy = inner if isinstance(inner, Policy) else StatelessPolicy(inner, name)
         self.name = f"{name}+goodput"
 
-    def batches(self, view: SlotView, a: Allocation) -> np.ndarray:
-        """[jobs] the batch each adaptive job restarting under ``a`` takes (0: it keeps its own)."""
-        out = np.zeros(len(view))
-        per_node = max(int(view.capacity[:, 0].max()), 1) if len(view.capacity) else 1
-        prev = view.prev_worker_servers
-        for j in np.flatnonzero(np.asarray(view.adaptive, bool) & (np.asarray(a.workers) > 0)):
-            model = MODEL_NAMES[int(view.type_idx[j])]
-            if model not in ALLREDUCE_MODELS:
-                continue
-            servers = a.worker_servers[j] if a.worker_servers is not None else None
-            moved = servers is not None and prev is not None and sorted(servers) != sorted(prev[j])
-            placement = placement_of(servers, view.worker_demand[j, 0], int(a.workers[j]), per_node)
-            epoch = int(view.epochs_done[j])
-            best, g_best = goodput.best_batch(model, placement, epoch)
-            if best <= 0:
-                continue
-            if a.workers[j] == view.prev_workers[j] and not moved:  # it would run on as it is
-                now = float(view.batch_size[j])
-                if g_best < (1 + WORTH) * goodput.goodput(model, placement, now, epoch):
-                    continue
-            out[j] = best
-        return out
-
     def __call__(self, view: SlotView) -> Allocation:
         a = self.inner(view)
         if view.adaptive is None or not np.any(view.adaptive) or not len(view):
             return a
-        return replace(a, batch_size=self.batches(view, a))
+        return replace(a, batch_size=goodput_batches(view, a))
 
     def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:
         self.inner.applied(view, allocation, overridden)
