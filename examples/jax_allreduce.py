@@ -7,6 +7,9 @@ generator keyed on ``(seed, s)`` and split evenly over the processes, so the par
 depend on how many processes computed them or how often the job was resized. Checkpoints are orbax's, saved by
 all processes together and restored onto whatever number of processes the next run has.
 
+An adaptive job (submitted with ``--adaptive-batch``) trains at the batch dl2d gives each run (``DL2D_BATCH_SIZE``),
+reports its gradient noise and scales its learning rate by AdaScale's gain (``--lr-rule``).
+
     srun -n 3 python examples/jax_allreduce.py --steps 200          # under dl2d: the batch script does this
     python examples/jax_allreduce.py --steps 200 --checkpoint-dir /tmp/ck   # by hand, one process
 """
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import dl2d.job
+from dl2d.job.batch import LR_RULES, GradientNoise, lr_scale
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,6 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(.npz)")
     p.add_argument("--ignore-signal", action="store_true", help="break the contract: never save on the signal "
                    "(for tests of what dl2d does then)")
+    p.add_argument("--max-local-batch", type=int, default=512, help="an adaptive job (DL2D_BATCH_SIZE set): the "
+                   "most samples a process takes in a pass, unless dl2d says (DL2D_MAX_LOCAL_BATCH)")
+    p.add_argument("--lr-rule", choices=LR_RULES, default="adascale", help="an adaptive job: how the learning rate "
+                   "follows the batch (dl2d.job.batch.lr_scale)")
     return p.parse_args(argv)
 
 
@@ -46,6 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = dl2d.job.start(total_steps=args.steps, checkpoint_dir=args.checkpoint_dir)
     c = run.contract
+    # An adaptive job trains at the batch dl2d gives this run, split over its processes in passes of at most
+    # max_local_batch (one pass each here: the local batch is small); its gradient noise is measured between the
+    # passes' gradients, its learning rate scaled from the one tuned for its submitted batch.
+    adaptive = c.batch_size is not None
+    passes = 1
+    if adaptive:
+        plan = run.batch_plan(args.global_batch, args.max_local_batch)
+        args.global_batch, passes = plan.total, plan.accumulation_steps + 1
+        noise = GradientNoise(init_batch=c.initial_batch_size or args.global_batch)
     if args.global_batch % c.world_size:
         print(f"global batch {args.global_batch} does not split over {c.world_size} processes", file=sys.stderr)
         return 2
@@ -66,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     mesh = Mesh(np.array(jax.devices()), ("data",))
     replicated, by_process = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     local = args.global_batch // c.world_size
+    # the gradients compared for the noise: one a pass of each process (two halves of a pass on one process)
+    n_grads = (c.world_size * passes if c.world_size * passes > 1 else 2) if adaptive else 1
 
     # The data: a fixed synthetic regression set, the same on every process.
     data_rng = np.random.default_rng(args.seed)
@@ -93,16 +112,23 @@ def main(argv: list[str] | None = None) -> int:
 
     state = jax.jit(init_state, out_shardings=replicated)()
 
-    def train_step(state, x, y, stop):
-        def loss_fn(params):
-            return jnp.mean((model.apply(params, x) - y) ** 2)  # mean over the global batch
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+    def train_step(state, x, y, stop, scale):
+        def loss_fn(params, x, y):
+            return jnp.mean((model.apply(params, x) - y) ** 2)
+        # the batch in n_grads equal parts (1 for a fixed batch): their mean loss and gradient are the batch's
+        xs, ys = x.reshape(n_grads, -1, x.shape[-1]), y.reshape(n_grads, -1, y.shape[-1])
+        losses, each = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0))(state["params"], xs, ys)
+        grads = jax.tree.map(lambda g: g.mean(0), each)
+        sqr_each = sum(jnp.sum(g.reshape(n_grads, -1) ** 2, axis=1) for g in jax.tree.leaves(each))
+        sqr_mean = sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))
         updates, opt = tx.update(grads, state["opt"], state["params"])
+        updates = jax.tree.map(lambda u: u * scale, updates)  # the learning rate's factor for this batch
         # stop: one flag per process; its max is every process's answer to "was any of us signalled?"
-        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss, stop.max()
+        return ({"params": optax.apply_updates(state["params"], updates), "opt": opt}, losses.mean(), stop.max(),
+                sqr_each, sqr_mean)
 
-    step_fn = jax.jit(train_step, in_shardings=(replicated, by_process, by_process, by_process),
-                      out_shardings=(replicated, replicated, replicated))  # no donation: a stop keeps the old state
+    step_fn = jax.jit(train_step, in_shardings=(replicated, by_process, by_process, by_process, replicated),
+                      out_shardings=(replicated,) * 5)  # no donation: a stop keeps the old state
 
     def global_array(local_rows: np.ndarray) -> jax.Array:
         return jax.make_array_from_process_local_data(by_process, local_rows)
@@ -116,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
     run.resumed(step)
     if c.is_primary:
-        print(f"run {run.run_number or '?'}: {c.world_size} processes, resuming at step {step}", flush=True)
+        print(f"run {run.run_number or '?'}: {c.world_size} processes, resuming at step {step}"
+              + (f", batch {args.global_batch} ({local} a process)" if adaptive else ""), flush=True)
+    samples = int(run.progress.report.get("samples") or step * args.global_batch)
+    scale = 1.0
+    if adaptive:
+        run.report_batch(args.global_batch)
 
     def save(at: int) -> None:
         if manager.latest_step() != at:
@@ -127,16 +158,25 @@ def main(argv: list[str] | None = None) -> int:
     while step < args.steps:
         x, y = batch_of(step + 1)
         flag = np.array([run.stop_requested and not args.ignore_signal], dtype=np.int32)
-        new_state, loss, stop = step_fn(state, global_array(x), global_array(y), global_array(flag))
+        new_state, loss, stop, sqr_each, sqr_mean = step_fn(state, global_array(x), global_array(y),
+                                                            global_array(flag), np.float32(scale))
         if bool(stop):  # every process saw the same flag: all stop before this step, together
             save(step)
             manager.close()
             run.exit_checkpointed(step)
         state, step = new_state, step + 1
+        samples += args.global_batch
+        if adaptive:
+            noise.update(np.asarray(sqr_each).tolist(), float(sqr_mean), args.global_batch / n_grads)
+            scale = lr_scale(args.global_batch, noise.init_batch, noise, args.lr_rule)
+            run.report_batch(args.global_batch, noise)
+            if c.is_primary and step == run.progress.report.get("resumed_from", 0) + 1:
+                print(f"learning rate x{scale:.4g} at batch {args.global_batch} (submitted "
+                      f"{noise.init_batch:g})", flush=True)
         if log is not None:
             log.write(f"{c.world_size} {step}\n")
             log.flush()
-        run.step_done(step, samples=step * args.global_batch)
+        run.step_done(step, samples=samples)
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             save(step)
         if args.step_seconds:

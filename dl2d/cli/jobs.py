@@ -190,6 +190,14 @@ def _submit_flags(f: Any) -> Any:
                           "resnet50, vgg16, ctc)."),
         click.option("--batch-size", type=float,
                      help="All-reduce: the total batch of all workers together (required for a measured model)."),
+        click.option("--adaptive-batch", is_flag=True, default=None,
+                     help="All-reduce, a measured model: dl2d chooses the total batch with the GPUs, for the "
+                          "most goodput (docs/jobs.md); --batch-size is then the initial one."),
+        click.option("--max-batch-size", type=float, metavar="N",
+                     help="With --adaptive-batch: the largest total batch the job accepts [its model's measured]."),
+        click.option("--max-local-batch", type=int, metavar="N",
+                     help="With --adaptive-batch: the most samples one GPU takes in a pass (beyond it the job "
+                          "accumulates gradients) [its model's measured]."),
         click.option("--workers", metavar="N|MIN-MAX",
                      help="The workers you ask for (what Slurm alone would give the job); MIN-MAX, as Slurm's "
                           "--nodes=MIN-MAX: ask for MAX, never run with fewer than MIN (the job waits instead)."),
@@ -430,6 +438,14 @@ def load_job_detail(session: Any, job_id: int, now: datetime) -> dict[str, Any]:
                      for e in job_events(session, job_id)]
     rec["resizes"] = resize_records(job_allocation_history(session, job_id))
     rec["reason"] = pending_reason(rec, pending_reasons(session) if rec["state"] == JobState.PENDING.value else {})
+    if (job.spec or {}).get("adaptive_batch"):
+        from dl2d.daemon.batches import batch_detail
+        from dl2d.db.slots import recent_job_slot_stats
+
+        last = recent_job_slot_stats(session, [job_id], 1).get(job_id) or [{}]
+        gpus = int(job.workers * float(((job.spec or {}).get("worker") or {}).get("gpus") or 1))
+        rec["batch"] = batch_detail(job.spec, job.job_type, job.batch_size, job.batch_noise, job.epochs_done, gpus,
+                                    last[-1].get("nodes"))
     return rec
 
 
@@ -464,6 +480,21 @@ def _slurm_state_dir(ctx: Ctx) -> str:
     return cfg.slurm.state_dir or str(Path(cfg.state_dir) / "slurm")
 
 
+def batch_lines(b: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``show``'s lines of an adaptive job's batch (dl2d.daemon.batches.batch_detail); none for another job."""
+    if not b:
+        return []
+    noise = (f"{b['noise_reports']} reports: noise scale {b['noise_scale_vs_model']:.2f}x its model's (last |G|^2 "
+             f"{b['last_grad_sqr']:.3g}, variance {b['last_grad_var']:.3g})" if b["noise_reports"] else
+             "its model's measured (no report yet)")
+    good = b.get("goodput_vs_submitted")
+    return [("adaptive batch", f"{_n(b['batch_size'])} now (submitted {_n(b['submitted_batch_size'])}; at most "
+                               f"{_n(b['max_batch_size'])}, {_n(b['max_local_batch'])} a GPU a pass)"),
+            ("gradient noise", noise),
+            ("efficiency", f"{b['efficiency']:.2f} (progress per sample against its submitted batch's)"),
+            ("goodput", f"{good:.2f}x its submitted batch's on its GPUs" if good is not None else "- (not running)")]
+
+
 def _print_detail(rec: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -489,6 +520,7 @@ def _print_detail(rec: dict[str, Any]) -> None:
         *([("batch size", _n(spec.get("batch_size")) if spec.get("batch_size") else "-")] if allreduce else
           [("PS demand", f"{_n(p.get('cpus'))} CPU, {_n(p.get('mem_gb'))} GB")]),
         *([("epoch seconds (hint)", _n(spec["epoch_seconds"]))] if spec.get("epoch_seconds") else []),
+        *batch_lines(rec.get("batch")),
         ("command", spec.get("command", "")), ("sync", spec.get("sync", "")),
         ("time limit", f"{spec['time_limit_min']} min" if spec.get("time_limit_min") else "none"),
         ("slurm job", rec["slurm_job_id"] or "-"), ("output", rec.get("output") or "-"),

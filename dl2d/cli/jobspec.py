@@ -15,6 +15,10 @@ A spec file holds the keys of `validate_submission` (see docs/cli.md). An all-re
     launch = "srun"               # optional: dl2d starts one process per worker (default); "once": the
                                   # command runs once on the first node and starts its own (torchrun)
     max_workers = 16              # optional, default 64
+    adaptive_batch = true         # optional: dl2d chooses the total batch with the GPUs (a measured model);
+                                  # batch_size is then the initial one, the one the learning rate is tuned for
+    max_batch_size = 4096         # optional, with adaptive_batch: the largest total batch [its model's measured]
+    max_local_batch = 128         # optional, with adaptive_batch: most samples a GPU takes in one pass [measured]
     [worker]                      # one worker = one rank
     gpus = 1                      # whole GPUs, default 1
     cpus = 8
@@ -202,6 +206,9 @@ FLAG_FIELDS: dict[str, tuple[tuple[str, ...], Any]] = {
     "qos": (("qos",), None),
     "partition": (("partition",), None),
     "export": (("env",), parse_exports),
+    "adaptive_batch": (("adaptive_batch",), None),
+    "max_batch_size": (("max_batch_size",), None),
+    "max_local_batch": (("max_local_batch",), None),
 }
 
 # the flag each field is set by, for messages
@@ -212,7 +219,8 @@ FLAG_NAMES = {
     "max_workers": "--max-workers", "max_ps": "--max-ps", "sync_mode": "--sync-mode", "time": "--time",
     "owner": "--owner", "arch": "--arch", "batch_size": "--batch-size", "workers": "--workers",
     "epoch_seconds": "--epoch-seconds", "launch": "--launch", "label": "--label", "account": "--account",
-    "qos": "--qos", "partition": "--partition", "export": "--export",
+    "qos": "--qos", "partition": "--partition", "export": "--export", "adaptive_batch": "--adaptive-batch",
+    "max_batch_size": "--max-batch-size", "max_local_batch": "--max-local-batch",
 }
 
 

@@ -73,6 +73,12 @@ class SlotView:
     batch_size: np.ndarray | None = field(default=None, kw_only=True)
     #: [jobs] True where the job lets the scheduler choose its total batch (Allocation.batch_size); None: none does
     adaptive: np.ndarray | None = field(default=None, kw_only=True)
+    #: [jobs, 2] an adaptive job's own limits (the largest total batch, the most samples a GPU takes in a pass;
+    #: NaN: its model's measured ones); None: no job has its own
+    batch_limits: np.ndarray | None = field(default=None, kw_only=True)
+    #: [jobs, 2] the gradient statistics (|G|^2, the variance at its model's initial batch) the scheduler believes
+    #: of each adaptive job now, fitted from the job's own reports (NaN: its model's measured ones); None: none
+    grad_stats: np.ndarray | None = field(default=None, kw_only=True)
     # the servers each job's tasks ran on last slot, where known (moving an all-reduce job restarts it)
     prev_worker_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
     prev_ps_servers: tuple[tuple[int, ...], ...] | None = field(default=None, kw_only=True)
@@ -97,6 +103,9 @@ class SlotView:
         for name in ("batch_size", "adaptive"):
             if getattr(self, name) is not None and np.shape(getattr(self, name)) != (n,):
                 raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}, expected ({n},)")
+        for name in ("batch_limits", "grad_stats"):
+            if getattr(self, name) is not None and np.shape(getattr(self, name)) != (n, 2):
+                raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}, expected ({n}, 2)")
         check_allreduce_placement(self.allreduce_placement)
         for name in ("prev_worker_servers", "prev_ps_servers"):
             servers = getattr(self, name)
@@ -119,6 +128,8 @@ class SlotView:
             worker_demand=pick(self.worker_demand).reshape(-1, 3), ps_demand=pick(self.ps_demand).reshape(-1, 3),
             kind=pick_tuple(self.kind), est_speed=pick(self.est_speed), requested_workers=pick(self.requested_workers),
             batch_size=pick(self.batch_size), adaptive=pick(self.adaptive),
+            batch_limits=None if self.batch_limits is None else pick(self.batch_limits).reshape(-1, 2),
+            grad_stats=None if self.grad_stats is None else pick(self.grad_stats).reshape(-1, 2),
             prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))
 
     @property

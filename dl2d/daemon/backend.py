@@ -64,6 +64,7 @@ class Target:
     ps: int
     worker_nodes: tuple[str, ...] = ()  # optional placement, one entry per task
     ps_nodes: tuple[str, ...] = ()
+    batch_size: float = 0.0  # an adaptive job's total batch from this start on (0: the one it has)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,11 @@ class JobStatus:
     finished_at: datetime | None = None  # when it finished or failed, if the backend knows (else: observed)
     lost_epochs: float = 0.0  # cumulative: trained, then redone after a restart that found no checkpoint of it
     started_at: datetime | None = None  # when its current run began, if the backend knows (Slurm's StartTime)
+    # an adaptive job's own report (docs/jobs.md): the total batch it trains at, and its gradient noise
+    # (|G|^2, the variance at its submitted batch) where it measured it; ``report_error`` what was refused of them
+    batch_size: float | None = None
+    grad_noise: tuple[float, float] | None = None
+    report_error: str = ""
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,9 @@ class PolicySection:
     # a job of more workers than a node holds gets whole nodes (8, 12, ... on 4-GPU nodes): no two multi-node jobs
     # share a node (policies that read it: elastic, dl2-target)
     whole_nodes: bool = False
+    # the batch a job submitted with adaptive_batch starts at: "goodput" (the highest goodput on its GPUs, at every
+    # restart) or "fixed" (its submitted one, as every other job)
+    batch: str = "goodput"
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,8 @@ def _check(cfg: DaemonConfig) -> list[tuple[str, str]]:
                         f"({', '.join(online)}), not {p.name!r}"))
     need(p.world in WORLDS, "policy.world", f"must be one of {', '.join(WORLDS)}, got {p.world!r}")
     need(p.placement in PLACEMENTS, "policy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {p.placement!r}")
+    need(p.batch in registry.BATCH_RULES, "policy.batch",
+         f"must be one of {', '.join(registry.BATCH_RULES)}, got {p.batch!r}")
     a = cfg.agents
     need(a.poll_interval > 0, "agents.poll_interval", f"must be > 0, got {a.poll_interval}")
     need(a.timeout > 0, "agents.timeout", f"must be > 0, got {a.timeout}")

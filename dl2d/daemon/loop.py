@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from dl2d.core.files import write_json_atomic
 from dl2d.core.placement import place
+from dl2d.daemon import batches as B
 from dl2d.daemon import jobstats as JS
 from dl2d.daemon import plan as P
 from dl2d.daemon.agent_rounds import poll_round
@@ -112,12 +113,14 @@ class SlotLoop:
                  learner=None, checkpoint_path: str | None = None, checkpoint_every: int = 10,
                  status_file: str | None = None, crash: CrashHook | None = None, info: dict | None = None,
                  hysteresis: Hysteresis = Hysteresis(), max_workers: int = P.ALLREDUCE_MAX_WORKERS,
-                 carried_out: Policy | None = None, pending_window: int = 0):
+                 carried_out: Policy | None = None, pending_window: int = 0, batch_rule: str = "goodput"):
         self.engine, self.backend = engine, backend
         # advise mode: this policy (Slurm as it is) is carried out, ``policy``'s decision only recorded (docs/daemon.md)
         self.carried_out = carried_out
         self.policy, self.fallback = policy, fallback
         self.pending_window = pending_window  # waiting jobs the policy sees a slot (0: all; plan.scheduling_window)
+        self.batch_rule = batch_rule  # the batch an adaptive job starts at ([policy] batch; dl2d.daemon.batches)
+        self._report_errors: dict[int, str] = {}  # job id -> what was last refused of its batch report (said once)
         self.slot_seconds, self.starve_slots = slot_seconds, starve_slots
         self.clock, self.pace = clock, pace
         self.metrics = metrics or Metrics()
@@ -176,6 +179,14 @@ class SlotLoop:
                     job.state = JobState.PENDING
                 continue
             job.epochs_done = float(st.epochs_done)
+            if st.grad_noise is not None:
+                noise = B.learned_noise(job.spec, job.job_type, float(job.batch_size or job.spec.get("batch_size") or 0),
+                                        job.epochs_done, job.batch_noise, st.grad_noise)
+                if noise is not None:
+                    job.batch_noise = noise
+            if st.report_error and self._report_errors.get(job.id) != st.report_error:
+                log.warning("job %d (%s): %s", job.id, job.name, st.report_error)
+            self._report_errors[job.id] = st.report_error
             if st.lost_epochs > job.lost_epochs:
                 log.warning("job %d (%s): %.3g epochs lost to restarts so far (no checkpoint held them)",
                             job.id, job.name, st.lost_epochs)
@@ -312,6 +323,8 @@ class SlotLoop:
                     events.append((kind, job.id, {"workers": target.workers, "ps": target.ps,
                                                   "method": "applied_before_crash", "replayed": True}, now))
                 job.workers, job.ps = res.held or (target.workers, target.ps)
+                if target.batch_size and res.held is None:
+                    job.batch_size = target.batch_size
                 if res.held is None and (target.worker_nodes or target.ps_nodes):
                     self._placed[job.id] = (tuple(target.worker_nodes), tuple(target.ps_nodes))
                 else:  # kept as it was, or placed by the backend alone: where it runs is not known here
@@ -348,7 +361,8 @@ class SlotLoop:
             self._rows[i] = P.job_row(i, by_id[i].job_type, 0.0, 0.0, 0, 0, 0, dict(spec), by_id[i].name)
         self._rows = {i: self._rows[i] for i in ids}  # finished jobs leave the cache
         return [replace(self._rows[j.id], total_epochs=float(j.total_epochs), epochs_done=float(j.epochs_done),
-                        workers=int(j.workers), ps=int(j.ps), slots_run=int(counts.get(j.id, 0))) for j in jobs]
+                        workers=int(j.workers), ps=int(j.ps), slots_run=int(counts.get(j.id, 0)),
+                        batch_size=float(j.batch_size or 0.0), noise=j.batch_noise) for j in jobs]
 
     def _predicted_speed(self, view):
         """The speed model's epochs/s of row j of ``view`` at (workers, ps): what ``min_resize_gain`` weighs (a PS
@@ -394,6 +408,8 @@ class SlotLoop:
             st = statuses.get(r.id)
             if st is not None and st.state == PENDING and st.workers > 0 and st.message:
                 flags.setdefault(r.id, []).append(f"pending: {st.message}")
+            if st is not None and st.report_error:
+                flags.setdefault(r.id, []).append(st.report_error)
         view = P.build_view(number, rows, nodes, slot_seconds=self.slot_seconds,
                             speed_factor=JS.speed_factor_estimate(hist),
                             shared_gpu={j: "shared_gpu" in f for j, f in flags.items()},
@@ -418,6 +434,7 @@ class SlotLoop:
         for job_id, why in cut.items():
             flags.setdefault(job_id, []).append(why)
         held = {**held, **cut}
+        alloc = B.with_batches(view, alloc, self.batch_rule)  # an adaptive job's batch with its GPUs
         advised = alloc
         if self.carried_out is not None:  # advise mode: what the cluster does without dl2d runs instead
             alloc = self.carried_out(view)

@@ -248,7 +248,7 @@ def build_loop(cfg: DaemonConfig, feeder: DemoFeeder | None = None, notifier=Non
         checkpoint_every=cfg.policy.checkpoint_every, status_file=cfg.status_file,
         hysteresis=Hysteresis(cfg.guardrails.min_resize_slots, cfg.guardrails.min_resize_gain),
         max_workers=cfg.max_workers, carried_out=registry.build("slurm") if cfg.mode == "advise" else None,
-        pending_window=cfg.limits.pending_window,
+        pending_window=cfg.limits.pending_window, batch_rule=cfg.policy.batch,
         info={"backend": cfg.backend, "mode": cfg.mode, "policy": getattr(policy, "name", cfg.policy.name),
               "db_url": _safe_url(cfg.database_url), "slot_seconds": cfg.slot_seconds})
     return loop

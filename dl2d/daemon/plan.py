@@ -20,6 +20,7 @@ from dl2d.core.limits import ALLREDUCE_MAX_WORKERS, MAX_PS, MAX_WORKERS
 from dl2d.core.placement import even_spread, fit_counts, place
 from dl2d.daemon import jobmodel
 from dl2d.daemon.backend import JobStatus, NodeInfo, Target
+from dl2d.workload import efficiency
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class JobRow:
     spec: Mapping[str, Any] = field(default_factory=dict)
     demand: JobDemand = None  # type: ignore[assignment]  # None: from the spec
     model: jobmodel.JobModel = None  # type: ignore[assignment]  # None: from the job type and spec
+    batch_size: float = 0.0  # an adaptive job's total batch as dl2d last started it (0: its submitted one)
+    noise: Mapping[str, Any] | None = None  # what dl2d learned of its gradient noise (efficiency.NoiseFit JSON)
 
     def __post_init__(self):
         if self.model is None:
@@ -61,6 +64,26 @@ def job_row(job_id: int, job_type: str, total_epochs: float, epochs_done: float,
     default_max = ALLREDUCE_MAX_WORKERS if allreduce else MAX_WORKERS
     return JobRow(job_id, job_type, total_epochs, epochs_done, workers, ps, slots_run,
                   int(spec.get("max_workers") or default_max), int(spec.get("max_ps") or MAX_PS), name, spec)
+
+
+def batch_knowledge(jobs: Sequence[JobRow]) -> dict[str, np.ndarray] | None:
+    """The view's ``batch_size``, ``adaptive``, ``batch_limits`` and ``grad_stats`` of ``jobs``; None when none is
+    adaptive (the view of a cluster of fixed-batch jobs stays as it was). A job's batch is the one dl2d last
+    started it at, else its submitted one; its gradient statistics are its model's at that batch and its epoch,
+    fitted to its own reports (dl2d.workload.efficiency.job_stats), NaN where it has made none."""
+    adaptive = np.array([bool((j.spec or {}).get("adaptive_batch")) for j in jobs], bool)
+    if not adaptive.any():
+        return None
+    batch = np.array([j.batch_size or j.model.batch_size for j in jobs], float)
+    limits = np.full((len(jobs), 2), np.nan)
+    stats = np.full((len(jobs), 2), np.nan)
+    for i in np.flatnonzero(adaptive):
+        spec = jobs[i].spec
+        limits[i] = [spec.get("max_batch_size") or np.nan, spec.get("max_local_batch") or np.nan]
+        fit = efficiency.NoiseFit.from_json(jobs[i].noise)
+        if fit.reports:
+            stats[i] = efficiency.job_stats(jobs[i].model.name, batch[i], jobs[i].epochs_done, fit)
+    return {"batch_size": batch, "adaptive": adaptive, "batch_limits": limits, "grad_stats": stats}
 
 
 def scheduling_window(waiting: Sequence[bool], window: int) -> list[int]:
@@ -165,6 +188,7 @@ def build_view(slot: int, jobs: Sequence[JobRow], nodes: Sequence[NodeInfo],
                                           gpus_per_node),
         requested_workers=np.array([m.requested for m in models], int),
         slot_seconds=slot_seconds, prev_worker_servers=prev_w, prev_ps_servers=prev_p,
+        **(batch_knowledge(jobs) or {}),
     )
 
 
@@ -393,17 +417,19 @@ class PlannedTarget:
 
 
 def target_to_json(t: Target) -> dict[str, Any]:
-    return {"workers": t.workers, "ps": t.ps, "worker_nodes": list(t.worker_nodes), "ps_nodes": list(t.ps_nodes)}
+    return {"workers": t.workers, "ps": t.ps, "worker_nodes": list(t.worker_nodes), "ps_nodes": list(t.ps_nodes),
+            **({"batch_size": t.batch_size} if t.batch_size else {})}
 
 
 def target_from_json(d: Mapping[str, Any]) -> Target:
-    return Target(int(d["workers"]), int(d["ps"]), tuple(d.get("worker_nodes") or ()), tuple(d.get("ps_nodes") or ()))
+    return Target(int(d["workers"]), int(d["ps"]), tuple(d.get("worker_nodes") or ()), tuple(d.get("ps_nodes") or ()),
+                  float(d.get("batch_size") or 0.0))
 
 
 def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
                  job_limits: Mapping[int, tuple[int, int]] | None = None) -> tuple[list[PlannedTarget], dict[int, tuple[int, int]]]:
-    """(targets for jobs whose size changes, or that move, shrinks/stops and moves first; the final (workers, ps)
-    of every job).
+    """(targets for jobs whose size changes, that move, or whose batch changes (an adaptive job's, the allocation's
+    ``batch_size``: a restart); shrinks/stops and moves first; the final (workers, ps) of every job).
 
     Per-job limits from the submission (max_workers, max_ps) cap the policy's counts (extra tasks dropped). A
     job moves when it keeps its size but the allocation places it elsewhere than where the view says it runs
@@ -417,12 +443,17 @@ def plan_targets(view: SlotView, alloc: Allocation, node_names: Sequence[str],
         w, p = min(int(alloc.workers[j]), mw), min(int(alloc.ps[j]), mp)
         sizes[job_id] = (w, p)
         prev = (int(view.prev_workers[j]), int(view.prev_ps[j]))
-        if (w, p) == prev and not moved[j]:
+        batch = float(alloc.batch_size[j]) if alloc.batch_size is not None and w > 0 else 0.0
+        if batch and view.batch_limits is not None and np.isfinite(view.batch_limits[j, 0]):
+            batch = min(batch, float(view.batch_limits[j, 0]))  # never above what the job accepts
+        if batch and view.batch_size is not None and batch == float(view.batch_size[j]):
+            batch = 0.0  # the batch it has
+        if (w, p) == prev and not moved[j] and not batch:
             continue
         wn = tuple(node_names[s] for s in alloc.worker_servers[j][:w]) if alloc.worker_servers is not None else ()
         pn = tuple(node_names[s] for s in alloc.ps_servers[j][:p]) if alloc.ps_servers is not None else ()
         kind = IntentKind.SUBMIT if prev == (0, 0) else IntentKind.RESIZE
-        planned.append(PlannedTarget(job_id, kind, Target(w, p, wn, pn), prev))
+        planned.append(PlannedTarget(job_id, kind, Target(w, p, wn, pn, batch), prev))
     planned.sort(key=lambda t: (0 if t.target.workers <= t.prev[0] and t.target.ps <= t.prev[1] else 1, t.job_id))
     return planned, sizes
 

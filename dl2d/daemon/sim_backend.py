@@ -62,7 +62,8 @@ from dl2d.daemon.backend import (
 )
 from dl2d.sim import allreduce
 from dl2d.sim.cluster import ClusterSpec
-from dl2d.workload.catalog import MODEL_NAMES
+from dl2d.workload import batching, efficiency, goodput, throughput
+from dl2d.workload.catalog import ALLREDUCE_MODELS, MODEL_NAMES
 from dl2d.workload.jobtypes import JOB_TYPES
 from dl2d.workload.speed import epochs_trained, speed_table
 
@@ -192,7 +193,18 @@ class SimBackend:
             backend_ref=f"sim-{job_id}",
             hot_scaling=True, message=j.get("message", ""),
             finished_at=datetime.fromtimestamp(fin, timezone.utc) if fin is not None else None,
+            **self._batch_report(j),
         )
+
+    @staticmethod
+    def _batch_report(j: Mapping[str, Any]) -> dict[str, Any]:
+        """A running adaptive job's own report: its batch, and the gradient noise it measures (its model's
+        measured statistics at its batch and epoch, the variance at its submitted batch, as dl2d.job reports)."""
+        if not j.get("adaptive") or j["state"] != RUNNING or not j["workers"]:
+            return {}
+        sqr, var = efficiency.job_prior(j["model"], j["batch_now"], j["epochs_done"])
+        return {"batch_size": float(j["batch_now"]),
+                "grad_noise": (sqr, var * batching.limits(j["model"]).init / float(j["batch"]))}
 
     def observe(self) -> dict[int, JobStatus]:
         return {jid: self._status(jid, j) for jid, j in self.jobs.items()}
@@ -229,13 +241,18 @@ class SimBackend:
                  "worker_demand": demand.worker.as_array().tolist(), "ps_demand": demand.ps.as_array().tolist(),
                  "factor": float(hid.speed_factor), "epochs_done": 0.0, "workers": 0, "ps": 0,
                  "worker_nodes": [], "ps_nodes": [], "state": PENDING, "finished_at": None, "debt": 0.0}
+            if job.spec.get("adaptive_batch") and model.name in ALLREDUCE_MODELS:
+                j.update(adaptive=True, batch_now=model.batch_size, max_local=job.spec.get("max_local_batch"))
             self.jobs[job.job_id] = j
-        same = (j["workers"], j["ps"]) == (target.workers, target.ps) and \
+        rebatched = bool(j.get("adaptive") and target.batch_size and target.batch_size != j["batch_now"])
+        same = (j["workers"], j["ps"]) == (target.workers, target.ps) and not rebatched and \
             (not w_nodes or w_nodes == j["worker_nodes"]) and (not p_nodes or p_nodes == j["ps_nodes"])
         if same:
             return ApplyResult(job.job_id, NOOP, ref)
+        if rebatched:
+            j["batch_now"] = float(target.batch_size)
         resized = (j["workers"], j["ps"]) != (target.workers, target.ps)
-        moved = bool(self._allreduce(j) and w_nodes and sorted(w_nodes) != sorted(j["worker_nodes"]))
+        moved = bool(self._allreduce(j) and (rebatched or w_nodes and sorted(w_nodes) != sorted(j["worker_nodes"])))
         if resized or moved:
             # what the simulator charges: a size change, or an all-reduce job moved (a checkpoint-restart)
             j["debt"] = j.get("debt", 0.0) + self.resize_overhead_s
@@ -243,7 +260,7 @@ class SimBackend:
             method = STOP
         elif j["workers"] == 0 and j["ps"] == 0:
             method = START
-        elif not resized and moved:  # the same size on other nodes: a checkpoint-restart there
+        elif not resized and moved:  # the same size on other nodes, or a new batch: a checkpoint-restart
             method = RESTART
         elif target.workers <= j["workers"] and target.ps <= j["ps"]:
             method = SHRINK
@@ -316,7 +333,19 @@ class SimBackend:
                 model = jobmodel.JobModel(j["model"], j["type"], JobKind.ALLREDUCE, j["batch"], j["requested"],
                                           j["epoch_seconds"])
                 rates[k] = jobmodel.prior(model, int(gpw[k]), int(self.cluster.gpus), j["workers"])[j["workers"]]
+        for k, j in enumerate(jobs):  # an adaptive job at another batch than its submitted one: its goodput's ratio
+            if j.get("adaptive") and j["batch_now"] != j["batch"]:
+                rates[k] *= self._goodput_ratio(j, servers[k], gpw[k])
         return rates * (1 - self.shared_node_slowdown * allreduce.shares_a_server(servers))
+
+    def _goodput_ratio(self, j: Mapping[str, Any], servers: list[int], gpus_per_worker: float) -> float:
+        """Epochs a second at the job's batch now against at its submitted one on ``servers``: its goodput's ratio
+        (dl2d.workload.goodput), with its model's measured gradient statistics as the job's own."""
+        placement = throughput.placement_on(servers, gpus_per_worker)
+        epoch = int(j["epochs_done"])
+        now, submitted = (goodput.goodput(j["model"], placement, b, epoch, max_local=j.get("max_local"))
+                          for b in (j["batch_now"], j["batch"]))
+        return now / submitted if submitted > 0 else 1.0
 
     def end_slot(self, seconds: float) -> None:
         """Train every running job for one slot (``seconds`` is ignored: a slot is ``slot_seconds``)."""

@@ -90,13 +90,20 @@ class JobSubmission:
     qos: str | None = None  # Slurm QOS (None: the owner's default)
     partition: str | None = None  # Slurm partition(s) (None: the daemon's [slurm] partition, else Slurm's default)
     env: dict[str, str] | None = None  # what the job's environment holds beyond dl2d's base (docs/jobs.md)
+    #: the job lets dl2d choose its total batch (docs/jobs.md); ``batch_size`` is then its initial one, the batch
+    #: its learning rate is tuned for, and the two limits the most it accepts (None: its model's measured limits)
+    adaptive_batch: bool = False
+    max_batch_size: float | None = None  # the largest total batch, all workers together
+    max_local_batch: int | None = None  # the most samples one GPU takes in a pass (beyond: gradient accumulation)
 
     def spec(self) -> dict[str, Any]:
         """The JSON stored in `jobs.spec` (the optional fields only where given)."""
         optional = {"batch_size": self.batch_size, "workers": self.workers, "min_workers": self.min_workers,
                     "epoch_seconds": self.epoch_seconds,
                     "launch": self.launch, "label": self.label, "account": self.account, "qos": self.qos,
-                    "partition": self.partition, "env": dict(self.env) if self.env else None}
+                    "partition": self.partition, "env": dict(self.env) if self.env else None,
+                    "adaptive_batch": True if self.adaptive_batch else None, "max_batch_size": self.max_batch_size,
+                    "max_local_batch": self.max_local_batch}
         return {
             "kind": self.kind,
             "command": self.command,
@@ -114,7 +121,7 @@ _SUBMISSION_KEYS = {
     "name", "owner", "job_type", "total_epochs", "command", "script",
     "worker", "ps", "max_workers", "max_ps", "sync", "time_limit_min",
     "kind", "batch_size", "workers", "min_workers", "epoch_seconds", "launch", "label", "account", "qos",
-    "partition", "env",
+    "partition", "env", "adaptive_batch", "max_batch_size", "max_local_batch",
 }
 
 
@@ -208,6 +215,39 @@ def _allreduce_fields(errors: list[str], data: Mapping[str, Any], kind: str, mod
     return batch, hint
 
 
+def _batch_limits(errors: list[str], data: Mapping[str, Any], kind: str, model: Any, batch: Any
+                  ) -> tuple[bool, Any, Any]:
+    """(adaptive_batch, max_batch_size, max_local_batch). dl2d chooses the batch only of a model whose throughput
+    at every local batch and gradient statistics it has measured (it needs both to weigh a batch); the limits only
+    with ``adaptive_batch``, and never below the batch the job starts at."""
+    adaptive, top, local = data.get("adaptive_batch", False), data.get("max_batch_size"), data.get("max_local_batch")
+    if not isinstance(adaptive, bool):
+        errors.append(f"adaptive_batch must be true or false, got {adaptive!r}")
+        return False, None, None
+    if not adaptive:
+        for key, value in (("max_batch_size", top), ("max_local_batch", local)):
+            if value is not None:
+                errors.append(f"{key}: a limit of the batch dl2d chooses; give adaptive_batch = true "
+                              "(dl2ctl submit --adaptive-batch) with it")
+        return False, None, None
+    if kind != "allreduce":
+        errors.append("adaptive_batch: only an all-reduce job's batch can change (a PS job trains at its DL2 "
+                      "type's measured batch)")
+        return False, None, None
+    if model not in ALLREDUCE_MODELS:
+        errors.append(f"adaptive_batch: dl2d chooses the batch of a model whose throughput and gradient noise it has "
+                      f"measured ({', '.join(sorted(ALLREDUCE_MODELS))}), not {model!r}; submit it at a fixed batch")
+        return False, None, None
+    if top is not None:
+        top = _number(errors, "max_batch_size", top, 0, MAX_BATCH_SIZE, lo_open=True)
+        if top is not None and batch is not None and top < batch:
+            errors.append(f"max_batch_size ({top:g}) is below the job's batch_size ({batch:g}): the batch it starts "
+                          "at must be one it accepts")
+    if local is not None:
+        local = _number(errors, "max_local_batch", local, 1, MAX_BATCH_SIZE, integer=True)
+    return True, top, local
+
+
 def _slurm_name(errors: list[str], key: str, value: Any, *, several: bool = False) -> str | None:
     """An account, QOS or partition (``several``: a comma-separated list, as sbatch -p) as Slurm names them."""
     if value is None:
@@ -263,7 +303,8 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
     epoch_seconds (a hint for a model dl2d does not know) and launch ("srun": dl2d starts one process per
     worker, the default; "once": the command starts its own); label (the job's class for dl2ctl calibrate);
     account, qos, partition (Slurm's, for the owner's job) and env (a table of variables the job's environment
-    holds, docs/jobs.md). ``known_types``: the models of PS jobs.
+    holds, docs/jobs.md); adaptive_batch with max_batch_size and max_local_batch (dl2d chooses the total batch of
+    an all-reduce job of a measured model). ``known_types``: the models of PS jobs.
 
     An all-reduce job has no parameter servers: its [ps] table, if any, must ask for nothing, and max_ps is 0.
     """
@@ -322,6 +363,7 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
             if min_workers is not None and value is not None and min_workers > value:
                 errors.append(f"min_workers ({min_workers}) must be <= {other} ({value})")
     batch, epoch_seconds = _allreduce_fields(errors, data, kind, job_type)
+    adaptive, max_batch, max_local = _batch_limits(errors, data, kind, job_type, batch)
     launch = data.get("launch")
     if launch is not None and launch not in LAUNCHES:
         errors.append(f"launch must be one of {LAUNCHES}, got {launch!r}")
@@ -353,6 +395,7 @@ def validate_submission(data: Any, known_types: Iterable[str] = DL2_JOB_TYPES) -
         kind=kind, batch_size=batch, workers=workers, min_workers=min_workers, epoch_seconds=epoch_seconds,
         launch=launch, label=label,
         account=account, qos=qos, partition=partition, env=env or None,
+        adaptive_batch=adaptive, max_batch_size=max_batch, max_local_batch=max_local,
     )
 
 

@@ -163,6 +163,10 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(index=True)
     workers: Mapped[int] = mapped_column(default=0)
     ps: Mapped[int] = mapped_column(default=0)
+    #: an adaptive job's total batch as dl2d last started it (NULL: its submitted one)
+    batch_size: Mapped[float | None]
+    #: what dl2d learned of an adaptive job's gradient noise from its reports (efficiency.NoiseFit; NULL: nothing)
+    batch_noise: Mapped[dict[str, Any] | None]
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name!r} {self.job_type} {self.state.value} w={self.workers} ps={self.ps}>"

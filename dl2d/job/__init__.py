@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, NoReturn
+from typing import TYPE_CHECKING, Mapping, NoReturn
 
 from dl2d.job.checkpoints import Checkpoint, Checkpoints
 from dl2d.job.contract import (
@@ -33,6 +33,9 @@ from dl2d.job.contract import (
     contract_from_env,
 )
 from dl2d.job.progress import ProgressFile
+
+if TYPE_CHECKING:
+    from dl2d.job.batch import BatchPlan, GradientNoise
 
 __all__ = ["Checkpoint", "Checkpoints", "EXIT_CHECKPOINTED", "JobContract", "JobContractError", "JobRun",
            "contract_from_env", "start"]
@@ -83,6 +86,28 @@ class JobRun:
         progress file, so other ranks (and any rank before :meth:`resumed`) get None."""
         runs = self.progress.report.get("runs")
         return runs if self.progress.path is not None and isinstance(runs, int) else None
+
+    def batch_plan(self, default_batch: float, max_local_batch: float) -> "BatchPlan":
+        """This run's split of its total batch over its workers (dl2d.job.batch.plan): the batch dl2d gave it
+        (``DL2D_BATCH_SIZE``), else ``default_batch``; at most the job's own per-GPU limit (``DL2D_MAX_LOCAL_BATCH``,
+        else ``max_local_batch``) in a pass, gradient accumulation beyond it."""
+        from dl2d.job.batch import plan
+
+        c = self.contract
+        return plan(c.batch_size or default_batch, c.world_size, c.max_local_batch or max_local_batch,
+                    c.max_batch_size)
+
+    def report_batch(self, total_batch: float, noise: "GradientNoise | None" = None) -> None:
+        """Tell dl2d the total batch this run trains at and, once measured, its gradient noise (``grad_sqr``,
+        ``grad_var``: dl2d.job.batch.GradientNoise at the job's submitted batch); carried in every report after."""
+        fields: dict = {"batch_size": float(total_batch)}
+        if noise is not None and noise.known:
+            fields.update(grad_sqr=noise.sqr, grad_var=noise.var)
+        news = any(k not in self.progress.report for k in fields) or \
+            self.progress.report.get("batch_size") != fields["batch_size"]
+        self.progress.report.update(fields)
+        if news:  # a new batch, or the first noise: said now (else with the next step's report)
+            self.progress.write_now()
 
     def step_done(self, step: int, samples: int | None = None) -> None:
         """Global step ``step`` is done (written at most every ``progress_interval_s``)."""

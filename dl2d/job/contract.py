@@ -50,6 +50,14 @@ class JobContract:
     deadline_s: float  # seconds it has to do so before it is killed
     total_epochs: float | None  # the epochs the job was submitted for (DL2D_TOTAL_EPOCHS)
     restart_count: int  # how often Slurm requeued this Slurm job (0: its first run)
+    #: the total batch of this run (DL2D_BATCH_SIZE: an adaptive job's, chosen by dl2d at each start); None: the
+    #: job's own
+    batch_size: float | None = None
+    #: an adaptive job's submitted batch, the one its learning rate is tuned for (DL2D_INITIAL_BATCH_SIZE), and
+    #: its own limits (DL2D_MAX_BATCH_SIZE, DL2D_MAX_LOCAL_BATCH); None where not given
+    initial_batch_size: float | None = None
+    max_batch_size: float | None = None
+    max_local_batch: float | None = None
 
     @property
     def is_primary(self) -> bool:
@@ -151,4 +159,8 @@ def contract_from_env(env: Mapping[str, str], checkpoint_dir: str | Path | None 
         deadline_s=_float(env, "DL2D_CHECKPOINT_DEADLINE_S") or DEFAULT_DEADLINE_S,
         total_epochs=_float(env, "DL2D_TOTAL_EPOCHS"),
         restart_count=restarts,
+        batch_size=_float(env, "DL2D_BATCH_SIZE"),
+        initial_batch_size=_float(env, "DL2D_INITIAL_BATCH_SIZE"),
+        max_batch_size=_float(env, "DL2D_MAX_BATCH_SIZE"),
+        max_local_batch=_float(env, "DL2D_MAX_LOCAL_BATCH"),
     )

@@ -86,6 +86,10 @@ class ProgressFile:
         self.report = next_report(self.report, state, step, time.time(), samples)
         self._write(force=force or state != "running")
 
+    def write_now(self) -> None:
+        """Write the report as it is (rank 0; a no-op elsewhere)."""
+        self._write(force=True)
+
     def _write(self, force: bool) -> None:
         if self.path is None:
             return

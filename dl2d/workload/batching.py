@@ -11,7 +11,7 @@ largest measured).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,12 +52,22 @@ def split(batch: float, gpus: int, lim: BatchLimits, one_gpu_accumulates: bool =
     return core_split(batch, gpus, lim.max_local, lim.max_total, lim.init, one_gpu_accumulates)
 
 
+def job_limits(model: str, max_total: float | None = None, max_local: float | None = None) -> BatchLimits:
+    """``model``'s limits within a job's own (None: the model's): its largest total batch, and the most samples a
+    GPU takes in a pass, never below the smallest measured local batch (the step times are measured from there)."""
+    lim = limits(model)
+    top = lim.max_total if max_total is None else max(min(int(max_total), lim.max_total), lim.init)
+    local = lim.max_local if max_local is None else min(max(float(max_local), lim.min_local), lim.max_local)
+    return replace(lim, max_total=top, max_local=local)
+
+
 def iteration_seconds(model: str, placement: throughput.Placement, batch: float, off_table: str = "fit",
-                      one_gpu_accumulates: bool = False) -> tuple[float, float]:
+                      one_gpu_accumulates: bool = False, max_local: float | None = None) -> tuple[float, float]:
     """(seconds per iteration, the total batch it trains) of ``model`` at total batch ``batch`` on ``placement``,
-    split by :func:`split`: the measured step of the atomic batch plus an accumulation pass's compute for each
-    accumulation step."""
+    split by :func:`split` (``max_local``: the job's own limit, :func:`job_limits`): the measured step of the atomic
+    batch plus an accumulation pass's compute for each accumulation step."""
     gpus = sum(placement)
-    atomic, accum = split(batch, gpus, limits(model), one_gpu_accumulates)
+    lim = limits(model) if max_local is None else job_limits(model, max_local=max_local)
+    atomic, accum = split(batch, gpus, lim, one_gpu_accumulates)
     step, sync = throughput.throughput_model(model).times(placement, float(atomic), off_table)
     return step + accum * (step - sync), float(gpus * atomic * (accum + 1))

@@ -18,7 +18,7 @@ import csv
 import functools
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 import numpy as np
@@ -131,3 +131,79 @@ def iterations_to_finish(model: str, batch: float) -> float:
     r = runs(model)
     widths = np.diff(r.epoch_starts)
     return float(sum(w / gain(r, batch, e) for e, w in enumerate(widths)))
+
+
+# ------------------------------------------------------------------------------------------------- online fit
+
+#: How many reports the model's measured noise counts for in a job's fit: a job's first report moves its belief
+#: a third of the way (in log noise scale) from its model's to its own.
+PRIOR_REPORTS = 2.0
+#: The most one report may say a job's noise scale differs from its model's (a factor either way): a report of a
+#: diverging step or of an estimate near zero moves the fit by this much at most.
+MAX_REPORT_RATIO = 1e3
+
+
+@dataclass(frozen=True)
+class NoiseFit:
+    """What the scheduler has learned of one job's gradient noise from its own reports: the sum over ``reports``
+    of log(reported noise scale / its model's at the same batch and epoch), the noise scale being
+    grad_var / grad_sqr at the model's initial batch (the only thing the gain depends on). Its belief is its
+    model's measured statistics with the variance scaled by :meth:`ratio`, the mean log ratio shrunk toward 0 by
+    :data:`PRIOR_REPORTS`. ``sqr`` / ``var``: the last report, as the job gave it."""
+
+    reports: int = 0
+    log_ratio: float = 0.0
+    sqr: float = math.nan
+    var: float = math.nan
+    epochs: float = -1.0  # the job's progress at the last report counted (a report is counted once)
+
+    def ratio(self) -> float:
+        return math.exp(self.log_ratio / (self.reports + PRIOR_REPORTS))
+
+    def to_json(self) -> dict:
+        return {"reports": self.reports, "log_ratio": self.log_ratio, "epochs": self.epochs,
+                **({"sqr": self.sqr, "var": self.var} if self.reports else {})}
+
+    @classmethod
+    def from_json(cls, doc) -> "NoiseFit":
+        """The fit as stored (None or a damaged document: no reports yet)."""
+        try:
+            fit = cls(int(doc["reports"]), float(doc["log_ratio"]), float(doc.get("sqr", math.nan)),
+                      float(doc.get("var", math.nan)), float(doc.get("epochs", -1.0)))
+        except (TypeError, KeyError, ValueError):
+            return cls()
+        return fit if fit.reports >= 0 and math.isfinite(fit.log_ratio) and math.isfinite(fit.epochs) else cls()
+
+
+def fit_noise(fit: NoiseFit, reported: tuple[float, float], prior: tuple[float, float],
+              epochs: float = -1.0) -> NoiseFit:
+    """``fit`` after one more report ``reported`` = (grad_sqr > 0, grad_var >= 0) at the model's initial batch,
+    made at the job's progress ``epochs``, against ``prior``, its model's at the same batch and epoch. ValueError
+    for a report that is not finite or not positive (it is never applied)."""
+    sqr, var = (float(x) for x in reported)
+    if not (math.isfinite(sqr) and math.isfinite(var) and sqr > 0 and var >= 0):
+        raise ValueError(f"a gradient noise report needs grad_sqr > 0 and grad_var >= 0, finite, got {reported!r}")
+    p_sqr, p_var = prior
+    if not p_sqr > 0 or not p_var > 0:
+        return replace(fit, sqr=sqr, var=var, epochs=float(epochs))  # no model noise to compare with: nothing learnt
+    bound = math.log(MAX_REPORT_RATIO)
+    r = min(max(math.log(max(var / sqr, 1e-300) / (p_var / p_sqr)), -bound), bound)
+    return NoiseFit(fit.reports + 1, fit.log_ratio + r, sqr, var, float(epochs))
+
+
+def fitted_stats(fit: NoiseFit, prior: tuple[float, float]) -> tuple[float, float]:
+    """The statistics the scheduler believes of the job: its model's ``prior`` with the variance scaled by the
+    fit's ratio."""
+    return float(prior[0]), float(prior[1]) * fit.ratio()
+
+
+def job_prior(model: str, batch: float, epoch: float) -> tuple[float, float]:
+    """(grad_sqr, grad_var) of ``model``'s measured runs at total batch ``batch`` during epoch ``epoch`` (the
+    belief of a job before it reports)."""
+    return grad_stats(runs(model), batch, int(epoch))
+
+
+def job_stats(model: str, batch: float, epoch: float, fit: NoiseFit) -> tuple[float, float]:
+    """What the scheduler believes of an adaptive job's gradient statistics now: its model's measured ones at its
+    batch and epoch, fitted to its own reports."""
+    return fitted_stats(fit, job_prior(model, batch, epoch))

@@ -23,9 +23,10 @@ CANDIDATES = 50
 
 
 def goodput(model: str, placement: throughput.Placement, batch: float, epoch: int, stats=None,
-            off_table: str = "fit", one_gpu_accumulates: bool = False) -> float:
-    """Progress per second of ``model`` at total batch ``batch`` on ``placement`` during ``epoch``."""
-    seconds, trained = batching.iteration_seconds(model, placement, batch, off_table, one_gpu_accumulates)
+            off_table: str = "fit", one_gpu_accumulates: bool = False, max_local: float | None = None) -> float:
+    """Progress per second of ``model`` at total batch ``batch`` on ``placement`` during ``epoch`` (``max_local``:
+    the job's own per-GPU limit, dl2d.workload.batching.job_limits)."""
+    seconds, trained = batching.iteration_seconds(model, placement, batch, off_table, one_gpu_accumulates, max_local)
     r = efficiency.runs(model)
     g = efficiency.gain(r, trained, epoch) if stats is None else efficiency.gain_of(stats, trained, r.init)
     return g / seconds
@@ -43,12 +44,13 @@ def candidates(model: str, gpus: int, max_total: float | None = None) -> np.ndar
 
 @functools.lru_cache(maxsize=65536)
 def best_batch(model: str, placement: throughput.Placement, epoch: int, stats=None, max_total: float | None = None,
-               off_table: str = "fit", one_gpu_accumulates: bool = False) -> tuple[float, float]:
+               off_table: str = "fit", one_gpu_accumulates: bool = False, max_local: float | None = None
+               ) -> tuple[float, float]:
     """(total batch, its goodput) of the best candidate on ``placement``; (0, 0) where none fits. (``stats``, when
     given, a tuple: the answers are kept.)"""
     best = (0.0, 0.0)
     for m in candidates(model, sum(placement), max_total):
-        g = goodput(model, placement, float(m), epoch, stats, off_table, one_gpu_accumulates)
+        g = goodput(model, placement, float(m), epoch, stats, off_table, one_gpu_accumulates, max_local)
         if g > best[1]:
             best = (float(m), g)
     return best

@@ -141,7 +141,7 @@ def test_the_recorder_labels_the_lookaheads_pairs_on_the_networks_features(start
 
 def test_dagger_carries_out_the_drivers_allocation_and_records_the_lookaheads_pairs(start, table):
     tcfg, _ = start
-    tr = generate(TraceConfig(num_jobs=5, max_arrivals_per_slot=2), seed=6)
+    tr = generate(TraceConfig(num_jobs=4, max_arrivals_per_slot=2), seed=6)
     cfg = E.SimConfig(cluster=preset("tiny"), max_workers=4, max_ps=4)
     planner = LP.on_table(table, in_bucket=PN.IN_BUCKET)
     calls = []

@@ -45,7 +45,7 @@ from dl2d.daemon.backend import (
     NodeInfo,
     Target,
 )
-from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids, launch_of, record_slurm_ids
+from dl2d.daemon.slurm.jobdir import JobDir, batch_script, known_job_ids, launch_of, number_text, record_slurm_ids
 from dl2d.daemon.slurm.jobreport import JobReportError, checked_coordinator, checked_progress
 from dl2d.daemon.slurm.mapping import (
     NodeShape,
@@ -387,6 +387,10 @@ class SlurmBackend:
                 needed, hosting = self._size(job, target, held, fresh)
             progress = self._progress(job.job_id)
             applied = record.get("applied") or {}
+            # the total batch its run was started at, and the one it is to run at (its own unless the target says)
+            ran_at = float(applied.get("batch_size") or spec.get("batch_size") or 0.0) \
+                if spec.get("adaptive_batch") else 0.0
+            target = replace(target, batch_size=float(target.batch_size or ran_at))
             cur = Current(
                 slurm_state=live.state if live is not None else None,
                 allocation=held,
@@ -395,6 +399,7 @@ class SlurmBackend:
                 elastic=elastic,
                 hot_scaling=self._runtime_scales_hot(job.job_id, elastic, live, progress),
                 fixed_size=launch_of(job.spec or {}) == "srun",
+                new_batch=bool(applied) and target.batch_size != ran_at and (target.workers, target.ps) != (0, 0),
             )
             failed = live is None and record.get("final") == FAILED
             plan = plan_apply(cur, target, needed, hosting)
@@ -406,7 +411,8 @@ class SlurmBackend:
                                "it is not restarted", retryable=False)
         log.info("job %s: %s -> %s/%s: %s", job.job_id, cur, target.workers, target.ps, method)
         record = {**record, "job_id": job.job_id, "elastic": elastic,
-                  "target": {"workers": target.workers, "ps": target.ps}}
+                  "target": {"workers": target.workers, "ps": target.ps,
+                             **({"batch_size": target.batch_size} if target.batch_size else {})}}
         if method == NOOP:
             if needed is not None and live is not None and plan.reached:
                 self._write_target(job.job_id, target)
@@ -651,10 +657,15 @@ class SlurmBackend:
 
     def _contract_env(self, job: JobRequest) -> dict[str, str]:
         """What the batch script tells the job beyond its paths and size (docs/jobs.md): the checkpoint
-        signal, the seconds it has to save and exit after it, the epochs it was submitted for."""
+        signal, the seconds it has to save and exit after it, the epochs it was submitted for; an adaptive job its
+        initial batch and its limits (its batch of each start is in the target file, ``DL2D_BATCH_SIZE``)."""
+        spec = job.spec or {}
+        batch = {"DL2D_INITIAL_BATCH_SIZE": spec.get("batch_size"), "DL2D_MAX_BATCH_SIZE": spec.get("max_batch_size"),
+                 "DL2D_MAX_LOCAL_BATCH": spec.get("max_local_batch")} if spec.get("adaptive_batch") else {}
         return {"DL2D_CHECKPOINT_SIGNAL": self.config.checkpoint_signal,
                 "DL2D_CHECKPOINT_DEADLINE_S": f"{self.config.checkpoint_timeout_s:g}",
-                "DL2D_TOTAL_EPOCHS": f"{float(job.total_epochs):g}"}
+                "DL2D_TOTAL_EPOCHS": f"{float(job.total_epochs):g}",
+                **{k: number_text(v) for k, v in batch.items() if v is not None}}
 
     def _srun_cpus(self, job: JobRequest) -> int | None:
         """CPUs per process when dl2d starts one process per worker (``launch = "srun"``), else None."""

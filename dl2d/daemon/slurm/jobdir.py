@@ -57,10 +57,19 @@ OWNED_MODE = 0o700
 SECRET_FILE = "job.secret"
 
 
-def target_env(workers: int, ps: int, hostfile: Path | None = None) -> str:
-    """``DL2D_WORKERS``/``DL2D_PS``, and ``DL2D_HOSTFILE`` (one node per task, PS first: for
-    ``srun --distribution=arbitrary`` with ``SLURM_HOSTFILE``) when the target carries a placement."""
+def number_text(x: float) -> str:
+    """A number as the job reads it from its environment: whole numbers without a point, others exactly."""
+    x = float(x)
+    return str(int(x)) if x.is_integer() else repr(x)
+
+
+def target_env(workers: int, ps: int, hostfile: Path | None = None, batch_size: float = 0.0) -> str:
+    """``DL2D_WORKERS``/``DL2D_PS``, ``DL2D_BATCH_SIZE`` (the total batch of this start, where the job has one) and
+    ``DL2D_HOSTFILE`` (one node per task, PS first: for ``srun --distribution=arbitrary`` with ``SLURM_HOSTFILE``)
+    when the target carries a placement."""
     text = f"DL2D_WORKERS={int(workers)}\nDL2D_PS={int(ps)}\nexport DL2D_WORKERS DL2D_PS\n"
+    if batch_size:
+        text += f"DL2D_BATCH_SIZE={number_text(batch_size)}\nexport DL2D_BATCH_SIZE\n"
     if hostfile is not None:
         text += f"DL2D_HOSTFILE={shlex.quote(str(hostfile))}\nexport DL2D_HOSTFILE\n"
     return text
@@ -284,8 +293,9 @@ class JobDir:
         hostfile = self.path / "hostfile" if hostfile_nodes is not None else None
         if hostfile is not None:
             _write_shared(hostfile, "".join(f"{n}\n" for n in hostfile_nodes))
-        _write_shared(self.path / "target.env", target_env(target.workers, target.ps, hostfile))
-        doc: dict[str, Any] = {"workers": target.workers, "ps": target.ps}
+        _write_shared(self.path / "target.env", target_env(target.workers, target.ps, hostfile, target.batch_size))
+        doc: dict[str, Any] = {"workers": target.workers, "ps": target.ps,
+                               **({"batch_size": target.batch_size} if target.batch_size else {})}
         if hostfile is not None:
             doc.update(worker_nodes=list(target.worker_nodes), ps_nodes=list(target.ps_nodes))
         _write_shared(self.path / "target.json", json.dumps(doc))

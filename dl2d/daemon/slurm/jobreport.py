@@ -65,8 +65,8 @@ def _word(doc: Mapping[str, Any], key: str) -> str | None:
 
 def checked_progress(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The progress report's fields the daemon reads (``epoch``, ``epochs``, ``step``, ``total_steps``,
-    ``lost_steps``, ``time``, ``state``, ``status``), each checked; None for no report. JobReportError names the
-    first bad one. ``step`` beyond ``total_steps`` is refused too: it would claim more than the whole job."""
+    ``lost_steps``, ``time``, ``state``, ``status``; an adaptive job's batch and noise,
+    :func:`checked_batch_report`), each checked; None for no report. JobReportError names the first bad one. ``step`` beyond ``total_steps`` is refused too: it would claim more than the whole job."""
     if doc is None:
         return None
     out: dict[str, Any] = {}
@@ -84,6 +84,37 @@ def checked_progress(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     step, total = out.get("step"), out.get("total_steps")
     if step is not None and total is not None and total > 0 and step > total:
         raise JobReportError(f"step = {step:g} is beyond total_steps = {total:g}")
+    out.update(checked_batch_report(doc))
+    return out
+
+
+#: The largest squared gradient norm or variance a report may give (beyond it an estimate has diverged).
+MAX_NOISE = 1e30
+#: The largest total batch a report may say it trains at (the submission's own bound).
+MAX_REPORTED_BATCH = 2.0 ** 24
+
+
+def checked_batch_report(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """An adaptive job's ``batch_size`` and gradient noise (``grad_sqr`` > 0, ``grad_var`` >= 0, both or neither)
+    from its report. Unlike the fields above, a bad one does not fail the job: it is left out, never applied, and
+    ``report_error`` says why (the daemon flags the job with it; a noisy estimate is no broken contract)."""
+    out: dict[str, Any] = {}
+    try:
+        batch = _number(doc, "batch_size", MAX_REPORTED_BATCH)
+        if batch is not None:
+            if not batch > 0:
+                raise JobReportError("batch_size must be > 0")
+            out["batch_size"] = batch
+        sqr, var = _number(doc, "grad_sqr", MAX_NOISE), _number(doc, "grad_var", MAX_NOISE)
+        if (sqr is None) != (var is None):
+            raise JobReportError("grad_sqr and grad_var come together")
+        if sqr is not None:
+            if not sqr > 0:
+                raise JobReportError(f"grad_sqr = {sqr:g} must be > 0")
+            out.update(grad_sqr=sqr, grad_var=var)
+    except JobReportError as e:
+        out = {k: v for k, v in out.items() if k == "batch_size"}
+        out["report_error"] = f"its gradient noise report is refused: {e}"
     return out
 
 

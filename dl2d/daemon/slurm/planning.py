@@ -131,6 +131,7 @@ class Current:
     elastic: bool = False  # its runtime is of a kind that scales hot (is_elastic)
     hot_scaling: bool = False  # its running runtime can be resized in place now (runtime_scales_hot)
     fixed_size: bool = False  # dl2d started one process per worker: another size is another run
+    new_batch: bool = False  # the target gives an adaptive job a total batch other than the one it runs at
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,10 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
     * target 0/0: STOP when a Slurm job is active, else NOOP;
     * finished: NOOP;
     * no active Slurm job: START (resumes from the job's checkpoint, if any);
-    * pending in Slurm: NOOP when its allocation is ``needed`` (the new (W, P) is written to the
+    * pending in Slurm: NOOP when its allocation is ``needed`` (the new (W, P) and batch are written to the
       target file it reads when it starts), else START (cancel + submit at the new size);
+    * running, and the target gives it a new total batch (``cur.new_batch``): RESTART (a job reads its batch
+      when it starts, as its size);
     * running with one process per worker started by dl2d (``cur.fixed_size``: ``launch = "srun"``): NOOP
       at its size, else RESTART (checkpoint, then requeue or resubmit: its processes cannot change count,
       and releasing a node in place would kill some of them);
@@ -186,6 +189,8 @@ def plan_apply(cur: Current, target: Target, needed: SlurmAllocation | None,
         return Plan(START, needed)
     if cur.slurm_state != "RUNNING" or cur.allocation is None:
         return Plan(NOOP) if cur.allocation in (None, needed) else Plan(START, needed)
+    if cur.new_batch:
+        return Plan(RESTART, needed)
     if cur.fixed_size:
         return Plan(NOOP) if want == cur.applied else Plan(RESTART, needed)
     if hosting_nodes is None:
@@ -234,6 +239,20 @@ def lost_epochs_from_progress(progress: Mapping[str, Any] | None) -> float:
     return float(lost) / float(total) * float(epochs)
 
 
+def batch_from_progress(progress: Mapping[str, Any] | None) -> dict[str, Any]:
+    """JobStatus's ``batch_size``, ``grad_noise`` and ``report_error`` from a checked progress report."""
+    if not progress:
+        return {}
+    out: dict[str, Any] = {}
+    if "batch_size" in progress:
+        out["batch_size"] = float(progress["batch_size"])
+    if "grad_sqr" in progress:
+        out["grad_noise"] = (float(progress["grad_sqr"]), float(progress["grad_var"]))
+    if progress.get("report_error"):
+        out["report_error"] = str(progress["report_error"])
+    return out
+
+
 def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
                 progress: Mapping[str, Any] | None, progress_mtime: float | None = None,
                 now: float | None = None) -> JobStatus:
@@ -254,7 +273,7 @@ def status_from(job_id: int, record: Mapping[str, Any], slurm: SlurmJob | None,
     elastic = bool(record.get("elastic", False))
     said = progress_state(progress)
     base = dict(job_id=job_id, epochs_done=epochs, backend_ref=ref, hot_scaling=elastic,
-                lost_epochs=lost_epochs_from_progress(progress))
+                lost_epochs=lost_epochs_from_progress(progress), **batch_from_progress(progress))
     ended = finish_time(record, slurm, progress, progress_mtime, now)
     final = dict(base, finished_at=datetime.fromtimestamp(ended, timezone.utc) if ended else None)
     active = slurm is not None and slurm.active

@@ -5,8 +5,9 @@
 A job takes a new batch only at a restart (it reads its batch when it starts, as the job contract gives it): a job
 restarting anyway gets the best batch for its new GPUs; one that keeps its GPUs is restarted for a new batch only
 where that trains at least :data:`WORTH` faster than its own (a job's best batch grows as its gradients get
-noisier, epoch by epoch). The gradient statistics are its model's at the epoch it is in: what
-the job itself measures and reports in the twin (a real job's own report in the daemon). The step times are the
+noisier, epoch by epoch). The gradient statistics are the view's (``grad_stats``: the daemon's fit of the job's own
+reports), else its model's at the epoch it is in (what the job itself would measure, in the twin); a job's own
+limits (``batch_limits``) bound the batches tried. The step times are the
 measured tables' (dl2d.workload.batching), the scheduler's belief of the cluster; where an allocation does not
 name its servers, the packed placement.
 
@@ -32,6 +33,17 @@ def placement_of(servers, gpus_per_worker: float, workers: int, per_node: int) -
     return packed(workers * max(int(round(gpus_per_worker)), 1), per_node)
 
 
+def job_batch_knowledge(view: SlotView, j: int) -> tuple[tuple[float, float] | None, float | None, float | None]:
+    """(gradient statistics, largest total batch, most samples a GPU takes) of row ``j`` as the view has them;
+    None for each the view does not know (the model's own)."""
+    def known(values) -> tuple[float, ...] | None:
+        return None if values is None or not np.all(np.isfinite(values[j])) else tuple(float(x) for x in values[j])
+    stats, lim = known(view.grad_stats), view.batch_limits
+    top = float(lim[j, 0]) if lim is not None and np.isfinite(lim[j, 0]) else None
+    local = float(lim[j, 1]) if lim is not None and np.isfinite(lim[j, 1]) else None
+    return stats, top, local
+
+
 #: how much more goodput a new batch must give a job that keeps its GPUs to be worth a restart
 WORTH = 0.2
 
@@ -49,12 +61,13 @@ def goodput_batches(view: SlotView, a: Allocation) -> np.ndarray:
         moved = servers is not None and prev is not None and sorted(servers) != sorted(prev[j])
         placement = placement_of(servers, view.worker_demand[j, 0], int(a.workers[j]), per_node)
         epoch = int(view.epochs_done[j])
-        best, g_best = goodput.best_batch(model, placement, epoch)
+        stats, top, local = job_batch_knowledge(view, j)
+        best, g_best = goodput.best_batch(model, placement, epoch, stats, top, max_local=local)
         if best <= 0:
             continue
         if a.workers[j] == view.prev_workers[j] and not moved:  # it would run on as it is
             now = float(view.batch_size[j])
-            if g_best < (1 + WORTH) * goodput.goodput(model, placement, now, epoch):
+            if g_best < (1 + WORTH) * goodput.goodput(model, placement, now, epoch, stats, max_local=local):
                 continue
         out[j] = best
     return out
