@@ -73,6 +73,9 @@ class SlotView:
     batch_size: np.ndarray | None = field(default=None, kw_only=True)
     #: [jobs] True where the job lets the scheduler choose its total batch (Allocation.batch_size); None: none does
     adaptive: np.ndarray | None = field(default=None, kw_only=True)
+    #: [jobs] the batch each job was submitted at, the one ``est_speed`` is of (where it differs from ``batch_size``:
+    #: an adaptive job that took another); None: ``batch_size``
+    submitted_batch: np.ndarray | None = field(default=None, kw_only=True)
     #: [jobs, 2] an adaptive job's own limits (the largest total batch, the most samples a GPU takes in a pass;
     #: NaN: its model's measured ones); None: no job has its own
     batch_limits: np.ndarray | None = field(default=None, kw_only=True)
@@ -100,7 +103,7 @@ class SlotView:
                              f"{self.max_workers + 1}), got {np.shape(self.est_speed)}")
         if self.requested_workers is not None and np.shape(self.requested_workers) != (n,):
             raise ValueError(f"requested_workers has shape {np.shape(self.requested_workers)}, expected ({n},)")
-        for name in ("batch_size", "adaptive"):
+        for name in ("batch_size", "adaptive", "submitted_batch"):
             if getattr(self, name) is not None and np.shape(getattr(self, name)) != (n,):
                 raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}, expected ({n},)")
         for name in ("batch_limits", "grad_stats"):
@@ -127,7 +130,7 @@ class SlotView:
             job_speed_factor=pick(self.job_speed_factor), job_shared_gpu=pick(self.job_shared_gpu),
             worker_demand=pick(self.worker_demand).reshape(-1, 3), ps_demand=pick(self.ps_demand).reshape(-1, 3),
             kind=pick_tuple(self.kind), est_speed=pick(self.est_speed), requested_workers=pick(self.requested_workers),
-            batch_size=pick(self.batch_size), adaptive=pick(self.adaptive),
+            batch_size=pick(self.batch_size), adaptive=pick(self.adaptive), submitted_batch=pick(self.submitted_batch),
             batch_limits=None if self.batch_limits is None else pick(self.batch_limits).reshape(-1, 2),
             grad_stats=None if self.grad_stats is None else pick(self.grad_stats).reshape(-1, 2),
             prev_worker_servers=pick_tuple(self.prev_worker_servers), prev_ps_servers=pick_tuple(self.prev_ps_servers))

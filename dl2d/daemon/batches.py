@@ -38,6 +38,17 @@ def learned_noise(spec: Mapping[str, Any], model: str, batch: float, epochs_done
     return efficiency.fit_noise(fit, at_init, prior, epochs_done).to_json()
 
 
+def believed_view(view: SlotView, rule: str = "goodput") -> SlotView:
+    """The view the policy decides on: under ``rule`` "goodput" each adaptive job's believed speed at every size is
+    that of its best batch there (dl2d.policy.elastic.goodput.goodput_speeds), so any policy sizes it knowing its
+    batch grows with its GPUs."""
+    if rule == "fixed" or view.adaptive is None or not np.any(view.adaptive):
+        return view
+    from dl2d.policy.elastic.goodput import goodput_speeds
+
+    return goodput_speeds(view)
+
+
 def with_batches(view: SlotView, alloc: Allocation, rule: str = "goodput") -> Allocation:
     """``alloc`` with each adaptive job's batch for its (re)start: the policy's own where it chose them, else by
     ``rule``, as the whole number of samples it trains split over its GPUs (dl2d.core.batch)."""

@@ -415,6 +415,7 @@ class SlotLoop:
                             shared_gpu={j: "shared_gpu" in f for j, f in flags.items()},
                             worker_bound=self.max_workers, placed=self._placed,
                             observed={j: st.nodes for j, st in statuses.items()})
+        view = B.believed_view(view, self.batch_rule)  # an adaptive job's speeds at the best batch of each size
         self._remember_beliefs(view)
         td = time.perf_counter()
         g = P.guard(view, self.policy, self.fallback, self.state.starved, self.starve_slots)

@@ -83,7 +83,8 @@ def batch_knowledge(jobs: Sequence[JobRow]) -> dict[str, np.ndarray] | None:
         fit = efficiency.NoiseFit.from_json(jobs[i].noise)
         if fit.reports:
             stats[i] = efficiency.job_stats(jobs[i].model.name, batch[i], jobs[i].epochs_done, fit)
-    return {"batch_size": batch, "adaptive": adaptive, "batch_limits": limits, "grad_stats": stats}
+    return {"batch_size": batch, "adaptive": adaptive, "batch_limits": limits, "grad_stats": stats,
+            "submitted_batch": np.array([j.model.batch_size for j in jobs], float)}
 
 
 def scheduling_window(waiting: Sequence[bool], window: int) -> list[int]:

@@ -15,11 +15,13 @@ Two bounds, each valid for every scheduler; the result is the larger:
   the sum of completion times among all schedules that respect only those two facts, so its average is a
   bound too. (Jobs without GPUs, DL2's CPU-only types, have no GPU work and only the first bound.)
 
-Neither bound knows placement contention or the shared-server slowdown, so the gap to a real policy is what
+A job whose batch the scheduler chooses (the trace's ``adaptive``) is bounded at its best batch as well, at every
+moment (:func:`adaptive_allreduce`). Neither bound knows placement contention or the shared-server slowdown, so the gap to a real policy is what
 those and the cluster's shape cost, plus the schedule's own inefficiency.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -83,6 +85,14 @@ def fastest_placement_rate(model: str, batch: float, workers: int, gpus_per_work
     that many GPUs and any one unmeasured placement over several nodes (under ``rules`` that interpolate
     off-table placements, which read the node count as well: one for each node count). Enumerating every placement
     instead (thousands at 64 GPUs) gives the same figure (a test compares them)."""
+    return max(catalog.allreduce_epoch_rate(model, batch, p, rules)
+               for p in candidate_placements(model, workers, gpus_per_worker, per_node, nodes, rules))
+
+
+@functools.lru_cache(maxsize=4096)
+def candidate_placements(model: str, workers: int, gpus_per_worker: int, per_node: int, nodes: int = 0,
+                         rules: catalog.SpeedRules = catalog.DEFAULT_RULES) -> tuple[throughput.Placement, ...]:
+    """The placements of ``workers`` among which the fastest is (:func:`fastest_placement_rate`)."""
     g = max(int(gpus_per_worker), 1)
     gpus = workers * g
     measured = throughput.throughput_model(model).measured(gpus)
@@ -98,7 +108,7 @@ def fastest_placement_rate(model: str, batch: float, workers: int, gpus_per_work
             spans.add(len(p))
             if rules.off_table == "fit":  # the fit reads only whether it spans nodes
                 break
-    return max(catalog.allreduce_epoch_rate(model, batch, p, rules) for p in candidates)
+    return tuple(sorted(candidates))
 
 
 def allreduce_rates(model: str, batch: float, max_workers: int, gpus_per_worker: int, per_node: int,
@@ -122,6 +132,63 @@ def best_allreduce(model: str, batch: float, max_workers: int, gpus_per_worker: 
     gpus = np.arange(1, max_workers + 1) * gpus_per_worker
     with np.errstate(divide="ignore"):
         return float(rates.max()), float(np.min(gpus / rates))
+
+
+def adaptive_allreduce(model: str, own_batch: float, epochs: float, max_workers: int, gpus_per_worker: int,
+                       per_node: int, nodes: int = 0, rules: catalog.SpeedRules = catalog.DEFAULT_RULES
+                       ) -> tuple[float, float]:
+    """(fewest seconds, fewest GPU-seconds) in which a job of ``model`` whose batch the scheduler chooses trains
+    ``epochs`` epochs: at its best size, placement and batch at every moment, paying nothing to change them, the
+    batches those a scheduler tries at each size (dl2d.workload.goodput.candidates, Pollux's 50, and the job's
+    own). Under the iterations rule at the best constant rate; under the progress rule epoch by epoch, each at its
+    own best (the gradients get noisier: a later epoch's best batch is larger)."""
+    key = (model, int(max_workers), max(int(gpus_per_worker), 1), int(per_node), int(nodes), rules)
+    tried, own = _best_over(*key, None), _best_over(*key, float(own_batch))
+    best_rate, best_gpu = np.maximum(tried[0], own[0]), np.minimum(tried[1], own[1])
+    if rules.work != "progress":
+        return float(epochs / best_rate[0]), float(epochs * best_gpu[0])
+    from dl2d.workload import efficiency  # noqa: PLC0415
+
+    r = efficiency.runs(model)
+    widths = np.diff(r.epoch_starts)
+    share = np.clip(float(epochs) - np.arange(r.epochs), 0.0, 1.0)  # of each epoch the job trains
+    return float(np.sum(share * widths / best_rate)), float(np.sum(share * widths * best_gpu))
+
+
+@functools.lru_cache(maxsize=1024)
+def _best_over(model: str, max_workers: int, g: int, per_node: int, nodes: int, rules: catalog.SpeedRules,
+               batch: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """([E] the highest rate, [E] the fewest GPU-seconds per unit) over sizes, placements and ``batch`` (None: the
+    goodput candidates of each size): epochs under the iterations rule (E = 1), progress per epoch under the
+    progress one."""
+    from dl2d.workload import efficiency, goodput  # noqa: PLC0415
+
+    progress = rules.work == "progress"
+    r = efficiency.runs(model) if progress else None
+    best_rate, best_gpu = np.zeros(r.epochs if progress else 1), np.full(r.epochs if progress else 1, np.inf)
+    for w in range(1, max_workers + 1):
+        where = candidate_placements(model, w, g, per_node, nodes, rules)
+        if not where:  # more workers than the cluster holds
+            continue
+        for b in (goodput.candidates(model, w * g) if batch is None else (batch,)):
+            if progress:
+                step, trained = min(catalog.iteration_seconds(model, float(b), p, rules) for p in where)
+                rate = efficiency.gain_of(epoch_stats(r, trained), trained, r.init) / step  # progress a second
+            else:
+                rate = np.array([max(catalog.allreduce_epoch_rate(model, float(b), p, rules) for p in where)])
+            best_rate = np.maximum(best_rate, rate)
+            best_gpu = np.minimum(best_gpu, w * g / rate)
+    return best_rate, best_gpu
+
+
+def epoch_stats(r, batch: float) -> tuple[np.ndarray, np.ndarray]:
+    """[E] (grad_sqr, grad_var) of every epoch at total batch ``batch`` (dl2d.workload.efficiency.grad_stats, all
+    epochs at once)."""
+    b = r.batches
+    i = int(np.clip(np.searchsorted(b, batch) - 1, 0, len(b) - 2)) if len(b) > 1 else 0
+    f = float(np.clip((batch - b[i]) / (b[i + 1] - b[i]), 0.0, 1.0)) if len(b) > 1 else 0.0
+    j = min(i + 1, len(b) - 1)
+    return (1 - f) * r.grad_sqr[i] + f * r.grad_sqr[j], (1 - f) * r.grad_var[i] + f * r.grad_var[j]
 
 
 def ps_rates(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int) -> np.ndarray:
@@ -185,6 +252,12 @@ def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
     fastest = trace.speed_factor * (1 + cfg.slot_noise)
     min_seconds = trace.true_epochs / (rate * fastest)
     gpu_seconds = np.where(np.isfinite(work), trace.true_epochs * work / fastest, 0.0)
+    for i in np.flatnonzero(trace.adaptive & trace.allreduce):  # the scheduler chooses its batch too
+        if names[i] in catalog.ALLREDUCE_MODELS and (cfg.site_speeds is None or names[i] not in cfg.site_speeds.names()):
+            g = max(int(round(catalog.WORKER_DEMAND[int(trace.type_idx[i]), 0])), 1)
+            secs, gpu_s = adaptive_allreduce(names[i], float(trace.batch_size[i]), float(trace.true_epochs[i]),
+                                             cfg.max_workers, g, per_node, cfg.cluster.num_servers, cfg.speed_rules)
+            min_seconds[i], gpu_seconds[i] = secs / fastest[i], gpu_s / fastest[i]
     release = trace.arrival_slot * cfg.slot_seconds  # the slot boundary a job is first seen at
     waited = trace.arrival_slot - trace.submitted  # slots from its submission to that boundary, in its JCT
     alone = (min_seconds + cfg.resize_overhead_s) / cfg.slot_seconds + waited

@@ -114,8 +114,8 @@ def test_the_best_batch_grows_as_the_gradients_get_noisier():
 
 def test_goodput_batches_speed_up_users_small_jobs():
     """The Pollux workloads as users submitted them (one GPU, a small batch each): elastic with the goodput
-    batch against elastic with the submitted batches, in the reference preset, the first 60 jobs."""
-    jobs = packaged_workload(1, "workloads-realistic")[:60]
+    batch against elastic with the submitted batches, in the reference preset, the first 30 jobs."""
+    jobs = packaged_workload(1, "workloads-realistic")[:30]
     c = presets.sim_config(presets.resolve("reference", {}), world("today").sim_config("t4-16"))
     fixed = E.run(T.from_workload(jobs, 60.0, interference_sigma=0.0), registry.build("elastic"), c)
     chosen = E.run(T.from_workload(jobs, 60.0, interference_sigma=0.0, adaptive=True),
@@ -142,3 +142,42 @@ def test_a_job_choosing_its_own_batch_in_place_grows_it_epoch_by_epoch_without_a
     assert res.resizes == 1 and held.resizes == 1  # the start only
     assert len(set(batches)) > 2 and batches[-1] > batches[0]
     assert res.jct_slots[0] < held.jct_slots[0]
+
+
+def test_a_policy_sizes_an_adaptive_job_on_the_speeds_of_its_best_batch():
+    """goodput_speeds: an adaptive job's believed speed at each size is its best batch's there, never below its
+    own batch's; a fixed job's is left alone. Elastic then gives the adaptive job more GPUs than it would at its
+    submitted batch, which saturates."""
+    from dl2d.policy.elastic.goodput import goodput_speeds
+
+    jobs = [WorkloadJob("a", 0.0, "cifar10", 1, 128.0), WorkloadJob("b", 0.0, "cifar10", 1, 128.0)]
+    c = replace(cfg(), cluster=ClusterSpec(4, **T4_NODE))
+    tr = T.from_workload(jobs, 60.0, interference_sigma=0.0, adaptive=True)
+    tr = replace(tr, adaptive=np.array([True, False]))
+    view = E.view_of(tr, replace(E.SimState.initial(2), slot=int(tr.arrival_slot.max())), c)
+    seen = goodput_speeds(view)
+    own, best = view.est_speed[0, 0], seen.est_speed[0, 0]
+    assert np.all(best >= own) and best[16] > 1.5 * own[16]  # 16 GPUs at batch 128 are mostly idle
+    np.testing.assert_array_equal(seen.est_speed[1], view.est_speed[1])
+    fixed = registry.build("elastic")(view)
+    adapting = registry.build("elastic", registry.PolicyOptions(batch="goodput"))(view)
+    assert adapting.workers[0] > fixed.workers[0] and adapting.batch_size[0] > 128
+
+
+@pytest.mark.parametrize("preset", ["reference", "dl2d"])
+def test_the_bound_with_batches_the_schedulers_holds_for_batch_adapting_policies(preset):
+    """dl2d.sim.bound on a trace whose jobs adapt their batch: each at its best batch too, so at or below the bound
+    at their submitted batches, and no batch-adapting policy beats it (the Pollux workload as submitted, its first
+    20 jobs on 4 nodes; under the reference preset's progress rule and dl2d's iterations rule)."""
+    from dl2d.sim.bound import lower_bound
+
+    jobs = packaged_workload(1, "workloads-realistic")[:20]
+    settings = presets.resolve(preset, {} if preset == "reference" else
+                               {"interference": 0.0, "slot_noise": 0.0, "shared_node_slowdown": 0.0})
+    c = replace(presets.sim_config(settings, world("today").sim_config("t4-16")), cluster=ClusterSpec(4, **T4_NODE))
+    fixed, adaptive = (T.from_workload(jobs, 60.0, interference_sigma=0.0, adaptive=a) for a in (False, True))
+    at_own, with_batches = lower_bound(fixed, c), lower_bound(adaptive, c)
+    assert with_batches.avg_jct_slots < at_own.avg_jct_slots
+    assert np.all(with_batches.min_seconds <= at_own.min_seconds * (1 + 1e-9))
+    for policy in (registry.build("elastic", registry.PolicyOptions(batch="goodput")),):
+        assert E.run(adaptive, policy, c).avg_jct_slots >= with_batches.avg_jct_slots

@@ -11,11 +11,13 @@ limits (``batch_limits``) bound the batches tried. The step times are the
 measured tables' (dl2d.workload.batching), the scheduler's belief of the cluster; where an allocation does not
 name its servers, the packed placement.
 
-This is the least a batch-adapting policy does (the sizes are the inner policy's, chosen for the submitted batch);
-choosing sizes and batches together is the ``pollux`` baseline's and the learned policy's work.
+The inner policy sizes the jobs on a view whose adaptive jobs' believed speeds are those of the best batch at each
+size (:func:`goodput_speeds`): it gives a job the GPUs its growing batch uses well, then the job gets that batch.
+Searching sizes and batches together over the whole cluster is the ``pollux`` baseline's work.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -42,6 +44,60 @@ def job_batch_knowledge(view: SlotView, j: int) -> tuple[tuple[float, float] | N
     top = float(lim[j, 0]) if lim is not None and np.isfinite(lim[j, 0]) else None
     local = float(lim[j, 1]) if lim is not None and np.isfinite(lim[j, 1]) else None
     return stats, top, local
+
+
+#: the epochs a believed speed curve is kept for (from the start of each block of this many: the statistical
+#: efficiency moves slowly from epoch to epoch, and each curve is 50 goodputs at each size to compute)
+EPOCH_STEP = 5
+#: the step of the log noise scale a job's own gradient statistics are rounded to before its speeds are looked up
+#: (5 %: the speeds are kept across slots while its fit moves less)
+NOISE_STEP = 0.05
+
+
+def _rounded(stats: tuple[float, float] | None) -> tuple[float, float] | None:
+    """(1, noise scale rounded in log steps of NOISE_STEP): the gain depends on var / sqr alone."""
+    if stats is None or not stats[0] > 0 or not stats[1] > 0:
+        return stats
+    return 1.0, float(np.exp(np.round(np.log(stats[1] / stats[0]) / NOISE_STEP) * NOISE_STEP))
+
+
+@functools.lru_cache(maxsize=4096)
+def speedups(model: str, gpus_per_worker: int, per_node: int, workers: int, epoch: int, batch: float,
+             stats: tuple[float, float] | None, max_total: float | None, max_local: float | None) -> np.ndarray:
+    """[workers + 1] how much faster a job of ``model`` trains on w workers (packed) at the best batch there than
+    at ``batch``: the ratio of its best goodput to its goodput at ``batch`` (1 at 0 workers, and where neither
+    is defined)."""
+    out = np.ones(workers + 1)
+    for w in range(1, workers + 1):
+        placement = packed(w * gpus_per_worker, per_node)
+        _, best = goodput.best_batch(model, placement, epoch, stats, max_total, max_local=max_local)
+        now = goodput.goodput(model, placement, batch, epoch, stats, max_local=max_local)
+        if best > 0 and now > 0:
+            out[w] = max(best / now, 1.0)
+    return out
+
+
+def goodput_speeds(view: SlotView) -> SlotView:
+    """``view`` with each adaptive job's believed speed at every size that of the best batch there (``est_speed``
+    times :func:`speedups`): a policy then sizes a job knowing its batch grows with its GPUs, as Pollux's search
+    does, in blocks of :data:`EPOCH_STEP` epochs. Sizes beyond what the cluster holds keep the largest it holds'."""
+    if view.adaptive is None or not np.any(view.adaptive) or not len(view):
+        return view
+    est = np.array(view.est_speed, copy=True)
+    per_node = max(int(view.capacity[:, 0].max()), 1) if len(view.capacity) else 1
+    for j in np.flatnonzero(np.asarray(view.adaptive, bool)):
+        model = MODEL_NAMES[int(view.type_idx[j])]
+        if model not in ALLREDUCE_MODELS:
+            continue
+        gpw = max(int(round(view.worker_demand[j, 0])), 1)
+        fits = int(min(view.max_workers, max(view.capacity[:, 0].sum() // gpw, 1)))
+        stats, top, local = job_batch_knowledge(view, j)
+        epoch = int(view.epochs_done[j]) // EPOCH_STEP * EPOCH_STEP
+        base = view.batch_size if view.submitted_batch is None else view.submitted_batch  # est_speed's batch
+        up = speedups(model, gpw, per_node, fits, epoch, float(base[j]), _rounded(stats), top, local)
+        est[j, 0, :fits + 1] *= up
+        est[j, 0, fits + 1:] *= up[-1]
+    return replace(view, est_speed=est)
 
 
 #: how much more goodput a new batch must give a job that keeps its GPUs to be worth a restart
@@ -82,9 +138,9 @@ class GoodputBatch:
         self.name = f"{name}+goodput"
 
     def __call__(self, view: SlotView) -> Allocation:
-        a = self.inner(view)
         if view.adaptive is None or not np.any(view.adaptive) or not len(view):
-            return a
+            return self.inner(view)
+        a = self.inner(goodput_speeds(view))
         return replace(a, batch_size=goodput_batches(view, a))
 
     def applied(self, view: SlotView, allocation: Allocation, overridden: bool) -> None:

@@ -1,0 +1,142 @@
+"""Batch-adapting policies against fixed-batch ones on the sixteen Pollux workloads (eight tuned, eight as
+submitted), in the twin's reference preset (the Pollux artifact's cluster and rules, dl2d.sim.presets) or in
+dl2d's own (``--preset dl2d``), each job's batch the scheduler's to choose where the policy adapts batches.
+
+Why: the batch is the lever fixed-batch scheduling lacks (Pollux, OSDI'21). This measures how much each
+batch-adapting policy gains, on the same traces as the fixed-batch ones, and what a slot's decision costs:
+
+* ``NAME`` (a registered policy): every job at its submitted batch;
+* ``NAME+goodput``: every job of a measured model adaptive, the policy sizing jobs on the speeds of their best
+  batch at each size and each restarting job given that batch (dl2d.policy.elastic.goodput);
+* ``NAME+batch``: the same batches, the sizes chosen for the submitted batch (the goodput batch alone);
+* ``pollux``: the Pollux baseline (its genetic search; NCF's batch fixed, as the artifact has it).
+
+Per policy and workload: the average and p99 JCT (hours) and the decision time a slot (ms); per workload the
+lower bounds at the submitted batches and with every batch the scheduler's (dl2d.sim.bound). Seeds are the
+workloads' own (workload k: seed k); nothing here was trained on them.
+
+    python bench/bench_goodput.py [--preset reference|dl2d] [--policies elastic,elastic+goodput,pollux]
+                                  [--workloads tuned:1-8,realistic:1-8] [--generations 30] [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from dl2d.policy import registry
+from dl2d.policy.elastic.goodput import GoodputBatch, goodput_batches
+from dl2d.sim import engine as E
+from dl2d.sim.bound import lower_bound
+from dl2d.sim.trace import from_workload
+from dl2d.workload.seeds import seed_list
+from dl2d.workload.workloads import packaged_workload
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_reference import artifact_config, pollux_trace, settings  # noqa: E402
+
+FOLDERS = {"tuned": "workloads", "realistic": "workloads-realistic"}
+
+
+class BatchOnly(GoodputBatch):
+    """The goodput batch on the inner policy's sizes, chosen for the submitted batch (``NAME+batch``)."""
+
+    def __call__(self, view):
+        a = self.inner(view)
+        if view.adaptive is None or not np.any(view.adaptive) or not len(view):
+            return a
+        return replace(a, batch_size=goodput_batches(view, a))
+
+
+def scheduler_of(name: str, k: int, generations: int, baseline_rules: str):
+    """(policy, adapts batches, is Pollux) for a row name."""
+    if name == "pollux":
+        from dl2d.policy.baselines.pollux import Pollux
+
+        return Pollux(seed=k, generations=generations), True, True
+    base, _, mode = name.partition("+")
+    inner = registry.build(base, registry.PolicyOptions(baseline_rules=baseline_rules))
+    if mode == "goodput":
+        return GoodputBatch(inner), True, False
+    if mode == "batch":
+        return BatchOnly(inner), True, False
+    if mode:
+        raise SystemExit(f"unknown row {name!r}: NAME, NAME+goodput, NAME+batch or pollux")
+    return inner, False, False
+
+
+def run_one(name: str, folder: str, k: int, cfg, generations: int, baseline_rules: str) -> dict:
+    jobs = sorted(packaged_workload(k, FOLDERS[folder]), key=lambda j: j.arrival_s)
+    policy, adapts, is_pollux = scheduler_of(name, k, generations, baseline_rules)
+    trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0, adaptive=adapts)
+    if is_pollux:
+        trace = pollux_trace(trace)
+    t0 = time.perf_counter()
+    res = E.run(trace, policy, cfg, seed=k)
+    hours = np.asarray(res.jct_slots, float) * cfg.slot_seconds / 3600
+    return {"policy": name, "workloads": folder, "workload": k, "avg_h": round(float(hours.mean()), 4),
+            "p99_h": round(float(np.percentile(hours, 99)), 4), "decision_ms": round(float(res.decision_ms), 2),
+            "took_s": round(time.perf_counter() - t0, 1)}
+
+
+def bounds(folder: str, k: int, cfg) -> dict:
+    """The lower bounds on the average JCT (hours) of workload k: every job at its submitted batch, and every job
+    of a measured model adaptive (dl2d.sim.bound: each at its best batch too)."""
+    jobs = sorted(packaged_workload(k, FOLDERS[folder]), key=lambda j: j.arrival_s)
+    out = {}
+    for key, adaptive in (("fixed_bound_h", False), ("adaptive_bound_h", True)):
+        trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0, adaptive=adaptive)
+        out[key] = round(lower_bound(trace, cfg).avg_jct_slots * cfg.slot_seconds / 3600, 4)
+    return {"workloads": folder, "workload": k, **out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=("reference", "dl2d"), default="reference")
+    ap.add_argument("--policies", default="elastic,elastic+batch,elastic+goodput")
+    ap.add_argument("--workloads", default="tuned:1-8,realistic:1-8")
+    ap.add_argument("--generations", type=int, default=30, help="pollux: its genetic search's generations")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    sets = []
+    for part in args.workloads.split(","):
+        folder, _, ks = part.partition(":")
+        if folder not in FOLDERS:
+            ap.error(f"--workloads: {folder!r} is not one of {', '.join(FOLDERS)}")
+        sets += [(folder, k) for k in seed_list(ks or "1-8")]
+    chosen = settings(args.preset)
+    cfg = artifact_config(args.preset)
+    out = {"command": "python " + shlex.join(["bench/bench_goodput.py", *sys.argv[1:]]), "preset": args.preset,
+           "settings": chosen, "cluster": "t4-16", "slot_seconds": cfg.slot_seconds, "rows": [], "means": {}}
+    t0 = time.perf_counter()
+    out["bounds"] = [bounds(folder, k, cfg) for folder, k in sets]
+    for b in out["bounds"]:
+        print(json.dumps(b), flush=True)
+    for name in [p for p in args.policies.split(",") if p]:
+        rows = [run_one(name, folder, k, cfg, args.generations, chosen["baseline_rules"]) for folder, k in sets]
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        out["rows"] += rows
+        means = {}
+        for folder in FOLDERS:
+            mine = [r for r in rows if r["workloads"] == folder]
+            if mine:
+                means[folder] = {key: round(float(np.mean([r[key] for r in mine])), 4)
+                                 for key in ("avg_h", "p99_h", "decision_ms")}
+        means["all"] = {key: round(float(np.mean([r[key] for r in rows])), 4) for key in ("avg_h", "p99_h",
+                                                                                             "decision_ms")}
+        out["means"][name] = means
+        print(json.dumps({"policy": name, "means": means}), flush=True)
+    out["took_s"] = round(time.perf_counter() - t0, 1)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
