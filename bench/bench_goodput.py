@@ -38,7 +38,7 @@ from dl2d.workload.seeds import seed_list
 from dl2d.workload.workloads import packaged_workload
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_reference import artifact_config, pollux_trace, settings  # noqa: E402
+from bench_reference import artifact_config, means, pollux_trace, settings  # noqa: E402
 
 FOLDERS = {"tuned": "workloads", "realistic": "workloads-realistic"}
 
@@ -122,16 +122,11 @@ def main() -> None:
         for r in rows:
             print(json.dumps(r), flush=True)
         out["rows"] += rows
-        means = {}
-        for folder in FOLDERS:
-            mine = [r for r in rows if r["workloads"] == folder]
-            if mine:
-                means[folder] = {key: round(float(np.mean([r[key] for r in mine])), 4)
-                                 for key in ("avg_h", "p99_h", "decision_ms")}
-        means["all"] = {key: round(float(np.mean([r[key] for r in rows])), 4) for key in ("avg_h", "p99_h",
-                                                                                             "decision_ms")}
-        out["means"][name] = means
-        print(json.dumps({"policy": name, "means": means}), flush=True)
+        keys = ("avg_h", "p99_h", "decision_ms")
+        by_set = {folder: means(mine, keys) for folder in FOLDERS
+                  if (mine := [r for r in rows if r["workloads"] == folder])}
+        out["means"][name] = {**by_set, "all": means(rows, keys)}
+        print(json.dumps({"policy": name, "means": out["means"][name]}), flush=True)
     out["took_s"] = round(time.perf_counter() - t0, 1)
     if args.out:
         with open(args.out, "w") as f:

@@ -54,6 +54,11 @@ def artifact_config(preset: str = "reference"):
     return presets.sim_config(settings(preset), world("today").sim_config("t4-16", max_slots=MAX_SLOTS))
 
 
+def means(rows: list[dict], keys) -> dict:
+    """The mean of each of ``keys`` over ``rows``, rounded as the records keep them."""
+    return {key: round(float(np.mean([r[key] for r in rows])), 4) for key in keys}
+
+
 def compare(ours: dict[str, float], theirs: dict[str, float]) -> dict:
     """Agreement of two {job: JCT s} maps over the jobs both finished."""
     jobs = sorted(set(ours) & set(theirs))
@@ -117,9 +122,8 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         out["rows"] += rows
-        out["means"][policy] = {key: round(float(np.mean([r[key] for r in rows])), 4)
-                                for key in ("avg_s", "reference_avg_s", "avg_ratio", "median_abs_ratio_minus_1",
-                                            "within_5pct", "median_ratio")}
+        out["means"][policy] = means(rows, ("avg_s", "reference_avg_s", "avg_ratio", "median_abs_ratio_minus_1",
+                                            "within_5pct", "median_ratio"))
         print(json.dumps({"policy": policy, "mean": out["means"][policy]}), flush=True)
     out["took_s"] = round(time.perf_counter() - t0, 1)
     if args.out:

@@ -31,9 +31,10 @@ def learned_noise(spec: Mapping[str, Any], model: str, batch: float, epochs_done
     fit = efficiency.NoiseFit.from_json(stored)
     if epochs_done <= fit.epochs:
         return None
-    submitted = float(spec.get("batch_size") or batching.limits(model).init)
+    init = batching.limits(model).init
+    submitted = float(spec.get("batch_size") or init)
     sqr, var = reported
-    at_init = (sqr, var * submitted / batching.limits(model).init)  # tr(S) / M0 of the model's M0
+    at_init = (sqr, var * submitted / init)  # tr(S) / M0 of the model's M0
     prior = efficiency.job_prior(model, batch, epochs_done)
     return efficiency.fit_noise(fit, at_init, prior, epochs_done).to_json()
 
@@ -91,10 +92,9 @@ def batch_detail(spec: Mapping[str, Any], model: str, batch: float | None, noise
         "efficiency": (gain_now / gain_submitted) / (now / submitted),
     }
     if gpus > 0:
-        from dl2d.workload.goodput import goodput
+        from dl2d.workload.goodput import relative_goodput
 
-        n = max(1, min(int(nodes or 1), gpus))
-        placement = throughput.canonical(gpus // n + (i < gpus % n) for i in range(n))
-        g = [goodput(model, placement, b, int(epochs_done), stats, max_local=lim.max_local) for b in (now, submitted)]
-        out["goodput_vs_submitted"] = float(g[0] / g[1]) if g[1] > 0 else None
+        placement = throughput.even_spread(gpus, max(1, min(int(nodes or 1), gpus)))
+        out["goodput_vs_submitted"] = relative_goodput(model, placement, now, submitted, int(epochs_done), stats,
+                                                       lim.max_local)
     return out

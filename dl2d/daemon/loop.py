@@ -180,8 +180,8 @@ class SlotLoop:
                 continue
             job.epochs_done = float(st.epochs_done)
             if st.grad_noise is not None:
-                noise = B.learned_noise(job.spec, job.job_type, float(job.batch_size or job.spec.get("batch_size") or 0),
-                                        job.epochs_done, job.batch_noise, st.grad_noise)
+                batch = float(job.batch_size or job.spec.get("batch_size") or 0)
+                noise = B.learned_noise(job.spec, job.job_type, batch, job.epochs_done, job.batch_noise, st.grad_noise)
                 if noise is not None:
                     job.batch_noise = noise
             if st.report_error and self._report_errors.get(job.id) != st.report_error:

@@ -341,11 +341,9 @@ class SimBackend:
     def _goodput_ratio(self, j: Mapping[str, Any], servers: list[int], gpus_per_worker: float) -> float:
         """Epochs a second at the job's batch now against at its submitted one on ``servers``: its goodput's ratio
         (dl2d.workload.goodput), with its model's measured gradient statistics as the job's own."""
-        placement = throughput.placement_on(servers, gpus_per_worker)
-        epoch = int(j["epochs_done"])
-        now, submitted = (goodput.goodput(j["model"], placement, b, epoch, max_local=j.get("max_local"))
-                          for b in (j["batch_now"], j["batch"]))
-        return now / submitted if submitted > 0 else 1.0
+        ratio = goodput.relative_goodput(j["model"], throughput.placement_on(servers, gpus_per_worker),
+                                         j["batch_now"], j["batch"], int(j["epochs_done"]), max_local=j.get("max_local"))
+        return 1.0 if ratio is None else ratio
 
     def end_slot(self, seconds: float) -> None:
         """Train every running job for one slot (``seconds`` is ignored: a slot is ``slot_seconds``)."""

@@ -173,22 +173,13 @@ def _best_over(model: str, max_workers: int, g: int, per_node: int, nodes: int, 
         for b in (goodput.candidates(model, w * g) if batch is None else (batch,)):
             if progress:
                 step, trained = min(catalog.iteration_seconds(model, float(b), p, rules) for p in where)
-                rate = efficiency.gain_of(epoch_stats(r, trained), trained, r.init) / step  # progress a second
+                stats = efficiency.grad_stats_by_epoch(r, trained)
+                rate = efficiency.gain_of(stats, trained, r.init) / step  # progress a second
             else:
                 rate = np.array([max(catalog.allreduce_epoch_rate(model, float(b), p, rules) for p in where)])
             best_rate = np.maximum(best_rate, rate)
             best_gpu = np.minimum(best_gpu, w * g / rate)
     return best_rate, best_gpu
-
-
-def epoch_stats(r, batch: float) -> tuple[np.ndarray, np.ndarray]:
-    """[E] (grad_sqr, grad_var) of every epoch at total batch ``batch`` (dl2d.workload.efficiency.grad_stats, all
-    epochs at once)."""
-    b = r.batches
-    i = int(np.clip(np.searchsorted(b, batch) - 1, 0, len(b) - 2)) if len(b) > 1 else 0
-    f = float(np.clip((batch - b[i]) / (b[i + 1] - b[i]), 0.0, 1.0)) if len(b) > 1 else 0.0
-    j = min(i + 1, len(b) - 1)
-    return (1 - f) * r.grad_sqr[i] + f * r.grad_sqr[j], (1 - f) * r.grad_var[i] + f * r.grad_var[j]
 
 
 def ps_rates(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int) -> np.ndarray:

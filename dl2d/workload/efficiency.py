@@ -101,6 +101,15 @@ def grad_stats(r: GradientRuns, batch: float, epoch: int) -> tuple[float, float]
     return (float(np.interp(batch, r.batches, r.grad_sqr[:, e])), float(np.interp(batch, r.batches, r.grad_var[:, e])))
 
 
+def grad_stats_by_epoch(r: GradientRuns, batch: float) -> tuple[np.ndarray, np.ndarray]:
+    """[E] (grad_sqr, grad_var) of every epoch at total batch ``batch``: :func:`grad_stats` for all epochs at once."""
+    b = r.batches
+    i = int(np.clip(np.searchsorted(b, batch) - 1, 0, len(b) - 2)) if len(b) > 1 else 0
+    f = float(np.clip((batch - b[i]) / (b[i + 1] - b[i]), 0.0, 1.0)) if len(b) > 1 else 0.0
+    j = min(i + 1, len(b) - 1)
+    return (1 - f) * r.grad_sqr[i] + f * r.grad_sqr[j], (1 - f) * r.grad_var[i] + f * r.grad_var[j]
+
+
 def measured_iterations(r: GradientRuns, batch: float, epoch: int) -> float:
     """The cumulative iterations of the measured runs at the end of epoch ``epoch`` (0-based), linear in the batch
     between runs (what the Pollux artifact's Optimus+Oracle knows of a job's remaining work)."""

@@ -32,6 +32,14 @@ def goodput(model: str, placement: throughput.Placement, batch: float, epoch: in
     return g / seconds
 
 
+def relative_goodput(model: str, placement: throughput.Placement, batch: float, base: float, epoch: int,
+                     stats=None, max_local: float | None = None) -> float | None:
+    """How many times the goodput at ``base`` the goodput at ``batch`` is on ``placement`` (None where the base
+    makes no progress)."""
+    now, then = (goodput(model, placement, b, epoch, stats, max_local=max_local) for b in (batch, base))
+    return float(now / then) if then > 0 else None
+
+
 def candidates(model: str, gpus: int, max_total: float | None = None) -> np.ndarray:
     """The total batches tried on ``gpus`` GPUs (module docstring); empty when none fits the limits."""
     lim = batching.limits(model)

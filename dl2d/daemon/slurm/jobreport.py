@@ -66,7 +66,8 @@ def _word(doc: Mapping[str, Any], key: str) -> str | None:
 def checked_progress(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The progress report's fields the daemon reads (``epoch``, ``epochs``, ``step``, ``total_steps``,
     ``lost_steps``, ``time``, ``state``, ``status``; an adaptive job's batch and noise,
-    :func:`checked_batch_report`), each checked; None for no report. JobReportError names the first bad one. ``step`` beyond ``total_steps`` is refused too: it would claim more than the whole job."""
+    :func:`checked_batch_report`), each checked; None for no report. JobReportError names the first bad one.
+    ``step`` beyond ``total_steps`` is refused too: it would claim more than the whole job."""
     if doc is None:
         return None
     out: dict[str, Any] = {}
