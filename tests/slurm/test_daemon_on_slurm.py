@@ -476,7 +476,10 @@ def test_daemon_starts_and_resizes_a_real_adaptive_jax_job_with_its_batch(harnes
     assert [s for _, s in log] == list(range(1, steps + 1))  # none repeated, none skipped
     sizes = [w for i, (w, _) in enumerate(log) if i == 0 or log[i - 1][0] != w]
     assert len(sizes) >= 3 and min(sizes[1:-1]) < sizes[0] and sizes[-1] > min(sizes), sizes
-    output = "".join(f.read_text() for f in sorted((h.job_dir(a) / "job").glob("slurm-*.out")))
+    # each run's output file (slurm-<id>.out), in run order: the run number each prints, not the file names
+    # (Slurm ids sort as text: slurm-10 before slurm-9)
+    outputs = [f.read_text() for f in (h.job_dir(a) / "job").glob("slurm-*.out")]
+    output = "".join(sorted(outputs, key=lambda text: int(re.search(r"run (\d+):", text)[1])))
     runs = [(int(m[1]), int(m[2]), int(m[3])) for m in
             re.finditer(r"run \d+: (\d+) processes, resuming at step (\d+), batch (\d+)", output)]
     lrs = [(float(m[1]), int(m[2])) for m in re.finditer(r"learning rate x([\d.e+-]+) at batch (\d+)", output)]
