@@ -76,6 +76,19 @@ def test_compare_counts_job_slots_and_names_the_first_divergence():
     assert ordering([rep, {**rep, "policy": "q", "real": {"avg_jct_s": 1.0}}], "real") == ["q", "p"]
 
 
+def test_a_divergence_after_progress_apart_names_the_job_and_its_epochs_on_each_side():
+    """Progress apart is measured against the further of the two worlds: a job that had trained on Slurm and
+    not at all in the twin is 100 % apart, not a division by nothing."""
+    real = _world("real", {(0, "a"): 2, (0, "b"): 1, (1, "a"): 4, (1, "b"): 1}, {"a": 3.0, "b": 3.0})
+    twin = _world("twin", {(0, "a"): 2, (0, "b"): 1, (1, "a"): 2, (1, "b"): 1}, {"a": 3.0, "b": 3.0})
+    real.arrival = twin.arrival = {"a": 0, "b": 0}
+    real.epochs = {(0, "a"): 0.5, (0, "b"): 0.2, (1, "a"): 1.0, (1, "b"): 0.4}
+    twin.epochs = {(0, "a"): 0.5, (0, "b"): 0.0, (1, "a"): 1.0, (1, "b"): 0.2}
+    first = compare(real, twin)["divergences"][0]
+    assert (first["slot"], first["job"]) == (1, "a")
+    assert first["cause"] == "progress differed by 100% (b had 0.2 epochs done on Slurm, 0 in the twin)"
+
+
 def test_the_twin_runs_the_daemon_and_sizes_jobs_as_slurm_holds_them(tmp_path):
     jobs = make_trace(seed=0)
     rec = run_twin(jobs, "drf", 3.0, ClusterShape(4, 4, 16, 15.625), tmp_path, Costs(1.0, 1.5, 0.5))

@@ -187,7 +187,7 @@ def _cause(real: WorldRecord, twin: WorldRecord, slot: int, job: str) -> str:
         e_t = twin.epochs.get((s, other))
         if e_t is None:
             continue
-        rel = abs(e_r - e_t) / max(abs(e_t), 1e-12)
+        rel = abs(e_r - e_t) / max(abs(e_r), abs(e_t), 1e-12)  # of the further one: 100 % where one is 0
         if rel > worst:
             why = [f for f in real.flags.get((slot, other), []) if f.startswith("pending: Slurm")]
             worst, what = rel, (f"{other} had {e_r:.4g} epochs done on Slurm, {e_t:.4g} in the twin"
