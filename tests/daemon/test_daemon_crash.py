@@ -19,12 +19,15 @@ SIZE_EVENTS = (EventKind.START, EventKind.RESIZE, EventKind.RELAUNCH, EventKind.
 
 
 def dl2d(state_dir, crash: str | None):
+    """The demo daemon, killed at ``crash``. Under DRF: what is tested is the journal and its replay, which are
+    the same under every policy; a heuristic starts in 2 s where the demo's learned policy takes 6 (JAX's import
+    and compilation), and these tests start the daemon ten times."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DL2D_")}
     if crash:
         env["DL2D_DEBUG_CRASH"] = crash
     cmd = [sys.executable, "-m", "dl2d.daemon.main", "--demo", "--world", "dl2", "--demo-jobs", str(JOBS), "--demo-seed", "2",
            "--demo-types", "resnext-110,wlm,resnet-50", "--cluster", "tiny", "--state-dir", str(state_dir),
-           "--no-compare", "--config", str(state_dir / "none.toml"), "--log-level", "warning"]
+           "--policy", "drf", "--no-compare", "--config", str(state_dir / "none.toml"), "--log-level", "warning"]
     (state_dir / "none.toml").write_text("")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 

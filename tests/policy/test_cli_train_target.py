@@ -36,16 +36,28 @@ def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("target")
     site = site_file(d / "site.json", 600.0, {"my-label": {"seconds_per_epoch": [100.0]}})
     out = d / "p.msgpack"
-    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "1", "--speed-model", str(site), "--out", str(out), "--json")
+    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "1", "--plan-rounds", "1", "--plan-traces", "1",
+               "--plan-iters", "5", "--speed-model", str(site), "--out", str(out), "--json")
     assert r.exit_code == 0, r.output
     return site, out, json.loads(r.output[r.output.index("{"):]), r.output
+
+
+@pytest.fixture(scope="module")
+def dl2_world(tmp_path_factory):
+    """A policy trained in the DL2 world with its defaults (the planner learned, every whole count a level)."""
+    out = tmp_path_factory.mktemp("dl2") / "d.msgpack"
+    r = invoke(*UNVALIDATED, "--world", "dl2", "--clusters", "1", "--sl-iters", "1", "--rl-iters", "1",
+               "--plan-iters", "10", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    return out, r.output
 
 
 def test_trains_on_the_site_twin_and_records_it(trained):
     site, out, res, output = trained
     assert "my-label: not a model of the training traces" in output  # named, not silently dropped
     assert res["world"] == "today" and res["speed_model"] == str(site) and res["servers"] == 4
-    assert [(r["phase"], r["iter"]) for r in res["curve"]] == [("sl", 1), ("rl", 1)]
+    # the planner is learned in today's world only when asked (it is elastic's equal there, and 15x slower)
+    assert [(r["phase"], r["iter"]) for r in res["curve"]] == [("sl", 1), ("plan", 1), ("rl", 1)]
     assert res["teacher"] == "elastic"  # today's world's best heuristic, the default teacher there
     assert res["val_jct_slots"]["elastic"] > 0 and res["val_jct_slots"]["learned"] > 0
     ratio = res["val_jct_slots"]["learned"] / res["val_jct_slots"]["elastic"]
@@ -55,6 +67,7 @@ def test_trains_on_the_site_twin_and_records_it(trained):
     assert bound["every_run"] <= min(res["val_jct_slots"]["elastic"], res["val_jct_slots"]["learned"])
     ck = load_target(out)
     assert ck.config.max_workers == 64 and ck.meta["world"] == "today" and ck.meta["speed_model"] == str(site)
+    assert ck.meta["setup"]["plan_rounds"] == 1 and not ck.config.every_count  # on the base levels there
     assert ck.meta["validation_seeds"] == [10_000, 10_000] and ck.meta["train_seeds"] == [0, 1]
     assert ck.meta["teacher_validation_jct_mean"] == pytest.approx(res["val_jct_slots"]["elastic"], abs=1e-3)
     assert ck.meta["command"].startswith("dl2ctl train --policy dl2-target")
@@ -167,6 +180,7 @@ def test_trains_from_elastic_with_the_slots_credit_and_reports_it_against_the_bo
     ck = load_target(out)
     assert ck.config.teacher == "elastic" and ck.meta["teacher"] == "elastic" and ck.meta["setup"]["credit"] == "slot"
     assert ck.config.prior == 8.0 and ck.meta["teacher_validation_jct_mean"] == pytest.approx(teacher, abs=1e-2)
+    assert ck.meta["setup"]["plan_rounds"] == 0 and "learning the planner" not in r.output  # not asked: none
     assert "--teacher elastic" in ck.meta["command"] and "--credit slot" in ck.meta["command"]
     again = CliRunner().invoke(cli, [*TINY, "--sl-iters", "0", "--rl-iters", "1", "--init", str(out),
                                      "--teacher", "optimus", "--out", str(tmp_path / "f.msgpack")])
@@ -174,59 +188,28 @@ def test_trains_from_elastic_with_the_slots_credit_and_reports_it_against_the_bo
     assert not (tmp_path / "f.msgpack").exists()
 
 
-def test_in_the_dl2_world_it_learns_from_the_relative_optimus_then_the_planner_by_default(tmp_path):
+def test_in_the_dl2_world_it_learns_from_the_relative_optimus_then_the_planner_by_default(dl2_world):
     """The default teacher is the world's best heuristic: in the DL2 world the relative Optimus. There the planner
     on the measured speeds is learned by default too (two rounds between the warm-up and PPO, on every whole
     count as a level): its rounds are in the curve and the checkpoint, and the plan phase showed its progress.
     Without --val-traces the world says how many validation traces pick the policy: 5 in the DL2 world."""
-    out = tmp_path / "d.msgpack"
-    r = invoke(*UNVALIDATED, "--world", "dl2", "--clusters", "1", "--sl-iters", "1", "--rl-iters", "1",
-               "--plan-iters", "10", "--out", str(out))
-    assert r.exit_code == 0, r.output
-    assert "optimus-relative (teacher)" in r.output
-    assert "learning the planner: 2 round(s)" in r.output  # its progress (stderr, which CliRunner mixes in)
+    out, output = dl2_world
+    assert "optimus-relative (teacher)" in output
+    assert "learning the planner: 2 round(s)" in output  # its progress (stderr, which CliRunner mixes in)
     ck = load_target(out)
     assert ck.config.teacher == "optimus-relative" and ck.config.every_count
     assert ck.meta["setup"]["plan_rounds"] == 2 and ck.meta["setup"]["plan_traces"] == 1  # no more than --clusters
-    assert ck.meta["validation_seeds"] == [10_000, 10_004]
+    assert ck.meta["validation_seeds"] == [10_000, 10_004]  # the first and last of the world's 5
 
 
-def test_today_the_planner_is_not_learned_unless_asked(tmp_path):
-    """In today's world the planner is elastic's equal (and 15x slower): no plan phase by default; asked for,
-    it runs there too, on the base levels. Without --val-traces 20 validation traces pick the policy (on 5 a
-    few long traces decide): the world's setting, which the CLI reads as the dl2-world test shows."""
-    from dl2d.sim.worlds import WORLDS
-
-    out = tmp_path / "t.msgpack"
-    r = invoke(*TINY, "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "1", "--plan-traces", "1",
-               "--plan-iters", "5", "--out", str(out), "--json")
-    assert r.exit_code == 0, r.output
-    res = json.loads(r.output[r.output.index("{"):])
-    assert [(c["phase"], c["iter"]) for c in res["curve"]] == [("sl", 1), ("plan", 1)]
-    ck = load_target(out)
-    assert ck.meta["setup"]["plan_rounds"] == 1 and not ck.config.every_count
-    # without --val-traces (the dl2-world test runs one so), today's world validates on 20 traces
-    assert WORLDS["today"].val_traces == 20 and WORLDS["dl2"].val_traces == 5
-
-
-def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(tmp_path):
-    """The DL2 world's shipped policy has every whole count as a level (dl2d.policy.planning.plan_distill.widen):
-    --init from such a checkpoint trains on its levels, not the base ones."""
-    from dl2d.policy.checkpoint import TargetCheckpoint, save_target
-    from dl2d.policy.planning.plan_distill import widen
-
-    base = tmp_path / "base.msgpack"
-    r = invoke(*TINY, "--world", "dl2", "--sl-iters", "1", "--rl-iters", "0", "--plan-rounds", "0", "--out",
-               str(base), "--json")
-    assert r.exit_code == 0, r.output
-    ck = load_target(base)
-    wide_cfg, wide_params = widen(ck.config, ck.params, every_count=True)
-    wide = tmp_path / "wide.msgpack"
-    save_target(wide, TargetCheckpoint(wide_cfg, wide_params, ck.meta))
+def test_resuming_a_checkpoint_with_every_count_as_a_level_keeps_its_levels(dl2_world, tmp_path):
+    """The DL2 world's policy has every whole count as a level (dl2d.policy.planning.plan_distill.widen, after its
+    planner phase): --init from such a checkpoint trains on its levels, not the base ones."""
+    wide = load_target(dl2_world[0])
+    assert wide.config.every_count and wide.config.num_actions == 17 * 16
     out = tmp_path / "again.msgpack"
     r = invoke(*TINY, "--world", "dl2", "--sl-iters", "0", "--rl-iters", "1", "--plan-rounds", "0", "--init",
-               str(wide), "--out", str(out), "--json")
+               str(dl2_world[0]), "--out", str(out), "--json")
     assert r.exit_code == 0, r.output
     again = load_target(out)
-    assert again.config == wide_cfg and again.config.every_count and again.meta["setup"]["every_count"] is True
-    assert again.config.num_actions == 17 * 16
+    assert again.config == wide.config and again.meta["setup"]["every_count"] is True

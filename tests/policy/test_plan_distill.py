@@ -136,8 +136,9 @@ def test_the_training_runs_planner_phase_learns_the_planners_choices():
     training traces by the planner, each fitted and evaluated; afterwards the network chooses the planner's
     pairs on the planner's own runs of those traces, which the untrained network does not."""
     from dl2d.policy.target import train as TT
+    # 50 fitting steps a round: the agreement below is 0.92 (0.98 at 100, 0.82 at 30)
     setup = TT.TrainSetup(world="dl2", servers=4, jobs=6, clusters=2, slots=4, val_traces=1, sl_iters=0, rl_iters=0,
-                          plan_rounds=2, plan_traces=1, plan_iters=100, plan_lr=1e-2, teacher="optimus-relative",
+                          plan_rounds=2, plan_traces=1, plan_iters=50, plan_lr=1e-2, teacher="optimus-relative",
                           every_count=True)
     cfg = TT.sim_config(setup)
     progress, evals = [], []

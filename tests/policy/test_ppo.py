@@ -347,9 +347,10 @@ def test_the_packed_minibatch_gives_the_dense_losses_and_gradients(credit):
     assert packed["valid"].shape[-1] == 256 and dense["valid"].shape[-1] == 120
     net = T.init_params(CFG, jax.random.PRNGKey(4))
     for loss in (lambda n, mb: P.ppo_loss(CFG, pc, n, mb), lambda n, mb: P.sl_loss(CFG, pc, n, mb)):
+        grad = jax.jit(jax.value_and_grad(loss, has_aux=True))  # compiled once a layout: eager is op by op
         for m in range(2):
-            (full, _), g_full = jax.value_and_grad(loss, has_aux=True)(net, P.minibatch(b, step_of(dense, m)))
-            (cut, _), g_cut = jax.value_and_grad(loss, has_aux=True)(net, P.minibatch(b, step_of(packed, m)))
+            (full, _), g_full = grad(net, P.minibatch(b, step_of(dense, m)))
+            (cut, _), g_cut = grad(net, P.minibatch(b, step_of(packed, m)))
             assert float(cut) == pytest.approx(float(full), rel=1e-5)
             for a, c in zip(jax.tree_util.tree_leaves(g_full), jax.tree_util.tree_leaves(g_cut)):
                 np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
