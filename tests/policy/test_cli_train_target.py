@@ -192,7 +192,11 @@ def test_in_the_dl2_world_it_learns_from_the_relative_optimus_then_the_planner_b
     """The default teacher is the world's best heuristic: in the DL2 world the relative Optimus. There the planner
     on the measured speeds is learned by default too (two rounds between the warm-up and PPO, on every whole
     count as a level): its rounds are in the curve and the checkpoint, and the plan phase showed its progress.
-    Without --val-traces the world says how many validation traces pick the policy: 5 in the DL2 world."""
+    Without --val-traces the world says how many validation traces pick the policy: 5 in the DL2 world (20 in
+    today's, where on 5 a few long traces decide)."""
+    from dl2d.sim.worlds import WORLDS
+
+    assert WORLDS["today"].val_traces == 20 and WORLDS["dl2"].val_traces == 5
     out, output = dl2_world
     assert "optimus-relative (teacher)" in output
     assert "learning the planner: 2 round(s)" in output  # its progress (stderr, which CliRunner mixes in)
