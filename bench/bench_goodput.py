@@ -12,11 +12,13 @@ batch-adapting policy gains, on the same traces as the fixed-batch ones, and wha
 * ``pollux``: the Pollux baseline (its genetic search; NCF's batch fixed, as the artifact has it).
 
 Per policy and workload: the average and p99 JCT (hours) and the decision time a slot (ms); per workload the
-lower bounds at the submitted batches and with every batch the scheduler's (dl2d.sim.bound). Seeds are the
+lower bounds at the submitted batches and with every batch the scheduler's (dl2d.sim.bound; with ``--lp`` the
+time-indexed program's too, dl2d.sim.lp_bound, which counts that jobs share the cluster). Seeds are the
 workloads' own (workload k: seed k); nothing here was trained on them.
 
     python bench/bench_goodput.py [--preset reference|dl2d] [--policies elastic,elastic+goodput,pollux]
-                                  [--workloads tuned:1-8,realistic:1-8] [--generations 30] [--out FILE.json]
+                                  [--workloads tuned:1-8,realistic:1-8] [--generations 30] [--lp] [--restart-s S]
+                                  [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from dl2d.policy import registry
 from dl2d.policy.elastic.goodput import GoodputBatch, goodput_batches
 from dl2d.sim import engine as E
 from dl2d.sim.bound import lower_bound
+from dl2d.sim.lp_bound import ADAPTIVE_PHASES, lp_lower_bound
 from dl2d.sim.trace import from_workload
 from dl2d.workload.seeds import seed_list
 from dl2d.workload.workloads import packaged_workload
@@ -84,14 +87,22 @@ def run_one(name: str, folder: str, k: int, cfg, generations: int, baseline_rule
             "took_s": round(time.perf_counter() - t0, 1)}
 
 
-def bounds(folder: str, k: int, cfg) -> dict:
+def bounds(folder: str, k: int, cfg, lp: bool = False, lp_buckets: int = 120) -> dict:
     """The lower bounds on the average JCT (hours) of workload k: every job at its submitted batch, and every job
-    of a measured model adaptive (dl2d.sim.bound: each at its best batch too)."""
+    of a measured model adaptive (dl2d.sim.bound: each at its best batch too); with ``lp`` also the time-indexed
+    program's at each (dl2d.sim.lp_bound, the adaptive one in its default parts on at most ``lp_buckets``
+    buckets) and the seconds each took."""
     jobs = sorted(packaged_workload(k, FOLDERS[folder]), key=lambda j: j.arrival_s)
     out = {}
-    for key, adaptive in (("fixed_bound_h", False), ("adaptive_bound_h", True)):
+    hours = cfg.slot_seconds / 3600
+    for name, adaptive in (("fixed", False), ("adaptive", True)):
         trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0, adaptive=adaptive)
-        out[key] = round(lower_bound(trace, cfg).avg_jct_slots * cfg.slot_seconds / 3600, 4)
+        out[f"{name}_bound_h"] = round(lower_bound(trace, cfg).avg_jct_slots * hours, 4)
+        if lp:
+            t0 = time.perf_counter()
+            b = lp_lower_bound(trace, cfg, **({"max_buckets": lp_buckets} if adaptive else {}))
+            out[f"{name}_lp_bound_h"] = round(b.avg_jct_slots * hours, 4)
+            out[f"{name}_lp_s"] = round(time.perf_counter() - t0, 1)
     return {"workloads": folder, "workload": k, **out}
 
 
@@ -101,6 +112,11 @@ def main() -> None:
     ap.add_argument("--policies", default="elastic,elastic+batch,elastic+goodput")
     ap.add_argument("--workloads", default="tuned:1-8,realistic:1-8")
     ap.add_argument("--generations", type=int, default=30, help="pollux: its genetic search's generations")
+    ap.add_argument("--lp", action="store_true",
+                    help=f"the time-indexed LP bounds too (the adaptive one in {ADAPTIVE_PHASES} parts; minutes each)")
+    ap.add_argument("--lp-buckets", type=int, default=120, help="the adaptive LP bound's most buckets")
+    ap.add_argument("--restart-s", type=float, default=None,
+                    help="seconds a (re)start costs, in place of the preset's 30 (0: what restarts cost the policies)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     sets = []
@@ -111,12 +127,18 @@ def main() -> None:
         sets += [(folder, k) for k in seed_list(ks or "1-8")]
     chosen = settings(args.preset)
     cfg = artifact_config(args.preset)
+    if args.restart_s is not None:
+        if not args.restart_s >= 0:
+            ap.error("--restart-s must be >= 0")
+        cfg = replace(cfg, resize_overhead_s=args.restart_s)
     out = {"command": "python " + shlex.join(["bench/bench_goodput.py", *sys.argv[1:]]), "preset": args.preset,
-           "settings": chosen, "cluster": "t4-16", "slot_seconds": cfg.slot_seconds, "rows": [], "means": {}}
+           "settings": chosen, "cluster": "t4-16", "slot_seconds": cfg.slot_seconds,
+           "restart_s": cfg.resize_overhead_s, "rows": [], "means": {}}
     t0 = time.perf_counter()
-    out["bounds"] = [bounds(folder, k, cfg) for folder, k in sets]
-    for b in out["bounds"]:
-        print(json.dumps(b), flush=True)
+    out["bounds"] = []
+    for folder, k in sets:
+        out["bounds"].append(bounds(folder, k, cfg, args.lp, args.lp_buckets))
+        print(json.dumps(out["bounds"][-1]), flush=True)
     for name in [p for p in args.policies.split(",") if p]:
         rows = [run_one(name, folder, k, cfg, args.generations, chosen["baseline_rules"]) for folder, k in sets]
         for r in rows:

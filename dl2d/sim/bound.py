@@ -16,8 +16,9 @@ Two bounds, each valid for every scheduler; the result is the larger:
   bound too. (Jobs without GPUs, DL2's CPU-only types, have no GPU work and only the first bound.)
 
 A job whose batch the scheduler chooses (the trace's ``adaptive``) is bounded at its best batch as well, at every
-moment (:func:`adaptive_allreduce`). Neither bound knows placement contention or the shared-server slowdown, so the gap to a real policy is what
-those and the cluster's shape cost, plus the schedule's own inefficiency.
+moment (:func:`adaptive_allreduce`). Neither bound knows placement contention or the shared-server slowdown, so
+the gap to a real policy is what those and the cluster's shape cost, plus the schedule's own inefficiency (and
+what the contention the time-indexed program of dl2d.sim.lp_bound counts adds).
 """
 from __future__ import annotations
 
@@ -161,11 +162,24 @@ def _best_over(model: str, max_workers: int, g: int, per_node: int, nodes: int, 
     """([E] the highest rate, [E] the fewest GPU-seconds per unit) over sizes, placements and ``batch`` (None: the
     goodput candidates of each size): epochs under the iterations rule (E = 1), progress per epoch under the
     progress one."""
+    rates = adaptive_rates(model, max_workers, g, per_node, nodes, rules, batch)
+    gpus = (np.arange(1, max_workers + 1) * g)[:, None]
+    with np.errstate(divide="ignore"):
+        return rates.max(axis=0), np.min(np.where(rates > 0, gpus / rates, np.inf), axis=0)
+
+
+@functools.lru_cache(maxsize=1024)
+def adaptive_rates(model: str, max_workers: int, g: int, per_node: int, nodes: int, rules: catalog.SpeedRules,
+                   batch: float | None = None) -> np.ndarray:
+    """[max_workers, E] the highest rate of a job of ``model`` on 1..max_workers workers of ``g`` GPUs, over the
+    placements the cluster holds and ``batch`` (None: the goodput candidates of each size): epochs a second under
+    the iterations rule (E = 1), progress a second in each of its model's epochs under the progress one (0: a size
+    the cluster does not hold). Read-only."""
     from dl2d.workload import efficiency, goodput  # noqa: PLC0415
 
     progress = rules.work == "progress"
     r = efficiency.runs(model) if progress else None
-    best_rate, best_gpu = np.zeros(r.epochs if progress else 1), np.full(r.epochs if progress else 1, np.inf)
+    out = np.zeros((max_workers, r.epochs if progress else 1))
     for w in range(1, max_workers + 1):
         where = candidate_placements(model, w, g, per_node, nodes, rules)
         if not where:  # more workers than the cluster holds
@@ -177,9 +191,9 @@ def _best_over(model: str, max_workers: int, g: int, per_node: int, nodes: int, 
                 rate = efficiency.gain_of(stats, trained, r.init) / step  # progress a second
             else:
                 rate = np.array([max(catalog.allreduce_epoch_rate(model, float(b), p, rules) for p in where)])
-            best_rate = np.maximum(best_rate, rate)
-            best_gpu = np.minimum(best_gpu, w * g / rate)
-    return best_rate, best_gpu
+            out[w - 1] = np.maximum(out[w - 1], rate)
+    out.setflags(write=False)
+    return out
 
 
 def ps_rates(type_idx: int, table: np.ndarray, max_ps: int, max_workers: int) -> np.ndarray:
@@ -220,6 +234,15 @@ def srpt_completions(release: np.ndarray, size: np.ndarray) -> np.ndarray:
     return done
 
 
+def batch_adapting(trace: Trace, cfg: SimConfig) -> np.ndarray:
+    """Indices of the jobs bounded at their best batch: adaptive all-reduce jobs of a measured model (a site's own
+    curve, which replaces the measured one, has no batch to choose)."""
+    names = trace.speed_names()
+    site = cfg.site_speeds.names() if cfg.site_speeds is not None else ()
+    return np.array([i for i in np.flatnonzero(trace.adaptive & trace.allreduce)
+                     if names[i] in catalog.ALLREDUCE_MODELS and names[i] not in site], int)
+
+
 def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
     """The bound of the module docstring for ``trace`` under ``cfg``."""
     trace.check_site(cfg.site_speeds)
@@ -243,12 +266,11 @@ def lower_bound(trace: Trace, cfg: SimConfig) -> Bound:
     fastest = trace.speed_factor * (1 + cfg.slot_noise)
     min_seconds = trace.true_epochs / (rate * fastest)
     gpu_seconds = np.where(np.isfinite(work), trace.true_epochs * work / fastest, 0.0)
-    for i in np.flatnonzero(trace.adaptive & trace.allreduce):  # the scheduler chooses its batch too
-        if names[i] in catalog.ALLREDUCE_MODELS and (cfg.site_speeds is None or names[i] not in cfg.site_speeds.names()):
-            g = max(int(round(catalog.WORKER_DEMAND[int(trace.type_idx[i]), 0])), 1)
-            secs, gpu_s = adaptive_allreduce(names[i], float(trace.batch_size[i]), float(trace.true_epochs[i]),
-                                             cfg.max_workers, g, per_node, cfg.cluster.num_servers, cfg.speed_rules)
-            min_seconds[i], gpu_seconds[i] = secs / fastest[i], gpu_s / fastest[i]
+    for i in batch_adapting(trace, cfg):  # the scheduler chooses its batch too
+        g = max(int(round(catalog.WORKER_DEMAND[int(trace.type_idx[i]), 0])), 1)
+        secs, gpu_s = adaptive_allreduce(names[i], float(trace.batch_size[i]), float(trace.true_epochs[i]),
+                                         cfg.max_workers, g, per_node, cfg.cluster.num_servers, cfg.speed_rules)
+        min_seconds[i], gpu_seconds[i] = secs / fastest[i], gpu_s / fastest[i]
     release = trace.arrival_slot * cfg.slot_seconds  # the slot boundary a job is first seen at
     waited = trace.arrival_slot - trace.submitted  # slots from its submission to that boundary, in its JCT
     alone = (min_seconds + cfg.resize_overhead_s) / cfg.slot_seconds + waited

@@ -207,3 +207,43 @@ def test_the_bound_credits_each_size_with_its_fastest_placement_the_cluster_hold
     assert nine == pytest.approx(catalog.allreduce_epoch_rate("cifar10", 128.0, (3, 3, 3)))
     assert nine > 1.25 * max(catalog.allreduce_epoch_rate("cifar10", 128.0, p)
                              for p in [(4, 4, 1)] + [p for p in placements(9, 1, 4) if len(p) > 3])
+
+
+def test_a_job_in_parts_trains_each_part_to_its_share():
+    """One job in two halves on one GPU, one at 1/100 of the job a second, the other at 1/50: each half must be
+    trained whole, so the job takes 50 + 25 = 75 s. The program may train the parts in any order (a relaxation):
+    its least is the fast half first, a mean busy time of 6.25 + 25 s, plus the slow-part term's 25 + 6.25 s:
+    62.5 s (a bucket's start counting loses a little of it). As one part at the faster rate it reads 50 s."""
+    rho = [np.array([1 / 100.0, 1 / 50.0])]
+    gpu = [np.array([[1.0, 0.0, 0.0]] * 2)]
+    edges, cap = np.arange(0, 201, 1.0), np.array([1.0, 0.0, 0.0])
+    halves = [(np.array([0, 1]), np.array([0.5, 0.5]))]
+    assert solve(rho, gpu, np.zeros(1), edges, cap, in_bucket=8, phases=halves)[0] == pytest.approx(62.5, abs=0.2)
+    assert solve(rho, gpu, np.zeros(1), edges, cap, in_bucket=8)[0] == pytest.approx(50.0, abs=0.2)
+    with pytest.raises(ValueError, match="no size that fits the cluster .for one of its parts"):
+        solve(rho, [np.array([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]])], np.zeros(1), edges, cap, phases=halves)
+
+
+def test_with_batches_the_schedulers_the_program_bounds_every_batch_adapting_policy():
+    """The program on jobs whose batch the scheduler chooses (the Pollux workload as submitted, its first 20 jobs,
+    on 4 nodes, the reference preset's progress rule): each part of a job at its best batch's rate, so below the
+    program at the submitted batches and above the simple bound with batches; cutting the jobs into more parts
+    only tightens it; and no batch-adapting policy beats it."""
+    from dl2d.policy.baselines.pollux import Pollux
+    from dl2d.sim import presets
+    from dl2d.sim.cluster import T4_NODE
+    from dl2d.sim.worlds import world
+    from dl2d.workload.workloads import packaged_workload
+
+    jobs = packaged_workload(1, "workloads-realistic")[:20]
+    c = replace(presets.sim_config(presets.resolve("reference", {}), world("today").sim_config("t4-16")),
+                cluster=ClusterSpec(4, **T4_NODE))
+    fixed, adaptive = (T.from_workload(jobs, 60.0, interference_sigma=0.0, adaptive=a) for a in (False, True))
+    simple = lower_bound(adaptive, c)
+    one, four = (lp_lower_bound(adaptive, c, adaptive_phases=p) for p in (1, 4))
+    at_own = lp_lower_bound(fixed, c)
+    assert one.lp_slots <= four.lp_slots + 1e-6 and four.tail_share == 0.0
+    assert simple.avg_jct_slots <= four.avg_jct_slots < at_own.avg_jct_slots
+    assert four.lp_slots > 1.1 * simple.avg_jct_slots  # where jobs share 16 GPUs, the program knows it (+16 %)
+    for policy in (registry.build("elastic", registry.PolicyOptions(batch="goodput")), Pollux(seed=1, generations=5)):
+        assert E.run(adaptive, policy, c, seed=1).avg_jct_slots >= four.avg_jct_slots
