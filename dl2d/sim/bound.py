@@ -148,12 +148,17 @@ def adaptive_allreduce(model: str, own_batch: float, epochs: float, max_workers:
     best_rate, best_gpu = np.maximum(tried[0], own[0]), np.minimum(tried[1], own[1])
     if rules.work != "progress":
         return float(epochs / best_rate[0]), float(epochs * best_gpu[0])
+    work = epoch_progress(model, epochs)
+    return float(np.sum(work / best_rate)), float(np.sum(work * best_gpu))
+
+
+def epoch_progress(model: str, epochs: float) -> np.ndarray:
+    """[E] the progress a job of ``model`` ``epochs`` long makes in each of its model's epochs (the progress rule:
+    each epoch's width, the last one the job trains in part)."""
     from dl2d.workload import efficiency  # noqa: PLC0415
 
-    r = efficiency.runs(model)
-    widths = np.diff(r.epoch_starts)
-    share = np.clip(float(epochs) - np.arange(r.epochs), 0.0, 1.0)  # of each epoch the job trains
-    return float(np.sum(share * widths / best_rate)), float(np.sum(share * widths * best_gpu))
+    widths = np.diff(efficiency.runs(model).epoch_starts)
+    return np.clip(float(epochs) - np.arange(len(widths)), 0.0, 1.0) * widths
 
 
 @functools.lru_cache(maxsize=1024)

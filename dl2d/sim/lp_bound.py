@@ -82,7 +82,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from dl2d.sim.bound import allreduce_rates, batch_adapting, lower_bound, ps_rates
+from dl2d.sim.bound import adaptive_rates, allreduce_rates, batch_adapting, epoch_progress, lower_bound, ps_rates
 from dl2d.sim.engine import SimConfig
 from dl2d.sim.trace import Trace
 from dl2d.workload import catalog
@@ -164,6 +164,17 @@ def grid_sizes(rate: np.ndarray, worker_demand: np.ndarray, ps_demand: np.ndarra
     return p[keep], w[keep], r[keep], demand[keep]
 
 
+def hull_sizes(rate: np.ndarray, worker_demand: np.ndarray, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rates [K], resources [K, 3]) of the all-reduce sizes 1..len(``rate``) workers of ``worker_demand`` [3] on
+    the upper hull of rate against workers, among those the cluster (``capacity``) holds (the hull is taken after
+    that: the largest size of a linear curve is no use where it does not fit)."""
+    w = np.arange(1, len(rate) + 1, dtype=float)
+    demand = w[:, None] * np.asarray(worker_demand, float)[None, :]
+    fit = np.flatnonzero(fits(demand, capacity))
+    keep = fit[upper_hull(np.stack([w[fit], rate[fit]], axis=1))] if len(fit) else fit
+    return rate[keep], demand[keep]
+
+
 def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per job: (epochs/s [K] before the job's own factors, resources [K, 3]) of its useful sizes among those
     the cluster holds (the hull or the Pareto set is taken after that: the largest size of a linear curve is
@@ -182,11 +193,7 @@ def job_sizes(trace: Trace, cfg: SimConfig) -> list[tuple[np.ndarray, np.ndarray
             if key not in cache:
                 rate = allreduce_rates(names[i], key[2], cfg.max_workers, g, per_node, cfg.site_speeds,
                                        cfg.cluster.num_servers, cfg.speed_rules)
-                w = np.arange(1, cfg.max_workers + 1, dtype=float)
-                demand = w[:, None] * catalog.WORKER_DEMAND[t][None, :].astype(float)
-                fit = np.flatnonzero(fits(demand, capacity))  # the hull of the sizes the cluster can hold
-                keep = fit[upper_hull(np.stack([w[fit], rate[fit]], axis=1))] if len(fit) else fit
-                cache[key] = (rate[keep], demand[keep])
+                cache[key] = hull_sizes(rate, catalog.WORKER_DEMAND[t], capacity)
         else:
             key = ("ps", t)
             if key not in cache:
@@ -213,31 +220,22 @@ def adaptive_options(model: str, own_batch: float, epochs: float, worker_demand:
     epochs' (dl2d.sim.bound.adaptive_rates: over placements, the goodput candidates and the job's own batch), so
     no schedule trains a part faster than the program lets it, and the program may train the parts in any order
     (a relaxation, so still a bound). Under the iterations rule the job is one part."""
-    from dl2d.sim.bound import adaptive_rates  # noqa: PLC0415
-
     g = max(int(round(worker_demand[0])), 1)
     key = (model, int(max_workers), g, int(per_node), int(nodes), rules)
     rates = np.maximum(adaptive_rates(*key, None), adaptive_rates(*key, float(own_batch)))  # [W, E]
     if rules.work == "progress":
-        from dl2d.workload import efficiency  # noqa: PLC0415
-
-        widths = np.diff(efficiency.runs(model).epoch_starts)
-        work = np.clip(float(epochs) - np.arange(len(widths)), 0.0, 1.0) * widths  # progress of each epoch
+        work = epoch_progress(model, epochs)
         used = np.flatnonzero(work > 0)
         blocks = [b for b in np.array_split(used, min(max(int(phases), 1), len(used))) if len(b)]
     else:
         work, blocks = np.array([float(epochs)]), [np.array([0])]
     total = float(sum(work[b].sum() for b in blocks))
-    w = np.arange(1, max_workers + 1, dtype=float)
-    demand_all = w[:, None] * np.asarray(worker_demand, float)[None, :]
-    fit = np.flatnonzero(fits(demand_all, capacity))
     rate_out, demand_out, phase_out, shares = [], [], [], []
     for p, b in enumerate(blocks):
-        rate = rates[:, b].max(axis=1) / total  # of the whole job a second
-        keep = fit[upper_hull(np.stack([w[fit], rate[fit]], axis=1))] if len(fit) else fit
-        rate_out.append(rate[keep])
-        demand_out.append(demand_all[keep])
-        phase_out.append(np.full(len(keep), p))
+        rate, demand = hull_sizes(rates[:, b].max(axis=1) / total, worker_demand, capacity)  # of the job a second
+        rate_out.append(rate)
+        demand_out.append(demand)
+        phase_out.append(np.full(len(rate), p))
         shares.append(float(work[b].sum()) / total)
     return np.concatenate(rate_out), np.concatenate(demand_out), np.concatenate(phase_out), np.array(shares)
 
@@ -289,7 +287,8 @@ def solve_program(rho: list[np.ndarray], demand: list[np.ndarray], start: np.nda
     phase = [np.asarray(p, int)[k] for (p, _), k in zip(phases, kept)]
     share = [np.asarray(s, float) for _, s in phases]
     if not all(len(np.unique(p)) == len(s) for p, s in zip(phase, share)):
-        raise ValueError("a job has no size that fits the cluster (for one of its parts at least): no schedule finishes it")
+        raise ValueError("a job has no size that fits the cluster (for one of its parts at least): "
+                         "no schedule finishes it")
     rho, demand = [r[k] for r, k in zip(rho, kept)], [d[k] for d, k in zip(demand, kept)]
     n, nb = len(rho), len(edges) - 1
     lo = np.append(edges[:-1], edges[-1])
@@ -461,7 +460,8 @@ def lp_lower_bound(trace: Trace, cfg: SimConfig, bucket_s: float | None = None,
     rho_max = np.array([r.max() for r in rho])
     # a first horizon: the last arrival, plus the cluster doing every job's least work, plus the longest job alone
     gpus = max(float(cfg.cluster.capacity[0]), 1.0)
-    horizon = float(start.max() + simple.gpu_seconds.sum() / gpus + max((1 / rho_max).max(), simple.min_seconds.max()))
+    longest = max((1 / rho_max).max(), simple.min_seconds.max())  # a part's rate is no job's whole speed
+    horizon = float(start.max() + simple.gpu_seconds.sum() / gpus + longest)
     if bucket_s is None:
         slots = max(int(np.ceil((horizon - release.min()) / (max_buckets * cfg.slot_seconds))), 1)
         bucket_s = slots * cfg.slot_seconds
