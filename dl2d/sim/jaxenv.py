@@ -20,7 +20,11 @@ What a slot does is the engine's `step`, array for array (docs/simulator.md, "Th
   placement was measured, Pollux's fitted model elsewhere, a site's calibrated curve where one is given
   (slowed by its class's spread slowdown when the job spans more servers than it needs);
   a multi-server job sharing a server with another one is slowed by ``shared_node_slowdown``;
-- a job whose allocation changes (an all-reduce job also when its servers change) loses
+- a job that lets the scheduler choose its batch (the trace's ``adaptive``) trains at the total batch `step`
+  gives it (0: it keeps its own), within its model's measured batches: its step time and its iterations per
+  epoch follow that batch as the engine's lookup has them (``EnvParams.table_*``, ``runs_*``: the measured
+  step times by placement and local batch, the measured runs' iterations, in arrays), dl2d's speed rules;
+- a job whose allocation changes (an all-reduce job also when its servers or its batch change) loses
   ``resize_overhead_s`` of training, carried over to the next slots when longer than a slot;
 - a job stops at its true epochs, finishing at the fraction of the slot it needed; the reward is DL2's
   eq. 1, the epochs trained this slot over each job's estimate, summed;
@@ -76,6 +80,17 @@ class EnvParams:
     batches_per_epoch: jnp.ndarray  # [8]
     measured_placements: jnp.ndarray  # [M, L] int: every measured all-reduce placement, GPUs per node descending
     pollux_fit: jnp.ndarray  # [6, 7] Pollux's fitted throughput model of each all-reduce model
+    # what a job's speed at any batch reads (jobs that adapt their batch): per all-reduce model and measured
+    # placement its measured local batches, ascending (padded with inf), their mean step times and how many;
+    # per model its measured runs' log total batch (padded upwards) and samples to finish, their epochs, and
+    # the smallest and largest total batch a job of it may take (dl2d.workload.batching.limits)
+    table_local: jnp.ndarray  # [6, M, K]
+    table_step: jnp.ndarray  # [6, M, K]
+    table_count: jnp.ndarray  # [6, M] int
+    runs_log_batch: jnp.ndarray  # [6, R]
+    runs_samples: jnp.ndarray  # [6, R]
+    runs_epochs: jnp.ndarray  # [6]
+    batch_limits: jnp.ndarray  # [6, 2]
     num_servers: int = struct.field(pytree_node=False, default=1)
     max_jobs: int = struct.field(pytree_node=False, default=1)
     max_workers: int = struct.field(pytree_node=False, default=16)
@@ -83,6 +98,7 @@ class EnvParams:
     gpus_per_node: int = struct.field(pytree_node=False, default=1)  # for packed placements
     has_allreduce: bool = struct.field(pytree_node=False, default=False)  # compile the all-reduce speed
     placement: bool = struct.field(pytree_node=False, default=False)  # step takes workers per server
+    adaptive: bool = struct.field(pytree_node=False, default=False)  # step takes each job's batch
 
 
 @struct.dataclass
@@ -102,8 +118,9 @@ class Jobs:
     worker_demand: jnp.ndarray  # [J, 3]
     ps_demand: jnp.ndarray  # [J, 3]
     gpus_per_worker: jnp.ndarray  # [J] int >= 1
-    batch_size: jnp.ndarray  # [J] total batch (all-reduce)
+    batch_size: jnp.ndarray  # [J] total batch as submitted (all-reduce)
     iters_per_epoch: jnp.ndarray  # [J] all-reduce: iterations per epoch at its batch (1 for PS jobs)
+    adaptive: jnp.ndarray  # [J] bool: the scheduler may change its batch
     measured_rate: jnp.ndarray  # [J, M] epochs/s at each measured placement; NaN where not measured
     site_rate: jnp.ndarray  # [J, G + 1] a site's curve by GPUs (width 1 when no site speeds are given)
     use_site: jnp.ndarray  # [J] bool: the site's curve replaces the measured lookup
@@ -129,6 +146,7 @@ class EnvState:
     ps: jnp.ndarray  # [J] int
     restart_debt: jnp.ndarray  # [J] seconds of resize overhead still to lose
     servers: jnp.ndarray  # [J, servers] int: last slot's workers per server ([J, 0] without placement)
+    batch: jnp.ndarray  # [J] the total batch each job trains at (its submitted one until it is given another)
     key: jnp.ndarray  # PRNG key of the slot noise
     # [J, SPEED_FACTOR_SLOTS] each job's trained / predicted speed in its last full slots, newest last (NaN:
     # none yet): the engine's SimState.speed_factors
@@ -155,13 +173,47 @@ def _measured_rates(model: str, batch: float) -> np.ndarray:
                      for p in measured_placements()])
 
 
+@functools.cache
+def _batch_tables() -> dict[str, np.ndarray]:
+    """The measurements a job's speed at any batch reads (EnvParams.table_*, runs_*, batch_limits), per
+    all-reduce model in catalog order; the measured placements in :func:`measured_placements`' order."""
+    from dl2d.workload import batching, workloads  # noqa: PLC0415
+
+    pls = measured_placements()
+    models = catalog.ALLREDUCE_MODELS
+    points = [throughput.throughput_model(m).points for m in models]
+    K = max(len(v[0]) for pts in points for v in pts.values())
+    local = np.full((len(models), len(pls), K), np.inf)
+    step = np.ones((len(models), len(pls), K))
+    count = np.zeros((len(models), len(pls)), np.int32)
+    for a, pts in enumerate(points):
+        for m, p in enumerate(pls):
+            if p in pts:
+                xs, ys, _ = pts[p]
+                local[a, m, :len(xs)], step[a, m, :len(xs)], count[a, m] = xs, ys, len(xs)
+    runs = [workloads.convergence_runs(m) for m in models]
+    R = max(len(r) for r in runs)
+    log_b, samples = np.zeros((len(models), R)), np.zeros((len(models), R))
+    for a, r in enumerate(runs):
+        lb, sm = np.log([b for b, _ in r]), np.array([b * it for b, it in r], float)
+        # padded upwards at the last run's samples: np.interp's clamp at the end, as the engine's lookup has it
+        log_b[a] = np.concatenate([lb, lb[-1] + np.arange(1, R - len(r) + 1)])
+        samples[a] = np.concatenate([sm, np.full(R - len(r), sm[-1])])
+    limits = np.array([[batching.limits(m).init, batching.limits(m).max_total] for m in models], float)
+    epochs = np.array([catalog.epochs_to_converge(m) for m in models], float)
+    return {"table_local": local, "table_step": step, "table_count": count, "runs_log_batch": log_b,
+            "runs_samples": samples, "runs_epochs": epochs, "batch_limits": limits}
+
+
 def _ftype():
     return jnp.result_type(float)  # float32, or float64 under jax_enable_x64
 
 
-def make_params(cfg: SimConfig, max_jobs: int, *, has_allreduce: bool, placement: bool) -> EnvParams:
+def make_params(cfg: SimConfig, max_jobs: int, *, has_allreduce: bool, placement: bool,
+                adaptive: bool = False) -> EnvParams:
     """The static part of an environment from the engine's config. Cross-node traffic and heterogeneous
-    servers are not modelled here (they need PS placements and per-server walks): refused."""
+    servers are not modelled here (they need PS placements and per-server walks): refused. ``adaptive``:
+    `step` takes each job's batch (some job may change its own)."""
     if cfg.cross_node_comm or cfg.heterogeneous:
         raise ValueError("the JAX environment does not model cross-node PS traffic or heterogeneous servers")
     if cfg.speed_rules != catalog.DEFAULT_RULES:
@@ -184,9 +236,10 @@ def make_params(cfg: SimConfig, max_jobs: int, *, has_allreduce: bool, placement
         shared_node_slowdown=jnp.asarray(cfg.shared_node_slowdown, f),
         speed_table=jnp.asarray(speed_table(cfg.speed_model), f), batches_per_epoch=jnp.asarray(BATCHES_PER_EPOCH, f),
         measured_placements=jnp.asarray(table), pollux_fit=jnp.asarray(fits, f),
+        **{k: jnp.asarray(v, jnp.int32 if v.dtype.kind == "i" else f) for k, v in _batch_tables().items()},
         num_servers=int(cfg.cluster.num_servers), max_jobs=int(max_jobs), max_workers=int(cfg.max_workers),
         max_ps=int(cfg.max_ps), gpus_per_node=max(int(cfg.cluster.gpus), 1), has_allreduce=bool(has_allreduce),
-        placement=bool(placement))
+        placement=bool(placement), adaptive=bool(adaptive))
 
 
 def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
@@ -195,8 +248,6 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
     if n > max_jobs:
         raise ValueError(f"a trace of {n} jobs does not fit max_jobs = {max_jobs}")
     trace.check_site(cfg.site_speeds)
-    if np.any(trace.adaptive):
-        raise ValueError("the JAX environment does not model jobs that adapt their batch (the NumPy engine does)")
     names = trace.speed_names()
     f = _ftype()
     J = max_jobs
@@ -235,6 +286,7 @@ def job_arrays(trace: Trace, cfg: SimConfig, max_jobs: int) -> Jobs:
         gpus_per_worker=jnp.asarray(pad(gpw, 1, np.int32)),
         batch_size=jnp.asarray(pad(trace.batch_size, 0.0, float), f),
         iters_per_epoch=jnp.asarray(pad(iters, 1.0, float), f),
+        adaptive=jnp.asarray(pad(np.asarray(trace.adaptive, bool) & ar, False, bool)),
         measured_rate=jnp.asarray(np.concatenate([meas, np.full((J - n, meas.shape[1]), np.nan)]), f),
         site_rate=jnp.asarray(np.concatenate([site_rate, np.zeros((J - n, g_max + 1))]), f),
         use_site=jnp.asarray(pad(use_site, False, bool)), site_spread=jnp.asarray(pad(spread, 0.0, float), f),
@@ -265,16 +317,19 @@ def reset(params: EnvParams, jobs: Jobs, key) -> EnvState:
         jobs=jobs, slot=jnp.where(jnp.any(jobs.valid), first, 0).astype(jnp.int32), epochs_done=jnp.zeros(J, f),
         finished=~jobs.valid, finish_time=jnp.full(J, jnp.nan, f), slots_run=zi, workers=zi, ps=zi,
         restart_debt=jnp.zeros(J, f),
-        servers=jnp.zeros((J, params.num_servers if params.placement else 0), jnp.int32), key=key,
+        servers=jnp.zeros((J, params.num_servers if params.placement else 0), jnp.int32), batch=jobs.batch_size,
+        key=key,
         speed_factors=jnp.full((J, SPEED_FACTOR_SLOTS), jnp.nan, f))
 
 
 def from_trace(trace: Trace, cfg: SimConfig, max_jobs: int, *, seed: int = 0,
                placement: bool | None = None) -> tuple[EnvParams, EnvState]:
     """(params, initial state) of one cluster running ``trace`` under ``cfg``. ``placement``: whether `step`
-    takes workers per server (default: when the trace has all-reduce jobs, whose speed depends on it)."""
+    takes workers per server (default: when the trace has all-reduce jobs, whose speed depends on it); `step`
+    takes each job's batch where the trace has jobs that adapt theirs."""
     has_ar = bool(np.any(trace.allreduce))
-    params = make_params(cfg, max_jobs, has_allreduce=has_ar, placement=has_ar if placement is None else placement)
+    params = make_params(cfg, max_jobs, has_allreduce=has_ar, placement=has_ar if placement is None else placement,
+                         adaptive=bool(np.any(trace.adaptive)))
     return params, reset(params, job_arrays(trace, cfg, max_jobs), jax.random.PRNGKey(seed))
 
 
@@ -282,7 +337,8 @@ def from_traces(traces: list[Trace], cfg: SimConfig, max_jobs: int, *, seeds=Non
                 placement: bool | None = None) -> tuple[EnvParams, EnvState]:
     """(shared params, a batch of initial states, one per trace, leading axis = trace) for `jax.vmap`."""
     has_ar = any(bool(np.any(t.allreduce)) for t in traces)
-    params = make_params(cfg, max_jobs, has_allreduce=has_ar, placement=has_ar if placement is None else placement)
+    params = make_params(cfg, max_jobs, has_allreduce=has_ar, placement=has_ar if placement is None else placement,
+                         adaptive=any(bool(np.any(t.adaptive)) for t in traces))
     seeds = range(len(traces)) if seeds is None else seeds
     states = [reset(params, job_arrays(t, cfg, max_jobs), jax.random.PRNGKey(s)) for t, s in zip(traces, seeds)]
     return params, stack(states)
@@ -319,7 +375,8 @@ def observe(params: EnvParams, state: EnvState) -> dict:
             "slots_run": state.slots_run, "epochs_done": state.epochs_done, "est_epochs": j.est_epochs,
             "remaining_epochs": jnp.maximum(j.est_epochs - state.epochs_done, 0.0), "prev_workers": state.workers,
             "prev_ps": state.ps, "allreduce": j.allreduce, "worker_demand": j.worker_demand,
-            "ps_demand": j.ps_demand, "prev_servers": state.servers,
+            "ps_demand": j.ps_demand, "prev_servers": state.servers, "batch_size": state.batch,
+            "adaptive": j.adaptive,
             "job_speed_factor": measured_speed_factor(state.speed_factors)}
 
 
@@ -356,10 +413,39 @@ def _pollux_step_time(fit, gpus, nodes, local_bsz):
     return (grad ** gamma + sync ** gamma) ** (1.0 / gamma)
 
 
-def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts):
+def _at_batch(params: EnvParams, jobs: Jobs, match, gpus, nodes, fit, batch):
+    """([J] seconds per step at the job's measured placement, [J] iterations per epoch) at total batch ``batch``:
+    the engine's lookup (dl2d.workload.throughput.ThroughputModel.times: linear between the measured local
+    batches, the fit through the nearest one outside them; workloads.iterations_to_finish: the measured runs'
+    samples interpolated in log batch) in arrays. ``match`` [J, M]: the job's placement among the measured ones."""
+    rows = jnp.arange(batch.shape[0])
+    a = jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)
+    m = jnp.argmax(match, axis=1)
+    xs, ys, n = params.table_local[a, m], params.table_step[a, m], params.table_count[a, m]
+    safe = jnp.maximum(gpus, 1).astype(batch.dtype)
+    local = batch / safe
+    i = jnp.sum(xs < local[:, None], axis=1)  # bisect_left (padding is inf)
+    top = xs.shape[1] - 1
+    x_hi, y_hi = xs[rows, jnp.clip(i, 0, top)], ys[rows, jnp.clip(i, 0, top)]
+    x_lo, y_lo = xs[rows, jnp.clip(i - 1, 0, top)], ys[rows, jnp.clip(i - 1, 0, top)]
+    between = (i > 0) & (i < n)
+    w = (local - x_lo) / jnp.where(between, x_hi - x_lo, 1.0)
+    edge = jnp.clip(jnp.where(i == 0, 0, n - 1), 0, top)
+    x_edge, y_edge = xs[rows, edge], ys[rows, edge]
+    fitted = _pollux_step_time(fit, safe, nodes, local)
+    through = fitted * y_edge / _pollux_step_time(fit, safe, nodes, jnp.where(jnp.isfinite(x_edge), x_edge, 1.0))
+    step = jnp.where((i < n) & (x_hi == local), y_hi, jnp.where(between, y_lo + w * (y_hi - y_lo), through))
+    log_b = jnp.log(jnp.maximum(batch, 1e-30))
+    samples = jax.vmap(jnp.interp)(log_b, params.runs_log_batch[a], params.runs_samples[a])
+    iters = samples / jnp.maximum(batch, 1e-30) / params.runs_epochs[a]
+    return step, iters
+
+
+def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts, batch=None):
     """[J] epochs/s of every job as an all-reduce job on its placement (before interference and noise), and
     [J] whether it spans several servers one of which holds another multi-server job. ``counts``: workers per
-    server [J, servers], or None for packed placements (never sharing)."""
+    server [J, servers], or None for packed placements (never sharing). ``batch`` [J]: each job's total batch
+    now (with ``params.adaptive``; a job that does not adapt its batch keeps its submitted one)."""
     L = params.measured_placements.shape[1]
     gpw = jobs.gpus_per_worker
     if counts is None:  # packed: full nodes, then the rest
@@ -385,7 +471,12 @@ def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts):
     meas = jnp.sum(jnp.where(match & known, jobs.measured_rate, 0.0), axis=1)
     fit = params.pollux_fit[jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)]
     safe = jnp.maximum(gpus, 1).astype(jobs.batch_size.dtype)
-    fitted = 1.0 / (_pollux_step_time(fit, safe, nodes, jobs.batch_size / safe) * jobs.iters_per_epoch)
+    total, iters = jobs.batch_size, jobs.iters_per_epoch
+    if params.adaptive and batch is not None:  # adaptive jobs at their batch now; the rest as precomputed
+        step, at = _at_batch(params, jobs, match, gpus, nodes, fit, batch)
+        meas = jnp.where(jobs.adaptive, 1.0 / (step * at), meas)
+        total, iters = jnp.where(jobs.adaptive, batch, total), jnp.where(jobs.adaptive, at, iters)
+    fitted = 1.0 / (_pollux_step_time(fit, safe, nodes, total / safe) * iters)
     rate = jnp.where(measured, meas, fitted)
     site = jobs.site_rate[jnp.arange(jobs.site_rate.shape[0]), jnp.clip(gpus, 0, jobs.site_rate.shape[1] - 1)]
     spread = nodes > (gpus + params.gpus_per_node - 1) // params.gpus_per_node  # more nodes than it needs
@@ -394,12 +485,15 @@ def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts):
     return jnp.where(gpus > 0, rate, 0.0), shared
 
 
-def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None, batch=None):
     """One slot: (next state, reward, done, info). Pure; jit-, vmap- and scan-able.
 
     ``workers`` / ``ps`` [J]: each job's placed tasks this slot. ``placement`` [J, servers] (required when
     ``params.placement``): workers per server; an all-reduce job's workers are its row's sum. ``noise`` [J]:
-    this slot's U(-1, 1) draws (default: from the state's key). A finished cluster stays as it is."""
+    this slot's U(-1, 1) draws (default: from the state's key). ``batch`` [J] (with ``params.adaptive``): each
+    job's total batch, 0 or its own to keep it; a job that does not adapt its batch keeps its own, one that
+    does is held to its model's measured batches (both counted in ``info["clipped"]``), and a new batch is a
+    restart. A finished cluster stays as it is."""
     jobs, f = state.jobs, state.epochs_done.dtype
     key, sub = jax.random.split(state.key)
     u = jax.random.uniform(sub, (params.max_jobs,), f, -1.0, 1.0) if noise is None else jnp.asarray(noise, f)
@@ -419,6 +513,17 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
     changed = act & ((w != state.workers) | (p != state.ps))
     if counts is not None:  # an all-reduce job moved to other servers restarts as well
         changed = changed | (act & ar & jnp.any(counts != state.servers, axis=1))
+    new_batch, clipped_batch = state.batch, jnp.zeros(params.max_jobs, bool)
+    if batch is not None:
+        if not params.adaptive:
+            raise ValueError("this environment has no job that adapts its batch (make_params adaptive=False)")
+        want = jnp.asarray(batch, f)
+        lim = params.batch_limits[jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)]
+        asks = act & (want > 0) & (want != state.batch)
+        held = jnp.clip(want, lim[:, 0], lim[:, 1])
+        new_batch = jnp.where(asks & jobs.adaptive, held, state.batch)
+        clipped_batch = asks & (~jobs.adaptive | (held != want))
+        changed = changed | (new_batch != state.batch)  # a job takes a new batch at a restart (DL2D_BATCH_SIZE)
     debt = state.restart_debt + params.resize_overhead_s * changed
     seconds = params.slot_seconds - jnp.minimum(debt, params.slot_seconds)
     factor = jobs.speed_factor * (1 + params.slot_noise * u)
@@ -428,7 +533,7 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
     speed = params.speed_table[tps, jnp.clip(p, 0, n), jnp.clip(w, 0, n)]
     epochs = speed * factor * seconds / params.batches_per_epoch[tps]  # workload.speed.epochs_trained
     if params.has_allreduce:
-        rate, shared = _allreduce_rates(params, jobs, w, counts)
+        rate, shared = _allreduce_rates(params, jobs, w, counts, new_batch)
         ar_epochs = rate * factor * (1 - params.shared_node_slowdown * shared) * seconds
         epochs = jnp.where(ar, ar_epochs, epochs)
     epochs = jnp.where(act, epochs, 0.0)
@@ -446,17 +551,18 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
         finished=state.finished | ends, finish_time=finish, slots_run=state.slots_run + act,
         workers=jnp.where(act, w, state.workers), ps=jnp.where(act, p, state.ps),
         restart_debt=jnp.where(act, debt - (params.slot_seconds - seconds), state.restart_debt),
-        servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers), key=key,
+        servers=state.servers if counts is None else jnp.where(act[:, None], counts, state.servers),
+        batch=new_batch, key=key,
         speed_factors=_measure_speed(params, state, act, ends, w,
                                      speed / params.batches_per_epoch[tps], epochs))
     total = params.server_capacity * params.num_servers
     used = jnp.sum(w[:, None] * jobs.worker_demand + p[:, None] * jobs.ps_demand, axis=0)
     info = {
-        "active": act, "workers": w, "ps": p, "trained": trained, "resized": jnp.sum(changed),
+        "active": act, "workers": w, "ps": p, "batch": new_batch, "trained": trained, "resized": jnp.sum(changed),
         "utilisation": jnp.where(total > 0, used / jnp.where(total > 0, total, 1.0), 0.0),
         "over_capacity": jnp.any(used > total + 1e-6),
         # active jobs whose counts were not taken as given (limits, PS of an all-reduce job)
-        "clipped": jnp.sum(act & (((w != asked_w) & ~(ar & params.placement)) | (p != asked_p))),
+        "clipped": jnp.sum(act & (((w != asked_w) & ~(ar & params.placement)) | (p != asked_p) | clipped_batch)),
     }
     return nxt, reward, is_done(nxt), info
 
@@ -474,25 +580,25 @@ def autoreset(params: EnvParams, nxt: EnvState, done) -> tuple[EnvState, jnp.nda
     return out, jnp.where(done, jnp.nanmean(jct(nxt)), jnp.nan)
 
 
-def step_autoreset(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+def step_autoreset(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None, batch=None):
     """`step`, then :func:`autoreset`: a batch of clusters keeps stepping useful slots (gymnax's auto-reset).
     ``info['episode_jct']`` is the finished episode's average JCT in slots (NaN in other slots)."""
-    nxt, reward, done, info = step(params, state, workers, ps, placement, noise)
+    nxt, reward, done, info = step(params, state, workers, ps, placement, noise, batch)
     out, episode_jct = autoreset(params, nxt, done)
     return out, reward, done, {**info, "episode_jct": episode_jct}
 
 
 # ------------------------------------------------------------------------------------------ many slots
 
-def replay(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None):
+def replay(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=None, batch=None):
     """A fixed sequence of allocations (leading axis = slot: workers/ps [T, J], placement [T, J, servers],
-    noise [T, J]) under `jax.lax.scan`: (final state, per-slot reward, done, epochs_done [T, J], finish_time
-    [T, J], resized, the measured job_speed_factor after the slot [T, J])."""
-    xs = (workers, ps, placement, noise)
+    noise [T, J], batch [T, J]) under `jax.lax.scan`: (final state, per-slot reward, done, epochs_done [T, J],
+    finish_time [T, J], resized, the measured job_speed_factor after the slot [T, J])."""
+    xs = (workers, ps, placement, noise, batch)
 
     def body(s, x):
-        w, p, pl, nz = x
-        s, r, d, info = step(params, s, w, p, pl, nz)
+        w, p, pl, nz, b = x
+        s, r, d, info = step(params, s, w, p, pl, nz, b)
         return s, {"reward": r, "done": d, "epochs_done": s.epochs_done, "finish_time": s.finish_time,
                    "resized": info["resized"], "job_speed_factor": measured_speed_factor(s.speed_factors)}
 
@@ -504,12 +610,13 @@ Rule = Callable[[EnvParams, EnvState], tuple]
 
 def rollout(params: EnvParams, state: EnvState, rule: Rule, num_slots: int, autoreset: bool = True):
     """``num_slots`` slots with allocations from a pure ``rule(params, state) -> (workers, ps, placement)``
-    inside the scan: (final state, per-slot reward, done, episode_jct)."""
+    (or with each job's batch as well, a fourth) inside the scan: (final state, per-slot reward, done,
+    episode_jct)."""
     stepper = step_autoreset if autoreset else step
 
     def body(s, _):
-        w, p, pl = rule(params, s)
-        s, r, d, info = stepper(params, s, w, p, pl)
+        w, p, pl, *b = rule(params, s)
+        s, r, d, info = stepper(params, s, w, p, pl, None, *b)
         return s, {"reward": r, "done": d, "episode_jct": info.get("episode_jct", jnp.nan)}
 
     return jax.lax.scan(body, state, None, length=num_slots)

@@ -86,9 +86,6 @@ def test_a_batch_the_job_does_not_allow_is_refused():
         E.run(tr, Fixed(256.0), cfg())
     with pytest.raises(ValueError, match="outside its model's"):
         E.run(one_job(), Fixed(64.0), cfg())  # below cifar10's initial 128
-    with pytest.raises(ValueError, match="does not model jobs that adapt"):
-        from dl2d.sim import jaxenv as X
-        X.job_arrays(one_job(), world("today").sim_config(), 4)
 
 
 def test_a_trace_file_keeps_which_jobs_adapt(tmp_path):

@@ -25,7 +25,7 @@ from dl2d.sim import jaxenv as X
 from dl2d.sim import trace as T
 from dl2d.sim.cluster import T4_NODE, ClusterSpec
 from dl2d.sim.worlds import world
-from dl2d.workload import catalog, philly, throughput
+from dl2d.workload import batching, catalog, philly, throughput
 from dl2d.workload.speedfit import SiteSpeeds, parse_speed_model
 from dl2d.workload.workloads import WorkloadJob
 
@@ -61,6 +61,12 @@ def mixed_trace(seed: int) -> T.Trace:
     return T.Trace(**{k: v[order] for k, v in cols.items()})
 
 
+def adaptive_trace(seed: int) -> T.Trace:
+    """A Philly workload whose every job lets the scheduler choose its batch (all of measured models)."""
+    wl = philly.generate(12, load=2.0, cluster_gpus=16, seed=seed, max_gpus=16)
+    return short(T.from_workload(wl, 60.0, seed=seed, epoch_estimate_error=0.1, adaptive=True), 3.0)
+
+
 #: A site's speed model (dl2ctl calibrate's file) with its job mix: cifar10 at its own curve, and "my-llm", a
 #: class the catalog does not hold, whose speed only this file gives
 SITE = SiteSpeeds.of(parse_speed_model(json.dumps({"format": "dl2d-speed-model", "version": 1, "classes": {
@@ -86,6 +92,8 @@ CASES = {  # name: (trace, engine config, policy)
     "mixed-drf": (mixed_trace(10), replace(TODAY, cluster=WIDE), "drf"),
     "site-elastic": (site_trace(4), replace(TODAY, site_speeds=SITE), "elastic"),
     "today-elastic-pack": (today_trace(6), replace(TODAY, allreduce_placement="pack"), "elastic"),
+    # every job's batch the scheduler's: each (re)start at the goodput-optimal batch for its GPUs
+    "adaptive-elastic-goodput": (adaptive_trace(6), TODAY, "elastic+goodput"),
 }
 
 
@@ -106,14 +114,16 @@ class RecordingRng:
 def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dict:
     """The engine's run loop, recording per slot what was placed (counts, workers per server), the noise drawn
     and the progress, padded to J jobs and SLOTS slots."""
-    pol = registry.build(policy)
+    name, _, batch = policy.partition("+")
+    pol = registry.build(name, registry.PolicyOptions(batch=batch or "fixed"))
     rng = RecordingRng(seed)
     state = replace(E.SimState.initial(len(tr)), slot=int(tr.arrival_slot.min()))
     S = cfg.cluster.num_servers
     out = {k: np.zeros((SLOTS, J)) for k in ("noise", "epochs")}
     out["factor"] = np.full((SLOTS, J), np.nan)  # the measured job_speed_factor after each slot
     out.update(workers=np.zeros((SLOTS, J), np.int32), ps=np.zeros((SLOTS, J), np.int32),
-               placement=np.zeros((SLOTS, J, S), np.int32), reward=np.zeros(SLOTS), resized=np.zeros(SLOTS, int))
+               placement=np.zeros((SLOTS, J, S), np.int32), reward=np.zeros(SLOTS), resized=np.zeros(SLOTS, int),
+               batch=np.zeros((SLOTS, J)))
     t = shared = moved = unmeasured = 0
     while not state.done():
         view = E.view_of(tr, state, cfg)
@@ -135,6 +145,7 @@ def engine_run(tr: T.Trace, cfg: E.SimConfig, policy: str, seed: int = 0) -> dic
             shared += int(allreduce.shares_a_server([info["worker_servers"][k] for k in ar]).sum())
             moved += sum(bool(allreduce.moved([prev[k]], [info["worker_servers"][k]])[0])
                          and info["workers"][k] == len(prev[k]) > 0 for k in ar)
+        out["batch"][t, :len(tr)] = E.batches(tr, state)  # what each job trained at (0 past the trace: kept)
         out["epochs"][t, :len(tr)] = state.epochs_done
         out["factor"][t, :len(tr)] = E.measured_speed_factor(state.speed_factors)
         out["reward"][t], out["resized"][t] = reward, info["resized"]
@@ -166,15 +177,69 @@ def test_the_recorded_runs_exercise_what_depends_on_placement():
     assert (np.diff(rec["epochs"][:rec["slots"]], axis=0) == 0).all(axis=1).any()
 
 
+def test_jobs_adapting_their_batch_are_given_new_batches_and_the_replay_needs_them():
+    """The recorded goodput run gives most jobs a batch other than the one submitted, and some at a local batch
+    beyond their measured ones (the fit through the edge); replayed with the batches held as submitted, the JAX
+    environment parts from the engine by whole epochs: the batch input is what the match rests on."""
+    tr, cfg, _ = CASES["adaptive-elastic-goodput"]
+    rec = recorded("adaptive-elastic-goodput", 0.1, 7)
+    n, t = len(tr), rec["slots"]
+    given = rec["batch"][:t, :n]
+    assert (given != tr.batch_size).any(axis=0).sum() >= 8 and (np.diff(given, axis=0) != 0).sum() >= 5
+    params, state = X.from_trace(tr, replace(cfg, slot_noise=0.1), J)
+    assert params.adaptive
+    _, traj = _replay(params, state, rec["workers"], rec["ps"], rec["placement"], rec["noise"], None)
+    assert np.abs(np.asarray(traj["epochs_done"])[:, :n] - rec["epochs"][:, :n]).max() > 1.0
+
+
+def _one_model_trace(model: str, k: int) -> T.Trace:
+    t = catalog.MODEL_NAMES.index(model)
+    ones = np.ones(k)
+    return T.Trace(arrival_slot=np.zeros(k, int), type_idx=np.full(k, t), est_epochs=ones, true_epochs=ones,
+                   speed_factor=ones, batch_size=np.full(k, float(batching.limits(model).init)),
+                   adaptive=np.ones(k, bool))
+
+
+@pytest.mark.parametrize("model", catalog.ALLREDUCE_MODELS)
+def test_a_job_speed_at_any_batch_and_placement_is_the_engines_lookup(model):
+    """In float64, an adaptive job's epochs/s at every batch its model may take (the measured local batches
+    exactly, between them, below and above them) on measured placements and off-table ones (Pollux's fit) equal
+    dl2d.workload.catalog.allreduce_epoch_rate's to 1e-9."""
+    lim = batching.limits(model)
+    pts = throughput.throughput_model(model).points
+    placements = [p for p in pts if len(p) <= 4 and max(p) <= 4][::3] + [(5,), (8, 8), (6, 2, 1)]
+    cases = []
+    for p in placements:
+        g = sum(p)
+        exact = [x * g for x in pts[p][0]] if p in pts else []
+        for b in [*np.geomspace(lim.init, lim.max_total, 7), *exact]:
+            if lim.init <= b <= lim.max_total:
+                cases.append((p, float(b)))
+    assert any(p not in pts for p, _ in cases) and len(cases) > 40
+    cluster = ClusterSpec(4, gpus=8.0, cpus=96.0, mem_gb=384.0)  # room for placements never measured
+    cfg = replace(world("today").sim_config(), cluster=cluster)
+    with jax.enable_x64(True):
+        params, state = X.from_trace(_one_model_trace(model, len(cases)), cfg, len(cases))
+        counts = np.zeros((len(cases), cluster.num_servers), np.int32)
+        for k, (p, _) in enumerate(cases):
+            counts[k, :len(p)] = p
+        batch = jnp.asarray([b for _, b in cases])
+        got = np.asarray(X._allreduce_rates(params, state.jobs, jnp.asarray(counts.sum(axis=1)), jnp.asarray(counts),
+                                            batch)[0])
+    want = [catalog.allreduce_epoch_rate(model, b, throughput.canonical(p)) for p, b in cases]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
 @jax.jit
-def _replay(params, state, workers, ps, placement, noise):
-    return X.replay(params, state, workers, ps, placement, noise)
+def _replay(params, state, workers, ps, placement, noise, batch):
+    return X.replay(params, state, workers, ps, placement, noise, batch)
 
 
 def jax_replay(tr: T.Trace, cfg: E.SimConfig, rec: dict):
     params, state = X.from_trace(tr, cfg, J)
     placement = rec["placement"] if params.placement else None
-    return params, _replay(params, state, rec["workers"], rec["ps"], placement, rec["noise"])
+    batch = rec["batch"] if params.adaptive else None
+    return params, _replay(params, state, rec["workers"], rec["ps"], placement, rec["noise"], batch)
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.1], ids=["noise-off", "noise-on"])
@@ -311,6 +376,37 @@ def test_counts_beyond_the_limits_are_clipped_and_overflow_is_reported():
     assert int(info["clipped"]) == 4 and bool(info["over_capacity"])
     assert (np.asarray(info["workers"])[act] == DL2.max_workers).all()
     assert np.asarray(nxt.workers)[~act].sum() == 0
+
+
+def test_a_batch_a_job_does_not_allow_is_not_applied_and_is_counted():
+    """Only an adaptive job takes a new batch, and only within its model's measured batches (the engine refuses
+    the rest with a ValueError; inside a compiled step they are held and counted in ``info["clipped"]``); a new
+    batch at the same GPUs is a restart; an environment without adaptive jobs takes no batch at all."""
+    tr = adaptive_trace(6)
+    zero = np.zeros(len(tr))  # all there at once; odd rows adapt
+    tr = replace(tr, adaptive=np.arange(len(tr)) % 2 == 1, arrival_slot=zero.astype(int), submitted=zero)
+    params, state = X.from_trace(tr, replace(TODAY, slot_noise=0.0), J, placement=False)
+    act = np.asarray(X.observe(params, state)["active"])
+    rows = np.flatnonzero(act)
+    assert len(rows) >= 2 and {0, 1} <= set(rows % 2)
+    lim = np.array([batching.limits(catalog.MODEL_NAMES[t]).max_total for t in tr.type_idx])
+    w = jnp.asarray(np.where(act, 1, 0))
+    s1, _, _, _ = jax.jit(X.step)(params, state, w, w * 0)
+    want = np.zeros(J)
+    want[rows] = 2 * tr.batch_size[rows]  # inside every model's limits
+    s2, _, _, info = jax.jit(X.step)(params, s1, w, w * 0, None, None, jnp.asarray(want))
+    got = np.asarray(s2.batch)
+    odd, even = rows[rows % 2 == 1], rows[rows % 2 == 0]
+    assert (got[odd] == want[odd]).all() and (got[even] == tr.batch_size[even]).all()
+    assert int(info["clipped"]) == len(even) and int(info["resized"]) == len(odd)
+    too_big = np.zeros(J)
+    too_big[rows] = 10 * lim[rows]
+    s3, _, _, info = jax.jit(X.step)(params, s2, w, w * 0, None, None, jnp.asarray(too_big))
+    assert (np.asarray(s3.batch)[odd] == lim[odd]).all() and int(info["clipped"]) == len(rows)
+    fixed, st = X.from_trace(today_trace(6), TODAY, J, placement=False)
+    assert not fixed.adaptive
+    with pytest.raises(ValueError, match="no job that adapts its batch"):
+        X.step(fixed, st, w, w * 0, None, None, jnp.asarray(want))
 
 
 def test_what_the_environment_does_not_model_is_refused():
