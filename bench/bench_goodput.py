@@ -19,6 +19,10 @@ workloads' own (workload k: seed k); nothing here was trained on them.
     python bench/bench_goodput.py [--preset reference|dl2d] [--policies elastic,elastic+goodput,pollux]
                                   [--workloads tuned:1-8,realistic:1-8] [--generations 30] [--lp] [--restart-s S]
                                   [--out FILE.json]
+
+``--latency J``: instead, the decision time a slot at J jobs (the 16 workloads' jobs in turn, every one submitted
+at once, every batch the scheduler's) on J / 4 nodes of the artifact's (4 T4 each), over ``--latency-slots``
+slots of the engine: the first slot (every cache cold), then the median, 90th percentile and largest of the rest.
 """
 from __future__ import annotations
 
@@ -106,6 +110,35 @@ def bounds(folder: str, k: int, cfg, lp: bool = False, lp_buckets: int = 120) ->
     return {"workloads": folder, "workload": k, **out}
 
 
+def latency(names: list[str], n_jobs: int, slots: int, preset: str, generations: int) -> list[dict]:
+    """Decision time a slot of each policy at ``n_jobs`` jobs (module docstring)."""
+    from dl2d.sim.cluster import T4_NODE, ClusterSpec  # noqa: PLC0415
+
+    pool = [j for folder in FOLDERS for k in range(1, 9) for j in packaged_workload(k, FOLDERS[folder])]
+    jobs = [replace(pool[i % len(pool)], name=f"job-{i}", arrival_s=0.0) for i in range(n_jobs)]
+    cfg = replace(artifact_config(preset), cluster=ClusterSpec(max(n_jobs // 4, 1), **T4_NODE))
+    out = []
+    for name in names:
+        policy, _, is_pollux = scheduler_of(name, 1, generations, settings(preset)["baseline_rules"])
+        trace = from_workload(jobs, cfg.slot_seconds, seed=1, interference_sigma=0.0, adaptive=True)
+        trace = pollux_trace(trace) if is_pollux else trace
+        state = replace(E.SimState.initial(len(trace)), slot=int(trace.arrival_slot.min()))
+        rng = np.random.default_rng(0)
+        ms = []
+        for _ in range(slots):
+            view = E.view_of(trace, state, cfg)
+            t0 = time.perf_counter()
+            alloc = policy(view)
+            ms.append(1000 * (time.perf_counter() - t0))
+            state, _, _ = E.step(trace, state, alloc, cfg, rng, view=view)
+        rest = np.asarray(ms[1:])
+        out.append({"policy": name, "jobs": n_jobs, "nodes": cfg.cluster.num_servers, "slots": slots,
+                    "first_ms": round(ms[0], 1), "median_ms": round(float(np.median(rest)), 1),
+                    "p90_ms": round(float(np.percentile(rest, 90)), 1), "max_ms": round(float(rest.max()), 1)})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=("reference", "dl2d"), default="reference")
@@ -117,8 +150,20 @@ def main() -> None:
     ap.add_argument("--lp-buckets", type=int, default=120, help="the adaptive LP bound's most buckets")
     ap.add_argument("--restart-s", type=float, default=None,
                     help="seconds a (re)start costs, in place of the preset's 30 (0: what restarts cost the policies)")
+    ap.add_argument("--latency", type=int, default=0, metavar="J", help="the decision time at J jobs instead")
+    ap.add_argument("--latency-slots", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.latency:
+        if args.latency_slots < 2:
+            ap.error("--latency-slots must be >= 2")
+        rows = latency([p for p in args.policies.split(",") if p], args.latency, args.latency_slots, args.preset,
+                       args.generations)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"command": "python " + shlex.join(["bench/bench_goodput.py", *sys.argv[1:]]),
+                           "preset": args.preset, "rows": rows}, f, indent=1)
+        return
     sets = []
     for part in args.workloads.split(","):
         folder, _, ks = part.partition(":")

@@ -22,14 +22,30 @@ from dl2d.workload import batching, efficiency, throughput
 CANDIDATES = 50
 
 
+@functools.lru_cache(maxsize=65536)
+def _seconds(model: str, placement: throughput.Placement, batch: float, off_table: str, one_gpu_accumulates: bool,
+             max_local: float | None) -> tuple[float, float]:
+    """dl2d.workload.batching.iteration_seconds, kept: a step's time does not depend on the epoch, and a scheduler
+    asks for the same batches on the same placements epoch after epoch."""
+    return batching.iteration_seconds(model, placement, batch, off_table, one_gpu_accumulates, max_local)
+
+
+def _gains(model: str, trained, epoch: int, stats=None):
+    """:func:`efficiency.gain` (or :func:`efficiency.gain_of` with ``stats``) at each total batch ``trained``
+    during ``epoch``, element-wise over an array of batches (the same arithmetic as one at a time)."""
+    r = efficiency.runs(model)
+    if stats is None:
+        e = min(max(int(epoch), 0), r.epochs - 1)
+        stats = (np.interp(trained, r.batches, r.grad_sqr[:, e]), np.interp(trained, r.batches, r.grad_var[:, e]))
+    return efficiency.gain_of(stats, trained, r.init)
+
+
 def goodput(model: str, placement: throughput.Placement, batch: float, epoch: int, stats=None,
             off_table: str = "fit", one_gpu_accumulates: bool = False, max_local: float | None = None) -> float:
     """Progress per second of ``model`` at total batch ``batch`` on ``placement`` during ``epoch`` (``max_local``:
     the job's own per-GPU limit, dl2d.workload.batching.job_limits)."""
-    seconds, trained = batching.iteration_seconds(model, placement, batch, off_table, one_gpu_accumulates, max_local)
-    r = efficiency.runs(model)
-    g = efficiency.gain(r, trained, epoch) if stats is None else efficiency.gain_of(stats, trained, r.init)
-    return g / seconds
+    seconds, trained = _seconds(model, placement, float(batch), off_table, one_gpu_accumulates, max_local)
+    return float(_gains(model, trained, epoch, stats)) / seconds
 
 
 def relative_goodput(model: str, placement: throughput.Placement, batch: float, base: float, epoch: int,
@@ -50,15 +66,25 @@ def candidates(model: str, gpus: int, max_total: float | None = None) -> np.ndar
     return np.geomspace(low, top, CANDIDATES)
 
 
+@functools.lru_cache(maxsize=16384)
+def _candidate_seconds(model: str, placement: throughput.Placement, max_total: float | None, off_table: str,
+                       one_gpu_accumulates: bool, max_local: float | None) -> tuple[np.ndarray, ...]:
+    """(candidates, seconds per iteration at each, the total batch each trains) on ``placement``."""
+    cands = candidates(model, sum(placement), max_total)
+    times = [_seconds(model, placement, float(m), off_table, one_gpu_accumulates, max_local) for m in cands]
+    return cands, np.array([t for t, _ in times]), np.array([b for _, b in times])
+
+
 @functools.lru_cache(maxsize=65536)
 def best_batch(model: str, placement: throughput.Placement, epoch: int, stats=None, max_total: float | None = None,
                off_table: str = "fit", one_gpu_accumulates: bool = False, max_local: float | None = None
                ) -> tuple[float, float]:
-    """(total batch, its goodput) of the best candidate on ``placement``; (0, 0) where none fits. (``stats``, when
-    given, a tuple: the answers are kept.)"""
-    best = (0.0, 0.0)
-    for m in candidates(model, sum(placement), max_total):
-        g = goodput(model, placement, float(m), epoch, stats, off_table, one_gpu_accumulates, max_local)
-        if g > best[1]:
-            best = (float(m), g)
-    return best
+    """(total batch, its goodput) of the best candidate on ``placement`` (the first of the best, in the candidates'
+    order); (0, 0) where none fits. (``stats``, when given, a tuple: the answers are kept.)"""
+    cands, seconds, trained = _candidate_seconds(model, placement, max_total, off_table, one_gpu_accumulates,
+                                                 max_local)
+    if not len(cands):
+        return 0.0, 0.0
+    g = np.asarray(_gains(model, trained, epoch, stats), float) / seconds
+    k = int(np.argmax(np.where(np.isfinite(g), g, 0.0)))
+    return (float(cands[k]), float(g[k])) if g[k] > 0 else (0.0, 0.0)

@@ -109,6 +109,28 @@ def test_the_best_batch_grows_as_the_gradients_get_noisier():
         1 / catalog.iteration_seconds("cifar10", 128.0, (1,))[0])  # at the initial batch: one iteration each
 
 
+@pytest.mark.parametrize("model", catalog.ALLREDUCE_MODELS)
+def test_the_best_batch_is_the_first_best_candidate_one_at_a_time(model):
+    """best_batch scores its candidates at once; it gives what scoring each one at a time gives (a step's seconds,
+    dl2d.workload.batching, and its gain, dl2d.workload.efficiency), the first of the best, exactly, with and
+    without a job's own statistics and per-GPU limit, in both rules' step times; goodput() is that score."""
+    from dl2d.workload import batching, efficiency
+
+    r = efficiency.runs(model)
+    for placement in ((1,), (2,), (4, 2), (4, 4, 4, 4), (8,)):
+        for epoch in (0, 7, 60, 500):
+            for stats, off_table, one, local in ((None, "fit", False, None), ((1.0, 5.0), "interpolate", True, 8.0)):
+                best = (0.0, 0.0)
+                for m in goodput.candidates(model, sum(placement)):
+                    seconds, trained = batching.iteration_seconds(model, placement, float(m), off_table, one, local)
+                    gain = efficiency.gain(r, trained, epoch) if stats is None else efficiency.gain_of(stats, trained,
+                                                                                                      r.init)
+                    g = gain / seconds
+                    assert goodput.goodput(model, placement, float(m), epoch, stats, off_table, one, local) == g
+                    best = (float(m), g) if g > best[1] else best
+                assert goodput.best_batch(model, placement, epoch, stats, None, off_table, one, local) == best
+
+
 def test_goodput_batches_speed_up_users_small_jobs():
     """The Pollux workloads as users submitted them (one GPU, a small batch each): elastic with the goodput
     batch against elastic with the submitted batches, in the reference preset, the first 30 jobs."""
