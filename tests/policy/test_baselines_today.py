@@ -179,6 +179,28 @@ def test_elastic_thresholds_given_per_job_are_each_jobs_own_and_default_to_the_p
     assert per_job[0] < efficient_sizes(curves, 0.6)[0]
 
 
+def test_elastic_steps_an_adaptive_job_to_the_size_ahead_and_grows_a_kept_one_where_it_pays():
+    """A job whose batch the scheduler chooses has a curve that is not concave (its batch fits a node, then a
+    larger one pays over two): elastic gives it the size ahead that saves the most per GPU, where it stops a
+    fixed-batch job at the first size that is slower; kept at its size it grows only for ADAPTIVE_KEEP_GAIN."""
+    from dl2d.policy.elastic.srtf import ADAPTIVE_KEEP_GAIN, elastic_srtf
+    tr = trace_of((0, "cifar10", 1, 512))
+    _, views = run_slots(tr, elastic_srtf, 1)
+    view = views[0][0]
+    curve = np.zeros(view.est_speed.shape[2])
+    curve[1:9] = [1.0, 1.9, 1.8, 1.7, 1.5, 1.5, 1.5, 4.0]  # 2 is efficient (0.6), 8 is fastest
+    est = np.zeros_like(view.est_speed)
+    est[0, 0, :] = curve * 1e-3
+    fixed = replace(view, est_speed=est, prev_workers=np.array([0]))
+    adaptive = replace(fixed, adaptive=np.array([True]))
+    assert elastic_srtf(fixed).workers[0] == 2 and elastic_srtf(adaptive).workers[0] == 8
+    kept = replace(adaptive, prev_workers=np.array([2]))
+    assert 4.0 / 1.9 > 1 + ADAPTIVE_KEEP_GAIN  # 8 saves more than the gain asked of a kept job
+    assert elastic_srtf(kept).workers[0] == 8 and elastic_srtf(replace(kept, adaptive=None)).workers[0] == 2
+    est[0, 0, 8] = 1.9 * (1 + ADAPTIVE_KEEP_GAIN) * 0.99e-3  # 8 just short of it: the job keeps its 2
+    assert elastic_srtf(replace(kept, est_speed=est)).workers[0] == 2
+
+
 def test_elastic_whole_nodes_give_multi_node_jobs_whole_nodes_and_default_to_the_policy():
     """``node_workers``: a job of more workers than a node holds gets a multiple of it, on whole nodes; the GPUs
     that frees are not handed out as partial nodes either; 0 is the registered policy's default, and the site's

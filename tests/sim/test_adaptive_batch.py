@@ -164,8 +164,9 @@ def test_a_job_choosing_its_own_batch_in_place_grows_it_epoch_by_epoch_without_a
 
 
 def test_a_policy_sizes_an_adaptive_job_on_the_speeds_of_its_best_batch():
-    """goodput_speeds: an adaptive job's believed speed at each size is its best batch's there, never below its
-    own batch's; a fixed job's is left alone. Elastic then gives the adaptive job more GPUs than it would at its
+    """goodput_speeds: an adaptive job's believed speed at each size is its one-GPU speed times its best goodput
+    there over its goodput on one GPU at its own batch, in the epoch it is in (so never below its own batch's
+    there); a fixed job's is left alone. Elastic then gives the adaptive job more GPUs than it would at its
     submitted batch, which saturates."""
     from dl2d.policy.elastic.goodput import goodput_speeds
 
@@ -176,7 +177,11 @@ def test_a_policy_sizes_an_adaptive_job_on_the_speeds_of_its_best_batch():
     view = E.view_of(tr, replace(E.SimState.initial(2), slot=int(tr.arrival_slot.max())), c)
     seen = goodput_speeds(view)
     own, best = view.est_speed[0, 0], seen.est_speed[0, 0]
-    assert np.all(best >= own) and best[16] > 1.5 * own[16]  # 16 GPUs at batch 128 are mostly idle
+    one = goodput.goodput("cifar10", (1,), 128.0, 0)
+    for w, placement in ((1, (1,)), (4, (4,)), (16, (4, 4, 4, 4))):
+        assert best[w] == pytest.approx(own[1] * goodput.best_batch("cifar10", placement, 0)[1] / one, rel=1e-12)
+        assert best[w] >= own[1] * goodput.goodput("cifar10", placement, 128.0, 0) / one * (1 - 1e-12)
+    assert best[0] == 0 and best[16] > 1.5 * own[16]  # 16 GPUs at batch 128 are mostly idle
     np.testing.assert_array_equal(seen.est_speed[1], view.est_speed[1])
     fixed = registry.build("elastic")(view)
     adapting = registry.build("elastic", registry.PolicyOptions(batch="goodput"))(view)

@@ -13,7 +13,10 @@ name its servers, the packed placement.
 
 The inner policy sizes the jobs on a view whose adaptive jobs' believed speeds are those of the best batch at each
 size (:func:`goodput_speeds`): it gives a job the GPUs its growing batch uses well, then the job gets that batch.
-Searching sizes and batches together over the whole cluster is the ``pollux`` baseline's work.
+The curve's shape is the job's goodput in the epoch it is in, anchored at its believed one-GPU speed: early in
+training a large batch is worth little, and a job may then train slower on more GPUs than on one (yolov3's first
+epoch: a third as fast on 9 GPUs), which a curve scaled from its speed at the submitted batch (a mean over all
+its epochs) hides. Searching sizes and batches together over the whole cluster is the ``pollux`` baseline's work.
 """
 from __future__ import annotations
 
@@ -64,23 +67,27 @@ def _rounded(stats: tuple[float, float] | None) -> tuple[float, float] | None:
 @functools.lru_cache(maxsize=4096)
 def speedups(model: str, gpus_per_worker: int, per_node: int, workers: int, epoch: int, batch: float,
              stats: tuple[float, float] | None, max_total: float | None, max_local: float | None) -> np.ndarray:
-    """[workers + 1] how much faster a job of ``model`` trains on w workers (packed) at the best batch there than
-    at ``batch``: the ratio of its best goodput to its goodput at ``batch`` (1 at 0 workers, and where neither
-    is defined)."""
+    """[workers + 1] how many times a job of ``model`` on one worker at ``batch`` it trains, during ``epoch``, on
+    w workers (packed) at the best batch there: its best goodput there over its goodput on one worker at ``batch``
+    (0 at 0 workers; 1 where the one-worker goodput is not defined)."""
     out = np.ones(workers + 1)
+    out[0] = 0.0
+    one = goodput.goodput(model, packed(gpus_per_worker, per_node), batch, epoch, stats, max_local=max_local)
+    if not one > 0:
+        return out
     for w in range(1, workers + 1):
-        placement = packed(w * gpus_per_worker, per_node)
-        _, best = goodput.best_batch(model, placement, epoch, stats, max_total, max_local=max_local)
-        now = goodput.goodput(model, placement, batch, epoch, stats, max_local=max_local)
-        if best > 0 and now > 0:
-            out[w] = max(best / now, 1.0)
+        _, best = goodput.best_batch(model, packed(w * gpus_per_worker, per_node), epoch, stats, max_total,
+                                     max_local=max_local)
+        out[w] = best / one
     return out
 
 
 def goodput_speeds(view: SlotView) -> SlotView:
-    """``view`` with each adaptive job's believed speed at every size that of the best batch there (``est_speed``
-    times :func:`speedups`): a policy then sizes a job knowing its batch grows with its GPUs, as Pollux's search
-    does, in blocks of :data:`EPOCH_STEP` epochs. Sizes beyond what the cluster holds keep the largest it holds'."""
+    """``view`` with each adaptive job's believed speed at every size that of the best batch there: its believed
+    one-worker speed (``est_speed``) times :func:`speedups`, so the curve has the shape of its goodput in the
+    epoch it is in (module docstring). A policy then sizes a job knowing its batch grows with its GPUs, as
+    Pollux's search does, in blocks of :data:`EPOCH_STEP` epochs. Sizes beyond what the cluster holds keep the
+    largest it holds'."""
     if view.adaptive is None or not np.any(view.adaptive) or not len(view):
         return view
     est = np.array(view.est_speed, copy=True)
@@ -95,8 +102,9 @@ def goodput_speeds(view: SlotView) -> SlotView:
         epoch = int(view.epochs_done[j]) // EPOCH_STEP * EPOCH_STEP
         base = view.batch_size if view.submitted_batch is None else view.submitted_batch  # est_speed's batch
         up = speedups(model, gpw, per_node, fits, epoch, float(base[j]), _rounded(stats), top, local)
-        est[j, 0, :fits + 1] *= up
-        est[j, 0, fits + 1:] *= up[-1]
+        one = est[j, 0, 1]
+        est[j, 0, :fits + 1] = one * up
+        est[j, 0, fits + 1:] = one * up[-1]
     return replace(view, est_speed=est)
 
 

@@ -16,6 +16,15 @@ workers; for a PS job k workers with k PS):
 Nothing here is learned: the efficiency and keep thresholds are settings with stated defaults, chosen on
 generated Philly workloads (seeds 100-103), never on the Pollux workloads the benchmark reports.
 
+**A job whose batch the scheduler chooses** (the view's ``adaptive``; its believed speeds are its best batch's at
+each size, dl2d.policy.elastic.goodput) has a speed curve that is not concave: a batch that fits one node, then
+a larger one over nodes that pays off only some GPUs further. For such a job step 3 jumps to the size ahead that
+saves the most time per GPU (not only the next one), a job kept at its size still grows into GPUs left over where
+that saves ``ADAPTIVE_KEEP_GAIN`` of its time, it keeps its size against a larger gain (its best batch, and so its
+curve, moves every few epochs), and it is ordered by the GPU-seconds it needs at the size step 2 gives it (its
+one-GPU time overstates a job whose batch grows with its GPUs). The gain was chosen, like the others, on
+generated workloads (both styles, loads 1 and 2, seeds 100-103, every job adaptive, the reference preset).
+
 ``node_workers``: a job of more workers than a node holds takes whole nodes' worth (a multiple of
 ``node_workers``), as a site that gives multi-node jobs whole nodes would. A multi-node all-reduce job sharing a
 node with another is slowed (dl2d.sim.allreduce), which whole nodes avoid where the placement finds them free.
@@ -35,6 +44,7 @@ from dl2d.policy.registry import PolicyOptions, StatelessPolicy
 
 EFFICIENCY = 0.6
 KEEP_GAIN = 0.3
+ADAPTIVE_KEEP_GAIN = 0.8
 
 
 def size_curves(view: SlotView) -> np.ndarray:
@@ -103,15 +113,21 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN, nod
     step_to = np.array([steps[n] for n in per_job.tolist()], int).reshape(allowed.shape)
     allowed_curves = np.where(allowed, curves, 0.0)  # a count not allowed is never wanted nor fastest
     rem = view.remaining_epochs
+    rows = np.arange(len(view))
+    adaptive = np.zeros(len(view), bool) if view.adaptive is None else np.asarray(view.adaptive, bool)
+    keep_gain = np.where(adaptive, ADAPTIVE_KEEP_GAIN, keep_gain)
     want = efficient_sizes(allowed_curves, efficiency)
     fastest = allowed_curves.argmax(axis=1)
     prev = view.prev_workers
     with np.errstate(divide="ignore", invalid="ignore"):
-        t_prev = np.where(curves[np.arange(len(view)), prev] > 0, rem / curves[np.arange(len(view)), prev], np.inf)
-        t_want = rem / curves[np.arange(len(view)), want]
+        t_prev = np.where(curves[rows, prev] > 0, rem / curves[rows, prev], np.inf)
+        t_want = rem / curves[rows, want]
+        times = np.where(allowed_curves > 0, rem[:, None] / np.where(allowed_curves > 0, allowed_curves, 1.0), np.inf)
     keep = (prev > 0) & (t_prev <= t_want * (1 + keep_gain))
     want = np.where(keep, prev, want)
     work = remaining_time_estimate(view)
+    if adaptive.any():  # GPU-seconds at the size it is to get (module docstring)
+        work = np.where(adaptive, np.nan_to_num(times[rows, want] * want, nan=np.inf), work)
     order = np.lexsort((view.arrival_slot, work))
     for j in (int(j) for j in order):
         while b.workers(j) < want[j] and b.add(j, "bundle", want[j] - b.workers(j)):
@@ -121,21 +137,34 @@ def elastic_srtf(view: SlotView, efficiency=EFFICIENCY, keep_gain=KEEP_GAIN, nod
             b.shrink_to(j, k, k)
     heap = []
 
-    def push(j: int) -> None:
+    def push(j: int, room: int | None = None) -> None:
         k = b.workers(j)
-        if 0 < k < fastest[j] and not keep[j]:
+        if not 0 < k < fastest[j]:
+            return
+        if adaptive[j]:  # the size ahead that saves the most per GPU, within ``room`` more
+            top = fastest[j] if room is None else min(int(fastest[j]), k + room)
+            ahead = np.flatnonzero(allowed[j, k + 1:top + 1]) + k + 1
+            bar = times[j, k] / (1 + keep_gain[j]) if keep[j] and k == prev[j] else times[j, k]
+            ahead = ahead[times[j, ahead] < bar]
+            if len(ahead):
+                gains = (times[j, k] - times[j, ahead]) / (ahead - k)
+                i = int(np.argmax(gains))
+                heapq.heappush(heap, (-float(gains[i]), j, int(ahead[i])))
+        elif not keep[j]:
             up = step_to[j, k]  # k + 1 unless whole nodes are asked for
             gain = (rem[j] / curves[j, k] - rem[j] / curves[j, up]) / (up - k)
             if gain > 0:
-                heapq.heappush(heap, (-gain, j))
+                heapq.heappush(heap, (-gain, j, int(up)))
 
     for j in range(len(view)):
         push(j)
     while heap:
-        _, j = heapq.heappop(heap)
+        _, j, up = heapq.heappop(heap)
         k = b.workers(j)
-        if b.add_gang(j, step_to[j, k] - k, step_to[j, k] - k):  # one bundle, or the rest of a node
+        if b.add_gang(j, up - k, up - k):  # one bundle, the rest of a node, or (adaptive) the size ahead
             push(j)
+        elif adaptive[j] and up - k > 1:  # not room for it: the best of what is nearer
+            push(j, up - k - 1)
     return b.allocation()
 
 
