@@ -20,6 +20,11 @@ workloads' own (workload k: seed k); nothing here was trained on them.
                                   [--workloads tuned:1-8,realistic:1-8] [--generations 30] [--lp] [--restart-s S]
                                   [--out FILE.json]
 
+``--workloads generated-tuned:100-103,generated-realistic:100-103 --loads 1,2``: the tuning set instead (Philly
+workloads generated in both styles, 160 jobs on 64 GPUs, dl2d.workload.philly; seed k, at each load), where the
+batch-adapting rules' settings were chosen; ``--adaptive-keep-gain G`` runs elastic with that keep gain for jobs
+whose batch the scheduler chooses (dl2d.policy.elastic.srtf.ADAPTIVE_KEEP_GAIN).
+
 ``--latency J``: instead, the decision time a slot at J jobs (the 16 workloads' jobs in turn, every one submitted
 at once, every batch the scheduler's) on J / 4 nodes of the artifact's (4 T4 each), over ``--latency-slots``
 slots of the engine: the first slot (every cache cold), then the median, 90th percentile and largest of the rest.
@@ -48,15 +53,28 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_reference import artifact_config, means, pollux_trace, settings  # noqa: E402
 
 FOLDERS = {"tuned": "workloads", "realistic": "workloads-realistic"}
+GENERATED = {"generated-tuned": "tuned", "generated-realistic": "realistic"}
+
+
+def workload_jobs(folder: str, k: int, load: float | None = None) -> list:
+    """The jobs of workload ``k`` of a set, by arrival: a packaged Pollux workload, or a generated one (seed k)."""
+    if folder in GENERATED:
+        from dl2d.workload import philly  # noqa: PLC0415
+
+        jobs = philly.generate(160, load=load, cluster_gpus=64, seed=k, style=GENERATED[folder])
+    else:
+        jobs = packaged_workload(k, FOLDERS[folder])
+    return sorted(jobs, key=lambda j: j.arrival_s)
 
 
 class BatchOnly(GoodputBatch):
-    """The goodput batch on the inner policy's sizes, chosen for the submitted batch (``NAME+batch``)."""
+    """The goodput batch on the inner policy's sizes, chosen as for jobs at their submitted batch (``NAME+batch``:
+    the inner policy sees no job it may re-batch)."""
 
     def __call__(self, view):
-        a = self.inner(view)
         if view.adaptive is None or not np.any(view.adaptive) or not len(view):
-            return a
+            return self.inner(view)
+        a = self.inner(replace(view, adaptive=None))
         return replace(a, batch_size=goodput_batches(view, a))
 
 
@@ -77,8 +95,9 @@ def scheduler_of(name: str, k: int, generations: int, baseline_rules: str):
     return inner, False, False
 
 
-def run_one(name: str, folder: str, k: int, cfg, generations: int, baseline_rules: str) -> dict:
-    jobs = sorted(packaged_workload(k, FOLDERS[folder]), key=lambda j: j.arrival_s)
+def run_one(name: str, folder: str, k: int, cfg, generations: int, baseline_rules: str,
+            load: float | None = None) -> dict:
+    jobs = workload_jobs(folder, k, load)
     policy, adapts, is_pollux = scheduler_of(name, k, generations, baseline_rules)
     trace = from_workload(jobs, cfg.slot_seconds, seed=k, interference_sigma=0.0, adaptive=adapts)
     if is_pollux:
@@ -86,17 +105,18 @@ def run_one(name: str, folder: str, k: int, cfg, generations: int, baseline_rule
     t0 = time.perf_counter()
     res = E.run(trace, policy, cfg, seed=k)
     hours = np.asarray(res.jct_slots, float) * cfg.slot_seconds / 3600
-    return {"policy": name, "workloads": folder, "workload": k, "avg_h": round(float(hours.mean()), 4),
+    return {"policy": name, "workloads": folder, "workload": k, **({"load": load} if load is not None else {}),
+            "avg_h": round(float(hours.mean()), 4),
             "p99_h": round(float(np.percentile(hours, 99)), 4), "decision_ms": round(float(res.decision_ms), 2),
             "took_s": round(time.perf_counter() - t0, 1)}
 
 
-def bounds(folder: str, k: int, cfg, lp: bool = False, lp_buckets: int = 120) -> dict:
+def bounds(folder: str, k: int, cfg, lp: bool = False, lp_buckets: int = 120, load: float | None = None) -> dict:
     """The lower bounds on the average JCT (hours) of workload k: every job at its submitted batch, and every job
     of a measured model adaptive (dl2d.sim.bound: each at its best batch too); with ``lp`` also the time-indexed
     program's at each (dl2d.sim.lp_bound, the adaptive one in its default parts on at most ``lp_buckets``
     buckets) and the seconds each took."""
-    jobs = sorted(packaged_workload(k, FOLDERS[folder]), key=lambda j: j.arrival_s)
+    jobs = workload_jobs(folder, k, load)
     out = {}
     hours = cfg.slot_seconds / 3600
     for name, adaptive in (("fixed", False), ("adaptive", True)):
@@ -107,7 +127,7 @@ def bounds(folder: str, k: int, cfg, lp: bool = False, lp_buckets: int = 120) ->
             b = lp_lower_bound(trace, cfg, **({"max_buckets": lp_buckets} if adaptive else {}))
             out[f"{name}_lp_bound_h"] = round(b.avg_jct_slots * hours, 4)
             out[f"{name}_lp_s"] = round(time.perf_counter() - t0, 1)
-    return {"workloads": folder, "workload": k, **out}
+    return {"workloads": folder, "workload": k, **({"load": load} if load is not None else {}), **out}
 
 
 def latency(names: list[str], n_jobs: int, slots: int, preset: str, generations: int) -> list[dict]:
@@ -139,6 +159,12 @@ def latency(names: list[str], n_jobs: int, slots: int, preset: str, generations:
     return out
 
 
+def srtf_keep_gain() -> float:
+    from dl2d.policy.elastic import srtf  # noqa: PLC0415
+
+    return srtf.ADAPTIVE_KEEP_GAIN
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=("reference", "dl2d"), default="reference")
@@ -150,10 +176,19 @@ def main() -> None:
     ap.add_argument("--lp-buckets", type=int, default=120, help="the adaptive LP bound's most buckets")
     ap.add_argument("--restart-s", type=float, default=None,
                     help="seconds a (re)start costs, in place of the preset's 30 (0: what restarts cost the policies)")
+    ap.add_argument("--loads", default="1,2", help="the generated workloads' loads")
+    ap.add_argument("--adaptive-keep-gain", type=float, default=None,
+                    help="elastic's keep gain for jobs whose batch the scheduler chooses (default its own)")
     ap.add_argument("--latency", type=int, default=0, metavar="J", help="the decision time at J jobs instead")
     ap.add_argument("--latency-slots", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.adaptive_keep_gain is not None:
+        if not args.adaptive_keep_gain >= 0:
+            ap.error("--adaptive-keep-gain must be >= 0")
+        from dl2d.policy.elastic import srtf  # noqa: PLC0415
+
+        srtf.ADAPTIVE_KEEP_GAIN = args.adaptive_keep_gain
     if args.latency:
         if args.latency_slots < 2:
             ap.error("--latency-slots must be >= 2")
@@ -167,9 +202,12 @@ def main() -> None:
     sets = []
     for part in args.workloads.split(","):
         folder, _, ks = part.partition(":")
-        if folder not in FOLDERS:
-            ap.error(f"--workloads: {folder!r} is not one of {', '.join(FOLDERS)}")
-        sets += [(folder, k) for k in seed_list(ks or "1-8")]
+        if folder in GENERATED:
+            sets += [(folder, k, float(load)) for load in args.loads.split(",") for k in seed_list(ks or "100-103")]
+        elif folder in FOLDERS:
+            sets += [(folder, k, None) for k in seed_list(ks or "1-8")]
+        else:
+            ap.error(f"--workloads: {folder!r} is not one of {', '.join([*FOLDERS, *GENERATED])}")
     chosen = settings(args.preset)
     cfg = artifact_config(args.preset)
     if args.restart_s is not None:
@@ -178,19 +216,20 @@ def main() -> None:
         cfg = replace(cfg, resize_overhead_s=args.restart_s)
     out = {"command": "python " + shlex.join(["bench/bench_goodput.py", *sys.argv[1:]]), "preset": args.preset,
            "settings": chosen, "cluster": "t4-16", "slot_seconds": cfg.slot_seconds,
-           "restart_s": cfg.resize_overhead_s, "rows": [], "means": {}}
+           "restart_s": cfg.resize_overhead_s, "adaptive_keep_gain": srtf_keep_gain(), "rows": [], "means": {}}
     t0 = time.perf_counter()
     out["bounds"] = []
-    for folder, k in sets:
-        out["bounds"].append(bounds(folder, k, cfg, args.lp, args.lp_buckets))
+    for folder, k, load in sets:
+        out["bounds"].append(bounds(folder, k, cfg, args.lp, args.lp_buckets, load))
         print(json.dumps(out["bounds"][-1]), flush=True)
     for name in [p for p in args.policies.split(",") if p]:
-        rows = [run_one(name, folder, k, cfg, args.generations, chosen["baseline_rules"]) for folder, k in sets]
+        rows = [run_one(name, folder, k, cfg, args.generations, chosen["baseline_rules"], load)
+                for folder, k, load in sets]
         for r in rows:
             print(json.dumps(r), flush=True)
         out["rows"] += rows
         keys = ("avg_h", "p99_h", "decision_ms")
-        by_set = {folder: means(mine, keys) for folder in FOLDERS
+        by_set = {folder: means(mine, keys) for folder in [*FOLDERS, *GENERATED]
                   if (mine := [r for r in rows if r["workloads"] == folder])}
         out["means"][name] = {**by_set, "all": means(rows, keys)}
         print(json.dumps({"policy": name, "means": out["means"][name]}), flush=True)
