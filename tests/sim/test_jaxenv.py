@@ -192,41 +192,33 @@ def test_jobs_adapting_their_batch_are_given_new_batches_and_the_replay_needs_th
     assert np.abs(np.asarray(traj["epochs_done"])[:, :n] - rec["epochs"][:, :n]).max() > 1.0
 
 
-def _one_model_trace(model: str, k: int) -> T.Trace:
-    t = catalog.MODEL_NAMES.index(model)
-    ones = np.ones(k)
-    return T.Trace(arrival_slot=np.zeros(k, int), type_idx=np.full(k, t), est_epochs=ones, true_epochs=ones,
-                   speed_factor=ones, batch_size=np.full(k, float(batching.limits(model).init)),
-                   adaptive=np.ones(k, bool))
-
-
-@pytest.mark.parametrize("model", catalog.ALLREDUCE_MODELS)
-def test_a_job_speed_at_any_batch_and_placement_is_the_engines_lookup(model):
+def test_a_job_speed_at_any_batch_and_placement_is_the_engines_lookup():
     """In float64, an adaptive job's epochs/s at every batch its model may take (the measured local batches
     exactly, between them, below and above them) on measured placements and off-table ones (Pollux's fit) equal
-    dl2d.workload.catalog.allreduce_epoch_rate's to 1e-9."""
-    lim = batching.limits(model)
-    pts = throughput.throughput_model(model).points
-    placements = [p for p in pts if len(p) <= 4 and max(p) <= 4][::3] + [(5,), (8, 8), (6, 2, 1)]
-    cases = []
-    for p in placements:
-        g = sum(p)
-        exact = [x * g for x in pts[p][0]] if p in pts else []
-        for b in [*np.geomspace(lim.init, lim.max_total, 7), *exact]:
-            if lim.init <= b <= lim.max_total:
-                cases.append((p, float(b)))
-    assert any(p not in pts for p, _ in cases) and len(cases) > 40
+    dl2d.workload.catalog.allreduce_epoch_rate's to 1e-9, for every all-reduce model."""
+    cases = []  # (model, placement, batch)
+    for model in catalog.ALLREDUCE_MODELS:
+        lim = batching.limits(model)
+        pts = throughput.throughput_model(model).points
+        for p in [p for p in pts if len(p) <= 4 and max(p) <= 4][::3] + [(5,), (8, 8), (6, 2, 1)]:
+            exact = [x * sum(p) for x in pts[p][0]] if p in pts else []
+            cases += [(model, p, float(b)) for b in [*np.geomspace(lim.init, lim.max_total, 7), *exact]
+                      if lim.init <= b <= lim.max_total]
+    assert {m for m, p, _ in cases if p not in throughput.throughput_model(m).points} == set(catalog.ALLREDUCE_MODELS)
+    n = len(cases)
+    ones = np.ones(n)
+    tr = T.Trace(arrival_slot=np.zeros(n, int), type_idx=np.array([catalog.MODEL_NAMES.index(m) for m, _, _ in cases]),
+                 est_epochs=ones, true_epochs=ones, speed_factor=ones,
+                 batch_size=np.array([float(batching.limits(m).init) for m, _, _ in cases]), adaptive=np.ones(n, bool))
     cluster = ClusterSpec(4, gpus=8.0, cpus=96.0, mem_gb=384.0)  # room for placements never measured
-    cfg = replace(world("today").sim_config(), cluster=cluster)
     with jax.enable_x64(True):
-        params, state = X.from_trace(_one_model_trace(model, len(cases)), cfg, len(cases))
-        counts = np.zeros((len(cases), cluster.num_servers), np.int32)
-        for k, (p, _) in enumerate(cases):
+        params, state = X.from_trace(tr, replace(world("today").sim_config(), cluster=cluster), n)
+        counts = np.zeros((n, cluster.num_servers), np.int32)
+        for k, (_, p, _) in enumerate(cases):
             counts[k, :len(p)] = p
-        batch = jnp.asarray([b for _, b in cases])
         got = np.asarray(X._allreduce_rates(params, state.jobs, jnp.asarray(counts.sum(axis=1)), jnp.asarray(counts),
-                                            batch)[0])
-    want = [catalog.allreduce_epoch_rate(model, b, throughput.canonical(p)) for p, b in cases]
+                                            jnp.asarray([b for _, _, b in cases]))[0])
+    want = [catalog.allreduce_epoch_rate(m, b, throughput.canonical(p)) for m, p, b in cases]
     np.testing.assert_allclose(got, want, rtol=1e-9)
 
 
