@@ -41,6 +41,7 @@ from dataclasses import replace
 import numpy as np
 
 from dl2d.policy import registry
+from dl2d.policy.elastic import srtf
 from dl2d.policy.elastic.goodput import GoodputBatch, goodput_batches
 from dl2d.sim import engine as E
 from dl2d.sim.bound import lower_bound
@@ -159,12 +160,6 @@ def latency(names: list[str], n_jobs: int, slots: int, preset: str, generations:
     return out
 
 
-def srtf_keep_gain() -> float:
-    from dl2d.policy.elastic import srtf  # noqa: PLC0415
-
-    return srtf.ADAPTIVE_KEEP_GAIN
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=("reference", "dl2d"), default="reference")
@@ -186,8 +181,6 @@ def main() -> None:
     if args.adaptive_keep_gain is not None:
         if not args.adaptive_keep_gain >= 0:
             ap.error("--adaptive-keep-gain must be >= 0")
-        from dl2d.policy.elastic import srtf  # noqa: PLC0415
-
         srtf.ADAPTIVE_KEEP_GAIN = args.adaptive_keep_gain
     if args.latency:
         if args.latency_slots < 2:
@@ -216,7 +209,7 @@ def main() -> None:
         cfg = replace(cfg, resize_overhead_s=args.restart_s)
     out = {"command": "python " + shlex.join(["bench/bench_goodput.py", *sys.argv[1:]]), "preset": args.preset,
            "settings": chosen, "cluster": "t4-16", "slot_seconds": cfg.slot_seconds,
-           "restart_s": cfg.resize_overhead_s, "adaptive_keep_gain": srtf_keep_gain(), "rows": [], "means": {}}
+           "restart_s": cfg.resize_overhead_s, "adaptive_keep_gain": srtf.ADAPTIVE_KEEP_GAIN, "rows": [], "means": {}}
     t0 = time.perf_counter()
     out["bounds"] = []
     for folder, k, load in sets:

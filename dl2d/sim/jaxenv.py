@@ -413,16 +413,21 @@ def _pollux_step_time(fit, gpus, nodes, local_bsz):
     return (grad ** gamma + sync ** gamma) ** (1.0 / gamma)
 
 
-def _at_batch(params: EnvParams, jobs: Jobs, match, gpus, nodes, fit, batch):
+def _model_row(jobs: Jobs) -> jnp.ndarray:
+    """[J] each job's row in the per-all-reduce-model arrays (catalog.ALLREDUCE_MODELS; 0 for a PS job)."""
+    return jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)
+
+
+def _at_batch(params: EnvParams, jobs: Jobs, match, safe, nodes, fit, batch):
     """([J] seconds per step at the job's measured placement, [J] iterations per epoch) at total batch ``batch``:
     the engine's lookup (dl2d.workload.throughput.ThroughputModel.times: linear between the measured local
     batches, the fit through the nearest one outside them; workloads.iterations_to_finish: the measured runs'
-    samples interpolated in log batch) in arrays. ``match`` [J, M]: the job's placement among the measured ones."""
+    samples interpolated in log batch) in arrays. ``match`` [J, M]: the job's placement among the measured ones;
+    ``safe`` [J]: its GPUs (at least 1)."""
     rows = jnp.arange(batch.shape[0])
-    a = jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)
+    a = _model_row(jobs)
     m = jnp.argmax(match, axis=1)
     xs, ys, n = params.table_local[a, m], params.table_step[a, m], params.table_count[a, m]
-    safe = jnp.maximum(gpus, 1).astype(batch.dtype)
     local = batch / safe
     i = jnp.sum(xs < local[:, None], axis=1)  # bisect_left (padding is inf)
     top = xs.shape[1] - 1
@@ -469,11 +474,11 @@ def _allreduce_rates(params: EnvParams, jobs: Jobs, workers, counts, batch=None)
     known = ~jnp.isnan(jobs.measured_rate)
     measured = jnp.any(match & known, axis=1)  # at most one measured placement matches
     meas = jnp.sum(jnp.where(match & known, jobs.measured_rate, 0.0), axis=1)
-    fit = params.pollux_fit[jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)]
+    fit = params.pollux_fit[_model_row(jobs)]
     safe = jnp.maximum(gpus, 1).astype(jobs.batch_size.dtype)
     total, iters = jobs.batch_size, jobs.iters_per_epoch
     if params.adaptive and batch is not None:  # adaptive jobs at their batch now; the rest as precomputed
-        step, at = _at_batch(params, jobs, match, gpus, nodes, fit, batch)
+        step, at = _at_batch(params, jobs, match, safe, nodes, fit, batch)
         meas = jnp.where(jobs.adaptive, 1.0 / (step * at), meas)
         total, iters = jnp.where(jobs.adaptive, batch, total), jnp.where(jobs.adaptive, at, iters)
     fitted = 1.0 / (_pollux_step_time(fit, safe, nodes, total / safe) * iters)
@@ -518,7 +523,7 @@ def step(params: EnvParams, state: EnvState, workers, ps, placement=None, noise=
         if not params.adaptive:
             raise ValueError("this environment has no job that adapts its batch (make_params adaptive=False)")
         want = jnp.asarray(batch, f)
-        lim = params.batch_limits[jnp.clip(jobs.type_idx - NUM_DL2_TYPES, 0, NUM_AR_MODELS - 1)]
+        lim = params.batch_limits[_model_row(jobs)]
         asks = act & (want > 0) & (want != state.batch)
         held = jnp.clip(want, lim[:, 0], lim[:, 1])
         new_batch = jnp.where(asks & jobs.adaptive, held, state.batch)

@@ -94,11 +94,17 @@ def runs(model: str) -> GradientRuns:
     return parse_runs(files, f"pollux/{model}")
 
 
-def grad_stats(r: GradientRuns, batch: float, epoch: int) -> tuple[float, float]:
-    """(grad_sqr, grad_var) during ``epoch`` at total batch ``batch``: linear in the batch between the measured
-    runs, the nearest run's outside them."""
+def grad_stats_at(r: GradientRuns, batches, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(grad_sqr, grad_var) during ``epoch`` at each total batch of ``batches`` (an array): linear in the batch
+    between the measured runs, the nearest run's outside them."""
     e = min(max(int(epoch), 0), r.epochs - 1)
-    return (float(np.interp(batch, r.batches, r.grad_sqr[:, e])), float(np.interp(batch, r.batches, r.grad_var[:, e])))
+    return np.interp(batches, r.batches, r.grad_sqr[:, e]), np.interp(batches, r.batches, r.grad_var[:, e])
+
+
+def grad_stats(r: GradientRuns, batch: float, epoch: int) -> tuple[float, float]:
+    """:func:`grad_stats_at` at one batch, as floats."""
+    sqr, var = grad_stats_at(r, batch, epoch)
+    return float(sqr), float(var)
 
 
 def grad_stats_by_epoch(r: GradientRuns, batch: float) -> tuple[np.ndarray, np.ndarray]:

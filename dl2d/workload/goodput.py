@@ -34,10 +34,7 @@ def _gains(model: str, trained, epoch: int, stats=None):
     """:func:`efficiency.gain` (or :func:`efficiency.gain_of` with ``stats``) at each total batch ``trained``
     during ``epoch``, element-wise over an array of batches (the same arithmetic as one at a time)."""
     r = efficiency.runs(model)
-    if stats is None:
-        e = min(max(int(epoch), 0), r.epochs - 1)
-        stats = (np.interp(trained, r.batches, r.grad_sqr[:, e]), np.interp(trained, r.batches, r.grad_var[:, e]))
-    return efficiency.gain_of(stats, trained, r.init)
+    return efficiency.gain_of(efficiency.grad_stats_at(r, trained, epoch) if stats is None else stats, trained, r.init)
 
 
 def goodput(model: str, placement: throughput.Placement, batch: float, epoch: int, stats=None,
